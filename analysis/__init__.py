@@ -1,0 +1,81 @@
+"""Pure functions over tidy pandas tables: certificate, distances, transfer and coord checks, plots, reports.
+
+Nothing here imports torch, ray, mlflow or fastapi; verdicts are pydantic models and figures are
+PNGs written to paths the caller gives.
+
+The trial table
+---------------
+One row per trial (a training run of one hparam configuration at one width):
+
+==================  =======  ================================================================
+column              type     meaning
+==================  =======  ================================================================
+trial_id            str      unique id of the trial
+phase               str      ``tune`` | ``transfer`` | ``verify`` | ``validate``
+width               int      the model's width (for PT, ``d``, the number of Z labels)
+seed                int      the training seed
+status              str      ``completed`` | ``diverged`` | ``stopped`` (early, by the scheduler)
+                             | ``failed`` (crashed: left out of every judgement)
+eval_loss           float    final eval loss; NaN unless completed or stopped
+best_eval_loss      float    lowest eval loss seen during the run
+steps, tokens       int      optimizer steps and training tokens seen
+wall_time_s         float    the run's wall-clock time
+params              int      the model's parameter count
+is_centre           bool     verify phase only: True for the runs of the unperturbed centre
+                             (run with several seeds), False for the perturbed samples
+parametrization     str      ``mup`` | ``standard`` (validate phase)
+lr, w_H, ...        float    one column per hparam; the default set is ``HPARAMS``:
+                             ``lr, w_H, w_topic, w_unary, w_dep, w_head, w_topic_z``
+==================  =======  ================================================================
+
+A run is judged *diverged* when its status is ``diverged`` or its ``eval_loss`` is not finite;
+diverged runs count as worse than everything that finished (loss +inf).
+
+The history table (loss curves): ``trial_id, step, eval_loss`` and optionally ``train_loss``.
+
+The coordinate-check table: ``[parametrization,] width, step, name, rms``, where ``name`` is an
+activation such as ``z_logits.iter2``, ``head_logits.iter0``, ``msg_dep.iter1`` or ``mlm_logits``
+and ``rms`` its root-mean-square at that step (rows repeated over seeds are averaged).
+
+Modules: ``certificate`` (the verify phase's local-optimality certificate), ``distance``
+(relative distance from the centre), ``transfer`` (per-width summary, lr drift), ``coord``
+(coordinate-check slopes, verdict, plot), ``plots`` (the study's figures), ``report`` (Markdown).
+"""
+
+from analysis.certificate import Certificate, certify, confidence, min_samples, upper_bound, verify_losses
+from analysis.coord import CoordOffence, CoordVerdict, coord_slopes, coord_verdict, plot_coord
+from analysis.distance import relative_distance
+from analysis.plots import plot_mutransfer, plot_transfer, plot_tune_history, plot_verify
+from analysis.report import markdown_table, render_report
+from analysis.table import HPARAMS, PHASES, STATUSES
+from analysis.transfer import LRDrift, LROptimum, lr_curves, lr_drift, lr_optima, transfer_table
+
+__all__ = [
+    "HPARAMS",
+    "PHASES",
+    "STATUSES",
+    "Certificate",
+    "CoordOffence",
+    "CoordVerdict",
+    "LRDrift",
+    "LROptimum",
+    "certify",
+    "confidence",
+    "coord_slopes",
+    "coord_verdict",
+    "lr_curves",
+    "lr_drift",
+    "lr_optima",
+    "markdown_table",
+    "min_samples",
+    "plot_coord",
+    "plot_mutransfer",
+    "plot_transfer",
+    "plot_tune_history",
+    "plot_verify",
+    "relative_distance",
+    "render_report",
+    "transfer_table",
+    "upper_bound",
+    "verify_losses",
+]

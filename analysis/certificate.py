@@ -1,0 +1,187 @@
+"""The verify phase's local-optimality certificate (PT spec §3.6, eqs. 8–9).
+
+N hparam vectors are drawn around the transferred centre and trained at the verify width.
+If the centre is *not* in the best fraction p of its neighbourhood, the chance that none of N
+iid samples beats it is at most (1-p)^N; more generally, k of N samples beating it bound the
+fraction of better neighbours by the one-sided Clopper-Pearson upper limit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel
+from scipy.stats import binomtest
+
+from analysis.table import judged_loss, phase_rows, require_columns
+
+_EPS = 1e-9
+
+
+def min_samples(p: float = 0.05, alpha: float = 0.05) -> int:
+    """The smallest N with 1-(1-p)^N ≥ 1-α, i.e. ceil(ln α / ln(1-p)) (eq. 9): 59 for p=α=0.05.
+
+    A ratio that is an integer up to rounding (e.g. p=0.01, α=0.99² → 2.000000000000001) is
+    taken as that integer rather than rounded up past it.
+    """
+    _check_probabilities(p, alpha)
+    ratio = math.log(alpha) / math.log(1 - p)
+    nearest = round(ratio)
+    return int(nearest) if abs(ratio - nearest) < _EPS else math.ceil(ratio)
+
+
+def _check_probabilities(p: float, alpha: float) -> None:
+    if not (0 < p < 1 and 0 < alpha < 1):
+        raise ValueError(f"p and alpha must lie strictly between 0 and 1, got p={p}, alpha={alpha}")
+
+
+def confidence(n: int, p: float) -> float:
+    """1-(1-p)^n: the confidence that the best of n samples lies in the top fraction p (eq. 8)."""
+    return 1.0 - (1.0 - p) ** n
+
+
+def upper_bound(k: int, n: int, alpha: float = 0.05) -> float:
+    """One-sided (1-α) Clopper-Pearson upper bound on the fraction of neighbours better than the centre.
+
+    One-sided because the claim is one-sided ("at most a fraction p is better"). The two-sided
+    default of `binomtest` spends α/2 on each tail and is too wide: for 0 of 62 it gives 0.0578,
+    which would wrongly fail a 5% certificate that the one-sided 0.0472 passes.
+    """
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    ci = binomtest(k, n, alternative="less").proportion_ci(confidence_level=1 - alpha, method="exact")
+    return float(ci.high)
+
+
+class Certificate(BaseModel):
+    """The verify phase's verdict on the transferred centre."""
+
+    n_samples: int  # N: judged samples (completed, stopped or diverged; failed runs are left out)
+    n_better: int  # k: samples with eval_loss < centre_loss - tolerance
+    p: float  # the top fraction claimed
+    alpha: float  # 1 - the confidence level
+    tolerance: float  # absolute margin in loss units a sample must beat the centre by
+    tolerance_source: Literal["seed_spread", "relative"]
+    centre_loss: float  # mean eval loss over the centre's seeds
+    centre_seed_std: float  # their standard deviation (ddof=1; 0 with one seed)
+    centre_seeds: int
+    confidence_if_none_better: float  # 1-(1-p)^N
+    upper_bound: float  # one-sided Clopper-Pearson upper bound on the better fraction
+    centre_rank: int  # 1-based rank of centre_loss among the N samples and the centre; ties favour the centre
+    best_sample_loss: float | None  # None when every sample diverged
+    best_relative_improvement: float | None  # (centre - best) / centre; positive = a sample beat the centre
+    n_diverged: int  # diverged samples, counted as worse than the centre
+    n_failed: int  # failed samples (infrastructure), left out of N
+    certified: bool  # upper_bound <= p
+    verdict: str
+
+
+def verify_losses(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """The verify phase's centre losses (finite) and sample losses (+inf for diverged).
+
+    Both are indexed like `phase_rows(table, "verify")`.
+
+    Raises a `ValueError` naming the fix when there is no usable centre run or no sample.
+    """
+    rows = phase_rows(table, "verify")
+    require_columns(rows, ["is_centre", "status", "eval_loss"], "the certificate")
+    is_centre = rows["is_centre"].eq(True)  # NaN (unset) counts as a sample, not the centre
+    centre = judged_loss(rows[is_centre])
+    if centre.empty:
+        raise ValueError(
+            "no usable centre run in the verify phase (rows with is_centre=True that did not fail): "
+            "add the unperturbed centre's runs with is_centre=True"
+        )
+    if np.isinf(centre).any():
+        raise ValueError(
+            f"{int(np.isinf(centre).sum())} centre run(s) diverged: a diverged centre cannot be certified; "
+            "inspect the transferred hparams (e.g. lower lr) before running the verify phase again"
+        )
+    samples = judged_loss(rows[~is_centre])
+    if samples.empty:
+        raise ValueError(
+            "no perturbed samples in the verify phase (rows with is_centre=False that did not fail); "
+            "run the verify phase's N samples"
+        )
+    return centre, samples
+
+
+def certify(
+    table: pd.DataFrame,
+    *,
+    p: float = 0.05,
+    alpha: float = 0.05,
+    tolerance: Literal["seed_spread"] | float = "seed_spread",
+) -> Certificate:
+    """Certify that the verify phase's centre is in the top fraction `p` of its neighbourhood.
+
+    Args:
+        table: the trial table; its verify-phase rows are used.
+        p: the top fraction claimed.
+        alpha: 1 - the confidence level.
+        tolerance: the margin a sample must beat the centre's mean loss by to count as better.
+            `"seed_spread"`: the centre's seed standard deviation (ddof=1; 0 with one seed).
+            A float: relative to the centre's loss (0.004 = 0.4%, the paper's noise level).
+
+    Returns:
+        The `Certificate`.
+    """
+    _check_probabilities(p, alpha)
+    centre, samples = verify_losses(table)
+    centre_loss = float(centre.mean())
+    seed_std = float(centre.std(ddof=1)) if len(centre) > 1 else 0.0
+    if isinstance(tolerance, str):
+        if tolerance != "seed_spread":
+            raise ValueError(f"tolerance must be 'seed_spread' or a relative float, got {tolerance!r}")
+        margin, source = seed_std, "seed_spread"
+    else:
+        if tolerance < 0:
+            raise ValueError(f"a relative tolerance must be >= 0, got {tolerance}")
+        margin, source = float(tolerance) * centre_loss, "relative"
+    n, k = len(samples), int((samples < centre_loss - margin).sum())
+    finite = samples[np.isfinite(samples)]
+    best = float(finite.min()) if not finite.empty else None
+    bound = upper_bound(k, n, alpha)
+    verify = phase_rows(table, "verify")
+    cert = Certificate(
+        n_samples=n,
+        n_better=k,
+        p=p,
+        alpha=alpha,
+        tolerance=margin,
+        tolerance_source=source,
+        centre_loss=centre_loss,
+        centre_seed_std=seed_std,
+        centre_seeds=len(centre),
+        confidence_if_none_better=confidence(n, p),
+        upper_bound=bound,
+        centre_rank=1 + int((samples < centre_loss).sum()),
+        best_sample_loss=best,
+        best_relative_improvement=None if best is None else (centre_loss - best) / centre_loss,
+        n_diverged=int(np.isinf(samples).sum()),
+        n_failed=int(((verify["status"] == "failed") & ~verify["is_centre"].eq(True)).sum()),
+        certified=bound <= p,
+        verdict="",
+    )
+    return cert.model_copy(update={"verdict": _verdict(cert)})
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:g}%"
+
+
+def _verdict(c: Certificate) -> str:
+    p, conf = _pct(c.p), _pct(1 - c.alpha)
+    counts = f"{c.n_better} of {c.n_samples} samples beat it by more than {c.tolerance:.4g}"
+    if c.n_diverged:
+        counts += f"; {c.n_diverged} diverged, counted as worse"
+    bound = f"one-sided upper bound on the better fraction {c.upper_bound:.4f}"
+    if c.certified:
+        return f"centre is in the top {p} of its neighbourhood with confidence {conf} ({counts}; {bound})"
+    return (
+        f"centre is NOT certified in the top {p} of its neighbourhood at confidence {conf} "
+        f"({counts}; {bound} > {c.p:g})"
+    )

@@ -1,0 +1,115 @@
+"""The study report as Markdown: spec summary, one compact section per phase, verdicts and figure links."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.certificate import Certificate
+from analysis.table import HPARAMS, PHASES, STATUSES, judged_loss, phase_rows
+from analysis.transfer import LRDrift, transfer_table
+
+SUMMARY_KEYS: tuple[str, ...] = ("model", "base_width", "widths", "budget")
+"""The spec keys echoed in the report's summary, when the study dict has them."""
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    """`df` as a GitHub Markdown table (no `tabulate` needed, unlike `DataFrame.to_markdown`)."""
+    header = "| " + " | ".join(_cell(c) for c in df.columns) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def _cell(value: Any) -> str:
+    """One table cell: floats to 5 significant digits, NaN/None as an em dash, pipes escaped."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, bool | np.bool_):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.5g}"
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={_cell(v)}" for k, v in value.items())
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return ", ".join(_cell(v) for v in value)
+    return str(value).replace("|", "\\|")
+
+
+def render_report(
+    *,
+    study: Mapping[str, Any],
+    tables: Mapping[str, pd.DataFrame],
+    certificate: Certificate | None,
+    lr_drift: LRDrift | None,
+    plots: Mapping[str, str],
+    hparams: Sequence[str] = HPARAMS,
+) -> str:
+    """Render a study's Markdown report.
+
+    Args:
+        study: the spec as a dict (e.g. `StudySpec.model_dump()`) plus `id` or `study_id`; the title
+            uses `name` and the id, the summary the keys in `SUMMARY_KEYS` that are present.
+        tables: phase name → trial table holding that phase's rows (a whole-study table works too).
+        certificate: the verify phase's certificate, if it ran.
+        lr_drift: the validate phase's verdict, if it ran.
+        plots: figure name → PNG path relative to where the report is written. A figure named after
+            a phase (`tune`, `transfer`, `verify`, `validate`) is linked in that phase's section, the
+            others (e.g. `coord`) under "figures".
+        hparams: the hparam columns shown beside the best tune trials.
+    """
+    study_id = study.get("id", study.get("study_id"))
+    title = f"# Study {study.get('name', 'unnamed')}" + (f" (`{study_id}`)" if study_id else "")
+    summary = [f"- **{k}**: {_cell(study[k])}" for k in SUMMARY_KEYS if k in study]
+    sections: dict[str, list[str]] = {}
+    if "tune" in tables:
+        sections["tune"] = [_tune_section(tables["tune"], hparams)]
+    if "transfer" in tables:
+        sections["transfer"] = [markdown_table(transfer_table(tables["transfer"]))]
+    if certificate is not None:
+        sections["verify"] = [_verify_section(certificate)]
+    if lr_drift is not None:
+        sections["validate"] = [_validate_section(lr_drift)]
+    for name, path in plots.items():
+        sections.setdefault(name if name in PHASES else "figures", []).append(f"![{name}]({path})")
+    parts = [title, "## spec", "\n".join(summary) or "_no spec summary given_"]
+    for name in (*PHASES, "figures"):
+        if name in sections:
+            parts += [f"## {name}", *sections[name]]
+    return "\n\n".join(parts) + "\n"
+
+
+def _tune_section(table: pd.DataFrame, hparams: Sequence[str], top: int = 5) -> str:
+    """Trial counts per status and the `top` trials by eval loss with their hparams."""
+    rows = phase_rows(table, "tune")
+    counts = rows["status"].value_counts().reindex(list(STATUSES), fill_value=0)
+    count_line = ", ".join(f"{n} {status}" for status, n in counts.items())
+    loss = judged_loss(rows)
+    best = rows.loc[loss[loss < math.inf].nsmallest(top).index]
+    columns = [c for c in ("trial_id", "width", "status", "eval_loss", *hparams) if c in best.columns]
+    top_table = markdown_table(best[columns])
+    return f"{len(rows)} trials: {count_line}.\n\nTop {len(best)} by eval loss:\n\n{top_table}"
+
+
+def _verify_section(cert: Certificate) -> str:
+    """The certificate's verdict in bold, then its fields as a two-column table."""
+    fields = cert.model_dump(exclude={"verdict"})
+    table = pd.DataFrame({"field": list(fields), "value": list(fields.values())})
+    return (
+        f"**{'certified' if cert.certified else 'not certified'}**: {cert.verdict}\n\n{markdown_table(table)}"
+    )
+
+
+def _validate_section(drift: LRDrift) -> str:
+    """The drift verdict, the drift per parametrization, and the optimal lr per width."""
+    per_doubling = [round(d, 3) + 0.0 for d in drift.drift.values()]  # + 0.0 turns -0.0 into 0.0
+    drifts = pd.DataFrame(
+        {"parametrization": list(drift.drift), "drift (log2 lr per doubling)": per_doubling}
+    )
+    optima = pd.DataFrame([o.model_dump() for o in drift.optima])
+    status = "pass" if drift.passed else "fail"
+    return f"**{status}**: {drift.verdict}\n\n{markdown_table(drifts)}\n\n{markdown_table(optima)}"

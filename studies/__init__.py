@@ -1,0 +1,73 @@
+"""WHAT to run and how to judge it: the `StudySpec`, the hparam search space, the catalog of studies.
+
+Imports only pydantic, pyyaml, the standard library and `analysis` (no torch, ray, mlflow or
+fastapi), so the CLI and the API validate a spec without starting anything.
+
+    spec = load_catalog("tiny")                       # or StudySpec.from_yaml("my_study.yaml")
+    spec.trial_config(width=32, hparams={"lr": 3e-3}, seed=0, steps=spec.steps_for("tune"))
+"""
+
+from pathlib import Path
+
+from studies.space import HPARAMS, INFORMATION_WEIGHTS, Range, SearchSpace
+from studies.spec import (
+    CATALOG_DIR,
+    MODEL_FAMILIES,
+    AshaSpec,
+    DataSpec,
+    ModelSpec,
+    PTArch,
+    ResourcesSpec,
+    StudySpec,
+    TrackingSpec,
+    TrainSpec,
+    TransferSpec,
+    TuneSpec,
+    ValidateSpec,
+    VerifySpec,
+    width_error,
+)
+
+
+def catalog_names() -> list[str]:
+    """The studies shipped in `studies/catalog/` (file names without `.yaml`), sorted."""
+    return sorted(p.stem for p in CATALOG_DIR.glob("*.yaml"))
+
+
+def catalog_path(name: str) -> Path:
+    """The YAML file of catalog study `name`; a `ValueError` listing the catalog if there is none."""
+    path = CATALOG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"no catalog study {name!r}: choose one of {catalog_names()} or give a YAML file")
+    return path
+
+
+def load_catalog(name: str) -> StudySpec:
+    """The validated `StudySpec` of catalog study `name` (e.g. "tiny", "cpu_demo")."""
+    return StudySpec.from_yaml(catalog_path(name))
+
+
+__all__ = [
+    "CATALOG_DIR",
+    "HPARAMS",
+    "INFORMATION_WEIGHTS",
+    "MODEL_FAMILIES",
+    "AshaSpec",
+    "DataSpec",
+    "ModelSpec",
+    "PTArch",
+    "Range",
+    "ResourcesSpec",
+    "SearchSpace",
+    "StudySpec",
+    "TrackingSpec",
+    "TrainSpec",
+    "TransferSpec",
+    "TuneSpec",
+    "ValidateSpec",
+    "VerifySpec",
+    "catalog_names",
+    "catalog_path",
+    "load_catalog",
+    "width_error",
+]

@@ -1,0 +1,437 @@
+"""`StudySpec`: one hyperparameter-transfer study, end to end (design.md, "The life of a study").
+
+The same pydantic model is read from YAML by the CLI, accepted as JSON by the API, handed to Ray,
+logged to MLflow and echoed in the report. Every model is strict (`extra="forbid"`: an unknown
+key fails with its field path) and frozen (change a spec with `model_copy(update=...)`).
+
+Field names and defaults mirror the worker's dataclasses without importing them (`studies`
+imports no torch): `PTArch` ↔ `workers.models.pt.PTConfig`, `DataSpec` ↔ `workers.data.DataConfig`,
+`TrainSpec` ↔ `workers.train.TrialConfig`. `StudySpec.trial_config` builds the plain dict that
+`TrialConfig.from_dict` accepts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from analysis import PHASES, min_samples
+from studies.space import INFORMATION_WEIGHTS, SearchSpace
+
+ModelFamily = Literal["pt"]
+MODEL_FAMILIES: tuple[str, ...] = get_args(ModelFamily)  # later: bert, ut, tauformer
+Parametrization = Literal["mup", "standard"]
+CATALOG_DIR = Path(__file__).parent / "catalog"
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+
+
+class PTArch(BaseModel):
+    """PT's fixed architecture: `PTConfig`'s fields except `vocab_size` (from `data`), `width`,
+    `base_width` (from the phase and `tune`), `parametrization` (from `model`) and the six
+    information weights (hparams, from `space`). Sizes are given at `tune.base_width`."""
+
+    model_config = _STRICT
+
+    n_channels: PosInt = Field(4, description="h at base_width (h ∝ d when paradigm is 'channels')")
+    rank: PosInt = Field(16, description="r at base_width (r ∝ d when paradigm is 'rank')")
+    n_iter: PosInt = Field(3, description="T, the MFVI iterations (parameters shared across them)")
+    gamma: NonNegInt = Field(3, description="distance clip γ; K = 2γ+2 buckets; 0 = one bucket")
+    decomposition: Literal["uv", "uvw", "none"] = Field("uv", description="ternary factor: UVᵀ, UVW, full T")
+    async_update: bool = Field(True, description="H, then Z from the new H; False: both from the last")
+    block_msg: bool = Field(False, description="drop the head-side message G_head (w_head is then inert)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="one rate, on H probabilities and on Z logits")
+    topic: Literal["none", "single_split"] = Field(
+        "none", description="topic variables (the FFN analogue); 'none' makes w_topic, w_topic_z inert")
+    n_topics: PosInt = Field(64, description="m at base_width (m ∝ d)")
+    paradigm: Literal["channels", "rank"] = Field("channels", description="how PT widens: h ∝ d, or r ∝ d")
+    tau_form: Literal["d_over_r", "base_normalized"] = Field(
+        "d_over_r", description="μP temperature τ = d/r, or (d/r)/(d0/r0) (PT spec §3.4, [R])")
+    output_init: Literal["inv_d", "inv_sqrt_d"] = Field(
+        "inv_d", description="μP decoder init std ∝ 1/d, or ∝ 1/√d (PT spec §3.3, [R])")
+    topic_coef: Literal["m_over_d", "one"] = Field(
+        "m_over_d", description="μP topic-logit coefficient m/d, or 1 (PT spec §3.5, [R])")
+    init_std_input: float = Field(1.0, gt=0, description="μP: std of S, width-independent")
+    init_std_hidden: float = Field(0.25, gt=0, description="μP: std of U, V, B = init_std_hidden / √d")
+    init_std_output: float = Field(
+        1.0, gt=0, description="μP: decoder std = init_std_output / √d0 · (d0/d, or √(d0/d))")
+    root: Literal[False] = Field(False, description="root-node variant (spec §2.4, SST): not implemented")
+
+    @field_validator("root", mode="before")
+    @classmethod
+    def _no_root(cls, value: Any) -> Any:
+        if value is not False:
+            raise ValueError("the root-node variant (PT spec §2.4) is not implemented: set root: false")
+        return value
+
+
+_SCALED = ("n_channels", "rank", "n_topics")
+
+
+def width_error(arch: PTArch, base_width: int, width: int, where: str) -> str | None:
+    """Why `width` cannot be built from `arch` tuned at `base_width` (None when it can).
+
+    `PTConfig`'s rule: n_channels, rank and n_topics are given at base_width and each must scale
+    to an integer n·width/base_width (PTConfig checks all three, whatever the paradigm).
+    """
+    if width < 1:
+        return f"{where}={width} must be a positive integer"
+    for name in _SCALED:
+        base = getattr(arch, name)
+        if (base * width) % base_width:
+            step = math.lcm(*(base_width // math.gcd(getattr(arch, n), base_width) for n in _SCALED))
+            return (f"{where}={width} is incompatible with tune.base_width={base_width}: model.arch.{name}="
+                    f"{base} would scale to {base * width / base_width:g}, not an integer; use widths that "
+                    f"are multiples of {step}, or change model.arch.{name}")
+    return None
+
+
+class ModelSpec(BaseModel):
+    """The model family and its fixed architecture."""
+
+    model_config = _STRICT
+
+    family: ModelFamily = Field("pt", description=f"the model family, one of {list(MODEL_FAMILIES)}")
+    parametrization: Parametrization = Field("mup", description="'mup' (μP-scaled PT) or 'standard'")
+    arch: PTArch = Field(default_factory=PTArch, description="the fixed architecture (PTConfig's fields)")
+
+    @model_validator(mode="after")
+    def _mup_needs_uv(self) -> ModelSpec:
+        if self.parametrization == "mup" and self.arch.decomposition != "uv":
+            raise ValueError(f"model.arch.decomposition={self.arch.decomposition!r}: μP is specified for "
+                             "'uv' only (PT spec §3.1); use decomposition: uv or parametrization: standard")
+        return self
+
+
+class DataSpec(BaseModel):
+    """The MLM data (`workers.data.DataConfig`'s fields and defaults)."""
+
+    model_config = _STRICT
+
+    source: Literal["shakespeare", "text", "jsonl", "hf"] = Field(
+        "shakespeare", description="'shakespeare' (built in), 'text' (.txt), 'jsonl' or 'hf' (HF datasets)")
+    path: str | None = Field(None, description="text/jsonl: file, directory or glob; hf: a dataset")
+    hf_config: str | None = Field(None, description="hf: the dataset's configuration, if it has several")
+    hf_split: str = Field("train", min_length=1, description="hf: the split read (train and eval)")
+    text_field: str = Field("text", min_length=1, description="jsonl/hf: the field holding the text")
+    tokenizer: Literal["word", "wordpiece", "bpe"] = Field("word", description="trained on the train split")
+    vocab_size: int = Field(10000, ge=4, description="cap, specials included (bpe: >= 260)")
+    seq_len: int = Field(64, ge=2, description="tokens per sequence")
+    packing: Literal["stream", "lines"] = Field("stream", description="'stream' (seq_len blocks) or 'lines'")
+    mask_rate: float = Field(0.15, gt=0, lt=1, description="chance each real token is masked (μP-PT: 0.15)")
+    mask_mode: Literal["mask", "80-10-10"] = Field("mask", description="'mask' (PT paper) or '80-10-10'")
+    eval_fraction: float = Field(0.05, gt=0, lt=1, description="share of text units held out for eval")
+    max_eval_sequences: int = Field(512, ge=1, description="cap on eval sequences")
+    max_tokens: int | None = Field(None, ge=1, description="cap on words read from the source (quick runs)")
+    seed: NonNegInt = Field(0, description="seeds the split and the eval masks")
+
+    @model_validator(mode="after")
+    def _check(self) -> DataSpec:
+        if self.source == "shakespeare" and self.path:
+            raise ValueError("data.path must be empty with source 'shakespeare'; for files use source: text")
+        if self.source != "shakespeare" and not self.path:
+            example = "JeanKaddour/minipile" if self.source == "hf" else "corpus/*.txt"
+            raise ValueError(f"data.path is required with source {self.source!r}, e.g. path: {example}")
+        if self.tokenizer == "bpe" and self.vocab_size < 260:
+            raise ValueError(f"data.vocab_size={self.vocab_size} must be >= 260 with tokenizer bpe "
+                             "(3 specials + 256 byte symbols)")
+        return self
+
+
+class TrainSpec(BaseModel):
+    """The training budget of one trial (`workers.train.TrialConfig` minus lr, an hparam)."""
+
+    model_config = _STRICT
+
+    steps: PosInt = Field(200, description="optimizer steps (tune/verify/validate may override)")
+    batch_size: PosInt = Field(32, description="sequences per step")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay (not on biases)")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    warmup_steps: NonNegInt = Field(10, description="linear warmup steps")
+    schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="the lr after warmup")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr / peak lr (cosine, linear)")
+    grad_clip: float = Field(5.0, ge=0, description="gradient-norm clip (PT paper: 5); 0 disables")
+    t_l2: float = Field(0.0, ge=0, description="coefficient of the unsquared ‖T‖_F penalty (PT paper: 5e-4)")
+    eval_every: PosInt = Field(50, description="steps between evaluations (ASHA sees these)")
+    eval_batches: PosInt = Field(8, description="cap on fixed held-out batches per evaluation")
+    log_every: PosInt = Field(10, description="steps between logged training metrics")
+    max_loss: float = Field(1e3, gt=0, description="a finite loss above this also counts as diverged")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto': cuda when available")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"each beta must lie in [0, 1), e.g. [0.9, 0.999]; got {list(betas)}")
+        return betas
+
+
+class AshaSpec(BaseModel):
+    """ASHA early stopping for the tune phase (Ray Tune's ASHAScheduler; time in steps)."""
+
+    model_config = _STRICT
+
+    enabled: bool = Field(True, description="False: every tune trial runs to the end")
+    grace_steps: PosInt = Field(50, description="steps every trial runs before it may be stopped")
+    reduction_factor: float = Field(3, gt=1, description="keep the best 1/reduction_factor at each rung")
+
+
+class TuneSpec(BaseModel):
+    """The tune phase: a TPE search of `space` at `base_width`."""
+
+    model_config = _STRICT
+
+    base_width: PosInt = Field(description="the proxy width the hparams are tuned at (d0)")
+    num_trials: PosInt = Field(16, description="trials sampled by the searcher")
+    max_concurrent: PosInt = Field(2, description="trials running at once")
+    searcher: Literal["tpe"] = Field("tpe", description="Optuna's TPE through Ray Tune's OptunaSearch")
+    seed: NonNegInt = Field(0, description="the searcher's seed")
+    asha: AshaSpec = Field(default_factory=AshaSpec, description="early stopping of poor trials")
+    steps: PosInt | None = Field(None, description="override train.steps for tune trials")
+
+
+def _increasing(widths: list[int]) -> list[int]:
+    """`widths` unchanged, or a `ValueError` if they are not strictly increasing."""
+    if any(b <= a for a, b in zip(widths, widths[1:], strict=False)):
+        raise ValueError(f"widths {widths} must be strictly increasing, e.g. [512, 1024, 2048]")
+    return widths
+
+
+Widths = Annotated[list[PosInt], AfterValidator(_increasing)]
+
+
+class TransferSpec(BaseModel):
+    """The transfer phase: the tuned hparams, unchanged, at each wider width."""
+
+    model_config = _STRICT
+
+    widths: Widths = Field(min_length=1, description="each > tune.base_width, increasing")
+    seeds: PosInt = Field(1, description="training seeds per width")
+
+
+class VerifySpec(BaseModel):
+    """The verify phase: N samples around the transferred centre → the certificate (PT spec §3.6)."""
+
+    model_config = _STRICT
+
+    width: PosInt | None = Field(None, description="the verify width; None: the largest transfer width")
+    n_samples: PosInt | None = Field(
+        None, description="N; None: the least N with 1-(1-p)^N >= 1-alpha (59 at p=alpha=0.05; paper: 62)")
+    p: float = Field(0.05, gt=0, lt=1, description="the top fraction the centre is claimed to lie in")
+    alpha: float = Field(0.05, gt=0, lt=1, description="1 - the confidence level")
+    delta: float = Field(0.5, gt=0, lt=1, description="each hparam x is drawn in [(1-δ)x, (1+δ)x] (δ is [?])")
+    sampling: Literal["linear", "log"] = Field("linear", description="uniform in x, or in log x, there")
+    centre_seeds: PosInt = Field(3, description="seeds of the unperturbed centre (its seed spread)")
+    tolerance: Literal["seed_spread"] | Annotated[float, Field(ge=0, lt=1)] = Field(
+        "seed_spread", description="margin a sample must beat the centre by: the centre's seed spread, "
+        "or a relative float (0.004 = the paper's 0.4% noise level)")
+    seed: NonNegInt = Field(0, description="seeds the sampling of the N perturbed points")
+    steps: PosInt | None = Field(None, description="override train.steps for verify trials")
+
+    @model_validator(mode="after")
+    def _spread_needs_seeds(self) -> VerifySpec:
+        if self.tolerance == "seed_spread" and self.centre_seeds < 2:
+            raise ValueError("verify.tolerance 'seed_spread' needs verify.centre_seeds >= 2 (one seed has no "
+                             "spread): raise centre_seeds or give a relative tolerance such as 0.004")
+        return self
+
+    def resolved_n_samples(self) -> int:
+        """N: `n_samples`, or the least N certifying top-p at confidence 1-alpha (eq. 9)."""
+        return self.n_samples if self.n_samples is not None else min_samples(self.p, self.alpha)
+
+
+class ValidateSpec(BaseModel):
+    """The optional validate phase: an lr sweep at 2–4 widths under each parametrization (lr drift)."""
+
+    model_config = _STRICT
+
+    widths: Widths = Field(min_length=2, max_length=4, description="2–4 increasing widths")
+    lrs: list[float] = Field(min_length=3, description="the lr sweep: >= 3 distinct values > 0 (kept sorted)")
+    parametrizations: list[Parametrization] = Field(
+        default_factory=lambda: ["mup", "standard"], min_length=1, description="must include 'mup'")
+    seeds: PosInt = Field(1, description="training seeds per (width, lr, parametrization)")
+    steps: PosInt | None = Field(None, description="override train.steps for validate trials")
+    drift_threshold: float = Field(0.5, gt=0, description="largest |Δlog2(lr*)| per doubling that passes")
+
+    @field_validator("lrs")
+    @classmethod
+    def _lrs(cls, lrs: list[float]) -> list[float]:
+        if any(not lr > 0 for lr in lrs) or len(set(lrs)) != len(lrs):
+            raise ValueError(f"lrs {lrs} must be distinct and > 0, e.g. [0.001, 0.003, 0.01, 0.03]")
+        return sorted(lrs)
+
+    @field_validator("parametrizations")
+    @classmethod
+    def _parametrizations(cls, values: list[str]) -> list[str]:
+        if "mup" not in values or len(set(values)) != len(values):
+            raise ValueError(f"parametrizations {values} must include 'mup', each once")
+        return values
+
+
+class TrackingSpec(BaseModel):
+    """Where MLflow records the study."""
+
+    model_config = _STRICT
+
+    experiment: str | None = Field(None, min_length=1, description="MLflow experiment; None: the study name")
+    tracking_uri: str | None = Field(
+        None, description="None: $MLFLOW_TRACKING_URI, else the embedded SQLite store in the data directory")
+
+
+class ResourcesSpec(BaseModel):
+    """Resources per trial (Ray) and the tracking target."""
+
+    model_config = _STRICT
+
+    cpus_per_trial: float = Field(1, gt=0, description="CPUs per trial")
+    gpus_per_trial: float = Field(0, ge=0, description="GPUs per tune trial; fractions (0.25) allowed")
+    transfer_gpus: float | None = Field(
+        None, ge=0, description="GPUs per transfer/verify/validate trial; None: 1 if any GPU, else 0")
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="the MLflow target")
+
+    @model_validator(mode="after")
+    def _whole_gpus(self) -> ResourcesSpec:
+        for name in ("gpus_per_trial", "transfer_gpus"):
+            value = getattr(self, name)
+            if value is not None and value > 1 and value != int(value):
+                raise ValueError(f"resources.{name}={value}: fractions are allowed below 1 only; "
+                                 "use a whole number of GPUs")
+        return self
+
+
+class StudySpec(BaseModel):
+    """One study: what to train, how to search, where to transfer, how to judge."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9_-]+$",
+                      description="slug: lowercase letters, digits, '-', '_' (1–64 chars)")
+    description: str = Field("", description="free text, echoed in the report")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="family, parametrization, architecture")
+    data: DataSpec = Field(default_factory=DataSpec, description="the MLM data")
+    train: TrainSpec = Field(default_factory=TrainSpec, description="the training budget of one trial")
+    space: SearchSpace = Field(default_factory=SearchSpace, description="the search space of the 7 hparams")
+    tune: TuneSpec = Field(description="the tune phase")
+    transfer: TransferSpec = Field(description="the transfer phase")
+    verify: VerifySpec | None = Field(default_factory=VerifySpec, description="verify phase; null skips it")
+    validate_: ValidateSpec | None = Field(
+        None, alias="validate", description="the optional lr-drift phase (attribute `validate_`)")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="per-trial resources")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> StudySpec:
+        base, arch, problems = self.tune.base_width, self.model.arch, []
+        widths = [(f"transfer.widths[{i}]", w) for i, w in enumerate(self.transfer.widths)]
+        problems += [f"{where}={w} must be > tune.base_width={base} (transfer goes wider): drop it or lower "
+                     "tune.base_width" for where, w in widths if w <= base]
+        if self.verify is not None and self.verify.width is not None:
+            widths.append(("verify.width", self.verify.width))
+            if self.verify.width < base:
+                problems.append(f"verify.width={self.verify.width} must be >= tune.base_width={base}")
+        if self.validate_ is not None:
+            widths += [(f"validate.widths[{i}]", w) for i, w in enumerate(self.validate_.widths)]
+            if arch.decomposition != "uv":
+                problems.append(f"validate runs mup, which needs model.arch.decomposition 'uv', not "
+                                f"{arch.decomposition!r}: set decomposition: uv or drop validate")
+        problems += [e for where, w in widths if (e := width_error(arch, base, w, where))]
+        if self.tune.asha.enabled and self.tune.asha.grace_steps > self.steps_for("tune"):
+            problems.append(f"tune.asha.grace_steps={self.tune.asha.grace_steps} exceeds the tune trials' "
+                            f"{self.steps_for('tune')} steps: lower it, raise tune.steps or disable asha")
+        for phase in self.phases():
+            if self.train.warmup_steps >= self.steps_for(phase):
+                problems.append(f"train.warmup_steps={self.train.warmup_steps} must be < the {phase} phase's "
+                                f"{self.steps_for(phase)} steps: lower warmup_steps or raise the steps")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # ----------------------------------------------------------------------------- io
+    @classmethod
+    def from_yaml(cls, source: str | Path) -> StudySpec:
+        """A spec from YAML text, or from a file (a `Path`, or a one-line str ending .yaml/.yml)."""
+        if isinstance(source, Path) or ("\n" not in source and source.strip().endswith((".yaml", ".yml"))):
+            path = Path(source)
+            if not path.is_file():
+                raise FileNotFoundError(f"no spec file {path}; give a YAML file or YAML text "
+                                        f"(catalog: {sorted(p.name for p in CATALOG_DIR.glob('*.yaml'))})")
+            source = path.read_text(encoding="utf-8")
+        return cls.model_validate(yaml.safe_load(source))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The spec as plain JSON-able data under its YAML keys (`validate`, not `validate_`)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    def to_yaml(self) -> str:
+        """The spec as YAML, every default written out; `from_yaml(s.to_yaml()) == s`."""
+        return yaml.safe_dump(self.as_dict(), sort_keys=False, allow_unicode=True)
+
+    def content_hash(self) -> str:
+        """sha256 of the canonical JSON (sorted keys, defaults filled in): equal specs hash equal."""
+        canonical = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    # ----------------------------------------------------------------------------- helpers
+    def phases(self) -> list[str]:
+        """The phases this study runs, in order."""
+        present = {"tune": True, "transfer": True, "verify": self.verify is not None,
+                   "validate": self.validate_ is not None}
+        return [p for p in PHASES if present[p]]
+
+    def steps_for(self, phase: str) -> int:
+        """The optimizer steps of one trial in `phase` (its override, else train.steps)."""
+        overrides = {"tune": self.tune.steps, "transfer": None,
+                     "verify": self.verify.steps if self.verify else None,
+                     "validate": self.validate_.steps if self.validate_ else None}
+        if phase not in overrides:
+            raise ValueError(f"unknown phase {phase!r}: choose one of {list(PHASES)}")
+        return overrides[phase] or self.train.steps
+
+    def verify_width(self) -> int:
+        """The verify width: `verify.width`, else the largest transfer width."""
+        width = self.verify.width if self.verify else None
+        return width if width is not None else max(self.transfer.widths)
+
+    def experiment_name(self) -> str:
+        """The MLflow experiment: `resources.tracking.experiment`, else the study name."""
+        return self.resources.tracking.experiment or self.name
+
+    def inert_hparams(self) -> list[str]:
+        """Searched hparams the architecture ignores (topic weights with topic 'none'): worth a warning."""
+        inert = {"w_topic", "w_topic_z"} if self.model.arch.topic == "none" else set()
+        inert |= {"w_head"} if self.model.arch.block_msg else set()
+        return [h for h in self.space.searched() if h in inert]
+
+    def model_hp(self, width: int, hparams: dict[str, float], parametrization: str | None = None
+                 ) -> dict[str, Any]:
+        """`PTConfig` kwargs (all but vocab_size) at `width`: arch, width, base_width, parametrization and
+        the six information weights (missing hparams take the space's defaults; `lr` is not one)."""
+        error = width_error(self.model.arch, self.tune.base_width, width, "width")
+        if error:
+            raise ValueError(error)
+        param = parametrization or self.model.parametrization
+        if param not in get_args(Parametrization):
+            raise ValueError(f"parametrization {param!r}: choose one of {list(get_args(Parametrization))}")
+        hp = self.space.complete(hparams)
+        return {**self.model.arch.model_dump(), "width": width, "base_width": self.tune.base_width,
+                "parametrization": param, **{w: hp[w] for w in INFORMATION_WEIGHTS}}
+
+    def trial_config(self, width: int, hparams: dict[str, float], seed: int, steps: int | None = None,
+                     parametrization: str | None = None) -> dict[str, Any]:
+        """The plain dict `workers.train.TrialConfig.from_dict` takes: `lr` at the top level, the
+        information weights in `model_hp`, `data` as a dict, the training budget with `steps`
+        (default train.steps; pass `steps_for(phase)`) and `seed`."""
+        if steps is not None and steps < 1:
+            raise ValueError(f"steps={steps} must be >= 1 (or None for train.steps={self.train.steps})")
+        hp = self.space.complete(hparams)
+        train = self.train.model_dump(mode="json")
+        train["steps"] = steps or self.train.steps
+        return {"model": self.model.family, "model_hp": self.model_hp(width, hp, parametrization),
+                "data": self.data.model_dump(mode="json"), "lr": hp["lr"], **train, "seed": seed}
+

@@ -1,0 +1,74 @@
+"""Every plot function writes a non-empty PNG, diverged runs included."""
+
+import pandas as pd
+import pytest
+
+from analysis.coord import plot_coord
+from analysis.plots import plot_mutransfer, plot_transfer, plot_tune_history, plot_verify
+from analysis.table import HPARAMS
+from tests.analysis._tables import coord_table, mup_like, paper_like_optimum, sweep_table, trials
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(path):
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 1000
+
+
+@pytest.fixture
+def verify_rows():
+    centre = dict.fromkeys(HPARAMS, 1.0)
+    rows = [{"is_centre": True, "seed": s, "eval_loss": 2.0 + s / 100} for s in range(3)]
+    rows += [{"lr": 1 + i / 100, "w_H": 1 - i / 200, "eval_loss": 2.05 + i / 500} for i in range(20)]
+    rows += [{"lr": 1.4, "status": "diverged"}]
+    return trials(rows, phase="verify"), centre
+
+
+def test_plot_verify(tmp_path, verify_rows):
+    table, centre = verify_rows
+    plot_verify(table, centre, HPARAMS, tmp_path / "verify.png")
+    assert_png(tmp_path / "verify.png")
+
+
+def test_plot_transfer(tmp_path):
+    table = trials(
+        [
+            {"width": w, "seed": s, "eval_loss": 3.0 - 0.1 * i + 0.01 * s, "params": 10**6 * 2**i}
+            for i, w in enumerate([64, 128, 256])
+            for s in range(2)
+        ]
+        + [{"width": 512, "status": "diverged", "params": 8 * 10**6}],
+        phase="transfer",
+    )
+    plot_transfer(table, tmp_path / "sub" / "transfer.png")
+    assert_png(tmp_path / "sub" / "transfer.png")
+
+
+def test_plot_tune_history(tmp_path):
+    statuses = ["completed", "stopped", "diverged", "completed", "failed", "completed"]
+    losses = [3.0, 3.5, None, 2.8, None, 2.9]
+    table = trials([{"status": s, "eval_loss": v} for s, v in zip(statuses, losses, strict=True)])
+    plot_tune_history(table, tmp_path / "tune.png")
+    assert_png(tmp_path / "tune.png")
+
+
+def test_plot_mutransfer(tmp_path):
+    table = sweep_table(paper_like_optimum)
+    table.loc[table["lr"] >= 2.0**-5, "status"] = "diverged"
+    plot_mutransfer(table, tmp_path / "mutransfer.png")
+    assert_png(tmp_path / "mutransfer.png")
+
+
+@pytest.mark.parametrize("with_param", [True, False])
+def test_plot_coord(tmp_path, with_param):
+    table = pd.concat(
+        [
+            coord_table(mup_like(), steps=(1, 2)),
+            coord_table(mup_like(hidden=0.5, param="standard"), steps=(1, 2)),
+        ]
+    )
+    if not with_param:
+        table = table[table["parametrization"] == "mup"].drop(columns="parametrization")
+    plot_coord(table, tmp_path / "coord.png")
+    assert_png(tmp_path / "coord.png")

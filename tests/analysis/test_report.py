@@ -1,0 +1,80 @@
+"""The Markdown report: verdicts, tables and figure links, with a table writer that needs no tabulate."""
+
+import math
+
+import pandas as pd
+
+from analysis.certificate import certify
+from analysis.report import markdown_table, render_report
+from analysis.transfer import lr_drift
+from tests.analysis._tables import paper_like_optimum, sweep_table, trials, verify_table
+
+STUDY = {
+    "name": "pt-mlm",
+    "id": "s-42",
+    "model": {"family": "pt", "d": 256},
+    "widths": [256, 512],
+    "budget": "1 epoch",
+}
+
+
+def _tables():
+    tune = trials(
+        [{"eval_loss": 3.0 + i / 10, "lr": 0.001 * (i + 1)} for i in range(7)]
+        + [{"status": "diverged"}, {"status": "stopped", "eval_loss": 3.9}],
+        phase="tune",
+    )
+    transfer = trials(
+        [{"width": w, "seed": s, "eval_loss": 3.0 - w / 1000} for w in (256, 512) for s in (0, 1)],
+        phase="transfer",
+    )
+    return {"tune": tune, "transfer": transfer}
+
+
+def test_markdown_table_formats_cells():
+    df = pd.DataFrame({"a": [1.234567, math.nan], "b": ["x|y", None], "c": [True, False]})
+    assert markdown_table(df).splitlines() == [
+        "| a | b | c |",
+        "|---|---|---|",
+        "| 1.2346 | x\\|y | yes |",
+        "| — | — | no |",
+    ]
+
+
+def test_report_has_every_phase_verdict_table_and_link():
+    cert = certify(verify_table([2.0, 2.01], [2.1] * 62))
+    drift = lr_drift(sweep_table(paper_like_optimum))
+    plots = {"tune": "tune.png", "verify": "verify.png", "validate": "mutransfer.png", "coord": "coord.png"}
+    md = render_report(study=STUDY, tables=_tables(), certificate=cert, lr_drift=drift, plots=plots)
+    assert md.startswith("# Study pt-mlm (`s-42`)")
+    assert "- **model**: family=pt, d=256" in md and "- **widths**: 256, 512" in md
+    # tune: counts and the five best trials only
+    assert "9 trials: 7 completed, 1 diverged, 1 stopped, 0 failed." in md
+    tune = md.split("## tune")[1].split("## transfer")[0]
+    assert "| trial_id | width | status | eval_loss | lr |" in tune
+    assert "| t000 |" in tune and "| t004 |" in tune and "| t005 |" not in tune
+    # transfer: the per-width table
+    assert "| width | params | eval_loss_mean |" in md and "| 512 |" in md
+    # verify and validate: verdicts and fields
+    assert cert.verdict in md and "**certified**" in md and "| upper_bound | 0.04717 |" in md
+    assert drift.verdict in md and "**pass**" in md
+    assert "| mup | 0 |" in md and "| standard | -1 |" in md
+    # figures: phase figures in their sections, the rest at the end
+    assert "![verify](verify.png)" in md.split("## verify")[1].split("## validate")[0]
+    assert "![validate](mutransfer.png)" in md.split("## validate")[1]
+    assert "## figures\n\n![coord](coord.png)" in md
+    # sections in phase order
+    assert md.index("## tune") < md.index("## transfer") < md.index("## verify") < md.index("## validate")
+
+
+def test_report_without_verdicts_or_plots():
+    md = render_report(study={"name": "bare"}, tables={}, certificate=None, lr_drift=None, plots={})
+    assert md.startswith("# Study bare\n")
+    assert "_no spec summary given_" in md
+    assert "## verify" not in md and "## validate" not in md
+
+
+def test_report_shows_a_failed_certificate():
+    cert = certify(verify_table([2.0], [1.5] * 3 + [2.1] * 59))
+    md = render_report(study=STUDY, tables={}, certificate=cert, lr_drift=None, plots={})
+    assert "**not certified**" in md and "NOT certified" in md

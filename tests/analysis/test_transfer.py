@@ -1,0 +1,108 @@
+"""Per-width transfer summary and the lr-drift verdict, on synthetic sweeps with known answers."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.transfer import lr_curves, lr_drift, transfer_table
+from tests.analysis._tables import SWEEP_WIDTHS, paper_like_optimum, sweep_table, trials
+
+
+def test_transfer_table_aggregates_seeds_per_width():
+    table = trials(
+        [
+            {
+                "width": 128,
+                "seed": 0,
+                "eval_loss": 2.8,
+                "params": 4_000_000,
+                "tokens": 200,
+                "wall_time_s": 20.0,
+            },
+            {"width": 128, "seed": 1, "status": "diverged", "params": 4_000_000, "tokens": 50},
+            {"width": 128, "seed": 2, "status": "failed", "params": 4_000_000},
+            {"width": 64, "seed": 0, "eval_loss": 3.0, "tokens": 100, "wall_time_s": 10.0},
+            {"width": 64, "seed": 1, "eval_loss": 3.2, "tokens": 100, "wall_time_s": 12.0},
+        ],
+        phase="transfer",
+    )
+    out = transfer_table(table)
+    assert out["width"].tolist() == [64, 128]
+    w64, w128 = out.iloc[0], out.iloc[1]
+    assert w64["eval_loss_mean"] == pytest.approx(3.1)
+    assert w64["eval_loss_std"] == pytest.approx(math.sqrt(0.02))
+    assert (w64["n_seeds"], w64["n_diverged"], w64["n_failed"]) == (2, 0, 0)
+    assert w64["wall_time_s"] == pytest.approx(11.0)
+    assert w128["eval_loss_mean"] == pytest.approx(2.8)
+    assert math.isnan(w128["eval_loss_std"])
+    assert (w128["n_seeds"], w128["n_diverged"], w128["n_failed"]) == (1, 1, 1)
+    assert w128["tokens"] == 200  # over the finished runs only
+    assert w128["params"] == 4_000_000
+
+
+def test_transfer_table_ignores_other_phases():
+    table = trials([{"eval_loss": 3.0}, {"eval_loss": 1.0, "phase": "tune"}], phase="transfer")
+    assert transfer_table(table)["eval_loss_mean"].tolist() == [3.0]
+    assert transfer_table(table, phase=None)["eval_loss_mean"].tolist() == [2.0]
+
+
+def test_lr_drift_flat_for_mup_and_minus_one_for_standard():
+    drift = lr_drift(sweep_table(paper_like_optimum))
+    assert drift.mup_drift == pytest.approx(0.0, abs=1e-9)
+    assert drift.standard_drift == pytest.approx(-1.0)
+    assert drift.drift == pytest.approx({"mup": 0.0, "standard": -1.0})
+    assert drift.passed
+    assert "mup's optimal lr drifts +0.00 log2(lr) per doubling of width" in drift.verdict
+    assert "pass" in drift.verdict and "standard drifts -1.00" in drift.verdict
+    mup_optima = [o for o in drift.optima if o.parametrization == "mup"]
+    assert [o.log2_lr for o in mup_optima] == pytest.approx([-9.0] * len(SWEEP_WIDTHS))
+    assert not any(o.at_grid_edge for o in drift.optima)
+
+
+def test_lr_drift_fails_when_mup_drifts_past_the_threshold():
+    drift = lr_drift(sweep_table(lambda p, w: -6 - np.log2(w / 64), parametrizations=("mup",)))
+    assert drift.mup_drift == pytest.approx(-1.0)
+    assert not drift.passed
+    assert drift.standard_drift is None
+    assert "fail" in drift.verdict
+    assert lr_drift(
+        sweep_table(lambda p, w: -6 - np.log2(w / 64), parametrizations=("mup",)), threshold=1.5
+    ).passed
+
+
+def test_a_diverged_seed_disqualifies_its_lr():
+    table = sweep_table(paper_like_optimum, parametrizations=("mup",))
+    at_opt = (table["width"] == 512) & (table["lr"] == 2.0**-9) & (table["seed"] == 1)
+    table.loc[at_opt, "status"] = "diverged"
+    curves = lr_curves(table)
+    row = curves[(curves["width"] == 512) & (curves["lr"] == 2.0**-9)].iloc[0]
+    assert np.isinf(row["eval_loss"]) and row["n_diverged"] == 1
+    optimum = next(o for o in lr_drift(table).optima if o.width == 512)
+    assert optimum.log2_lr in (-10.0, -8.0)
+
+
+def test_an_optimum_on_the_grid_edge_is_flagged():
+    drift = lr_drift(sweep_table(lambda p, w: -4, parametrizations=("mup",)))
+    assert all(o.at_grid_edge for o in drift.optima)
+    assert "edge of the lr grid" in drift.verdict
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        (sweep_table(paper_like_optimum).query("width == 64"), "add a width to the validate sweep"),
+        (sweep_table(paper_like_optimum, parametrizations=("standard",)), "no mup runs"),
+        (sweep_table(paper_like_optimum).assign(status="diverged"), "add smaller learning rates"),
+    ],
+)
+def test_lr_drift_errors_name_the_fix(table, message):
+    with pytest.raises(ValueError, match=message):
+        lr_drift(table)
+
+
+def test_transfer_table_with_repeated_index_labels():
+    one = trials([{"eval_loss": 3.0, "seed": 0}, {"status": "diverged", "seed": 1}], phase="transfer")
+    out = transfer_table(pd.concat([one, one]), phase=None)
+    assert (out.loc[0, "n_seeds"], out.loc[0, "n_diverged"]) == (2, 2)

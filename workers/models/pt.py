@@ -1,0 +1,349 @@
+"""Probabilistic Transformer (Wu & Tu 2023) and its μP-scaled version (Kuang, Wu & Tu 2026).
+
+PT is a CRF over latent word labels Z (d labels each) and head selections H (h channels);
+its forward pass is T iterations of mean-field variational inference (MFVI) in tensor form
+(spec §2.3). Parameters are shared across iterations.
+
+Shapes: B batch, n length, d width (Z labels), h channels, r rank, K = 2γ+2 distance buckets,
+m topics. Comments give shapes as (B, n, d).
+
+μP changes (spec §3.3–3.5) sit inside blocks marked `# --- μP ---`; each is listed in the
+README's rule → code table and guarded by the coordinate-check test.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NEG = -1e9  # logit for impossible head choices (self, padding)
+INFO_WEIGHTS = ("w_H", "w_topic", "w_unary", "w_dep", "w_head", "w_topic_z")
+
+
+@dataclass(frozen=True)
+class PTConfig:
+    vocab_size: int
+    width: int = 64  # d: labels per Z variable = embedding width
+    base_width: int = 64  # d0: the proxy width hparams are tuned at (width_mult = width / base_width)
+    n_channels: int = 4  # h at base_width (scaled with width when paradigm == "channels")
+    rank: int = 16  # r at base_width (scaled with width when paradigm == "rank")
+    n_iter: int = 3  # T MFVI iterations
+    gamma: int = 3  # distance clip threshold γ; K = 2γ+2 buckets; 0 = one bucket
+    decomposition: str = "uv"  # "uv" | "uvw" | "none" (full T tensor)
+    async_update: bool = True  # H then Z from the new H; False = both from the previous iteration
+    block_msg: bool = False  # drop the head-side message G_head
+    dropout: float = 0.0  # one rate, on H probabilities and on Z logits (authors' code)
+    topic: str = "none"  # "none" | "single_split" (global topic variables, the FFN analogue)
+    n_topics: int = 64  # m at base_width (scaled with width: m ∝ d)
+    root: bool = False  # root-node variant (SST): not implemented
+    parametrization: str = "standard"  # "standard" (original PT) | "mup"
+    paradigm: str = "channels"  # "channels" (h ∝ d) | "rank" (r ∝ d)
+    # the six information weights (spec §3.2), all 1 by default
+    w_H: float = 1.0
+    w_topic: float = 1.0
+    w_unary: float = 1.0
+    w_dep: float = 1.0
+    w_head: float = 1.0
+    w_topic_z: float = 1.0
+    # reconstructed μP choices (spec §3.3–3.5, tagged [R]/[?]): options with documented defaults
+    tau_form: str = "d_over_r"  # τ = d/r ("d_over_r") or (d/r)/(d0/r0) ("base_normalized")
+    output_init: str = "inv_d"  # μP decoder init std ∝ 1/d ("inv_d") or ∝ 1/√d ("inv_sqrt_d")
+    topic_coef: str = "m_over_d"  # μP topic-logit coefficient: m/d ("m_over_d") or 1 ("one")
+    init_std_input: float = 1.0  # μP: std of S, width-independent
+    init_std_hidden: float = 0.25  # μP: U, V, B std = init_std_hidden / sqrt(d) (1.0 amplifies across iterations)
+    init_std_output: float = 1.0  # μP: decoder std = init_std_output/sqrt(d0) · (d0/d or sqrt(d0/d))
+
+    def __post_init__(self) -> None:
+        choices = {
+            "decomposition": ("uv", "uvw", "none"),
+            "topic": ("none", "single_split"),
+            "parametrization": ("standard", "mup"),
+            "paradigm": ("channels", "rank"),
+            "tau_form": ("d_over_r", "base_normalized"),
+            "output_init": ("inv_d", "inv_sqrt_d"),
+            "topic_coef": ("m_over_d", "one"),
+        }
+        for name, ok in choices.items():
+            if getattr(self, name) not in ok:
+                raise ValueError(f"PTConfig.{name}={getattr(self, name)!r}: choose one of {list(ok)}")
+        for name in ("vocab_size", "width", "base_width", "n_channels", "rank", "n_iter", "n_topics"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"PTConfig.{name}={getattr(self, name)}: must be a positive integer")
+        if self.gamma < 0:
+            raise ValueError(f"PTConfig.gamma={self.gamma}: must be >= 0 (0 means one distance bucket)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"PTConfig.dropout={self.dropout}: must be in [0, 1)")
+        if self.root:
+            raise ValueError(
+                "PTConfig.root=True: the root-node variant (spec §2.4, used for SST) is not implemented; "
+                "set root: false"
+            )
+        if self.parametrization == "mup" and self.decomposition != "uv":
+            raise ValueError(
+                f"PTConfig.decomposition={self.decomposition!r}: μP scaling is specified for the 'uv' "
+                "decomposition only (spec §3.1); use decomposition: uv or parametrization: standard"
+            )
+        for name, base in (("n_channels", self.n_channels), ("rank", self.rank), ("n_topics", self.n_topics)):
+            if (base * self.width) % self.base_width:
+                raise ValueError(
+                    f"PTConfig.width={self.width}: {name}={base} at base_width={self.base_width} "
+                    f"must scale to an integer; pick a width that is a multiple of "
+                    f"{self.base_width // math.gcd(base, self.base_width)}"
+                )
+
+    # derived sizes ----------------------------------------------------------------------------
+    @property
+    def width_mult(self) -> float:
+        return self.width / self.base_width
+
+    @property
+    def h(self) -> int:
+        return self.n_channels * self.width // self.base_width if self.paradigm == "channels" else self.n_channels
+
+    @property
+    def r(self) -> int:
+        return self.rank * self.width // self.base_width if self.paradigm == "rank" else self.rank
+
+    @property
+    def m(self) -> int:
+        return self.n_topics * self.width // self.base_width
+
+    @property
+    def n_buckets(self) -> int:
+        return 2 * self.gamma + 2 if self.gamma > 0 else 1
+
+
+def config_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(PTConfig))
+
+
+class _Offsets:
+    """Index structures for the distance buckets at one length n, built once per n.
+
+    Bucket of a (dependent i, head j) pair is f(i - j) from spec §2.1: i - j < -γ is bucket 0
+    (`far_neg`), -γ ≤ i - j < 0 is i-j+γ+1, 0 < i - j ≤ γ is i-j+γ, i - j > γ is 2γ+1 (`far_pos`).
+    With γ = 0 every pair is bucket 0. Near pairs touch only 2γ diagonals, so they are listed as
+    (k, i, j) triples; the two far buckets are full n×n products masked to their triangles.
+    """
+
+    def __init__(self, n: int, gamma: int, device: torch.device) -> None:
+        i = torch.arange(n, device=device)
+        diff = i[:, None] - i[None, :]  # (n, n): i - j
+        self.far_neg = diff < -gamma if gamma > 0 else diff != 0  # bucket 0 (all pairs if γ = 0)
+        self.far_pos = diff > gamma if gamma > 0 else None  # bucket 2γ+1
+        ks, di, hj = [], [], []
+        for off in range(1, gamma + 1):  # runs once per length, not per forward
+            if off >= n:
+                break
+            rows = torch.arange(off, n, device=device)
+            ks += [torch.full_like(rows, gamma + off), torch.full_like(rows, gamma + 1 - off)]
+            di += [rows, rows - off]  # i - j = off | i - j = -off
+            hj += [rows - off, rows]
+        empty = torch.zeros(0, dtype=torch.long, device=device)
+        self.k = torch.cat(ks) if ks else empty  # (P,) bucket of each near pair
+        self.i = torch.cat(di) if di else empty  # (P,) dependent
+        self.j = torch.cat(hj) if hj else empty  # (P,) head
+        self.n = n
+
+
+class ProbabilisticTransformer(nn.Module):
+    """PT encoder + MLM head. `forward(input_ids, attention_mask)` returns (B, n, |V|) logits.
+
+    With `select` (a (B, n) mask, e.g. `labels != -100`) only the selected positions are decoded.
+    """
+
+    def __init__(self, cfg: PTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d, h, r, K, V = cfg.width, cfg.h, cfg.r, cfg.n_buckets, cfg.vocab_size
+        mup = cfg.parametrization == "mup"
+        self.unary = nn.Embedding(V, d)  # S (|V|, d): unary scores
+        if cfg.decomposition == "uv":
+            self.U = nn.Parameter(torch.empty(K, h, d, r))  # per bucket and channel
+            self.V = nn.Parameter(torch.empty(K, h, d, r))
+        elif cfg.decomposition == "uvw":
+            self.U = nn.Parameter(torch.empty(K, d, r))
+            self.V = nn.Parameter(torch.empty(K, d, r))
+            self.W = nn.Parameter(torch.empty(K, h, r))
+        else:
+            self.T = nn.Parameter(torch.empty(K, h, d, d))  # full ternary scores T^(c)[k]_{ab}
+        if cfg.topic == "single_split":
+            self.B = nn.Parameter(torch.empty(cfg.m, d))  # binary factor (m, d)
+        self.decoder = nn.Linear(d, V)  # MLM head, not tied to S (PT paper)
+        self.drop = nn.Dropout(cfg.dropout)
+        self._offsets: _Offsets | None = None
+
+        # parameter groups (spec §3.3): input / hidden / output / bias
+        self.groups = {"input": [self.unary.weight], "output": [self.decoder.weight], "bias": [self.decoder.bias]}
+        self.groups["hidden"] = [p for name, p in self.named_parameters() if name in ("U", "V", "W", "T", "B")]
+
+        with torch.no_grad():
+            if mup:
+                # --- μP: init (spec §3.3) ---
+                nn.init.normal_(self.unary.weight, std=cfg.init_std_input)  # width-independent
+                for p in self.groups["hidden"]:
+                    nn.init.normal_(p, std=cfg.init_std_hidden / math.sqrt(d))  # variance ∝ 1/d
+                out_scale = 1 / cfg.width_mult if cfg.output_init == "inv_d" else 1 / math.sqrt(cfg.width_mult)
+                nn.init.normal_(self.decoder.weight, std=cfg.init_std_output / math.sqrt(cfg.base_width) * out_scale)
+                nn.init.zeros_(self.decoder.bias)
+                # --- end μP ---
+            else:  # the authors' inits (spec §2.6); decoder keeps nn.Linear's default
+                nn.init.xavier_uniform_(self.unary.weight)
+                for name in ("U", "V", "W"):
+                    if hasattr(self, name):
+                        nn.init.normal_(getattr(self, name), std=1 / math.sqrt(r))
+                if hasattr(self, "T"):
+                    nn.init.normal_(self.T, std=1.0)
+                if hasattr(self, "B"):
+                    nn.init.normal_(self.B, std=1 / math.sqrt(d))
+
+    # ---------------------------------------------------------------------------------------
+    def lr_multipliers(self) -> dict[str, float]:
+        """Per-group learning-rate multipliers for AdamW (spec §3.3)."""
+        if self.cfg.parametrization != "mup":
+            return {"input": 1.0, "hidden": 1.0, "output": 1.0, "bias": 1.0}
+        # --- μP: Adam learning rates, hidden and output ∝ 1/width_mult ---
+        k = self.cfg.width_mult
+        return {"input": 1.0, "hidden": 1.0 / k, "output": 1.0 / k, "bias": 1.0}
+        # --- end μP ---
+
+    def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Effective per-bucket, per-channel factors (U, V), each (K, h, d, r'), with T^(c)[k] = U Vᵀ.
+
+        uvw: U_kc = U_k · diag(W_kc); none: U_kc = T^(c)[k], V_kc = I (r' = d).
+        """
+        if self.cfg.decomposition == "uv":
+            return self.U, self.V
+        if self.cfg.decomposition == "uvw":
+            return self.U[:, None] * self.W[:, :, None, :], self.V[:, None].expand(-1, self.cfg.h, -1, -1)
+        eye = torch.eye(self.cfg.width, device=self.T.device, dtype=self.T.dtype)
+        return self.T, eye.expand(self.cfg.n_buckets, self.cfg.h, -1, -1)
+
+    def t_norm(self) -> torch.Tensor:
+        """Unsquared Frobenius norm of the full (K, d, d, h) ternary tensor (the authors' L2 penalty).
+
+        ‖U Vᵀ‖² = tr((UᵀU)(VᵀV)), so the d×d tensor is never built.
+        """
+        U, V = self.factors()
+        if self.cfg.decomposition == "none":
+            return self.T.norm()
+        sq = torch.einsum("khdr,khds,khes,kher->", U, U, V, V)
+        return sq.clamp_min(0).sqrt()
+
+    def _offsets_for(self, n: int, device: torch.device) -> _Offsets:
+        if self._offsets is None or self._offsets.n != n or self._offsets.k.device != device:
+            self._offsets = _Offsets(n, self.cfg.gamma, device)
+        return self._offsets
+
+    # ---------------------------------------------------------------------------------------
+    def _head_scores(self, q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
+        """F[b,c,i,j] = Σ_k M[k,i,j] <q_k[i], k_k[j]>.  q, k: (B, K, h, n, r) → (B, h, n, n)."""
+        F_ = torch.where(o.far_neg, q[:, 0] @ k[:, 0].transpose(-1, -2), 0.0)
+        if o.far_pos is not None:
+            F_ = F_ + torch.where(o.far_pos, q[:, -1] @ k[:, -1].transpose(-1, -2), 0.0)
+        if o.k.numel():
+            vals = (q[:, o.k, :, o.i] * k[:, o.k, :, o.j]).sum(-1)  # (P, B, h) near-diagonal scores
+            Bsz, h, n, _ = F_.shape
+            flat = F_.reshape(Bsz, h, n * n).index_add(-1, o.i * n + o.j, vals.permute(1, 2, 0))
+            F_ = flat.view(Bsz, h, n, n)
+        return F_
+
+    def _gather(self, A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> torch.Tensor:
+        """ctx[b,k,c,i] = Σ_j A[c,i,j]·M[k,i,j]·x_k[j]   (transpose: Σ_j A[c,j,i]·M[k,j,i]·x_k[j]).
+
+        A: (B, h, n, n); x: (B, K, h, n, r) → (B, K, h, n, r).
+        """
+        At = A.transpose(-1, -2) if transpose else A
+        ctx = torch.zeros_like(x)
+        ctx[:, 0] = torch.where(o.far_neg.T if transpose else o.far_neg, At, 0.0) @ x[:, 0]
+        if o.far_pos is not None:
+            ctx[:, -1] = torch.where(o.far_pos.T if transpose else o.far_pos, At, 0.0) @ x[:, -1]
+        if o.k.numel():
+            # near pairs (k, i dependent, j head): the receiver is i (dep) or j (head)
+            recv, send = (o.j, o.i) if transpose else (o.i, o.j)
+            a = A[:, :, o.i, o.j]  # (B, h, P)
+            vals = a.permute(2, 0, 1)[..., None] * x[:, o.k, :, send]  # (P, B, h, r)
+            Bsz, K, h, n, r = x.shape
+            flat = ctx.permute(1, 3, 0, 2, 4).reshape(K * n, Bsz, h, r).index_add(0, o.k * n + recv, vals)
+            ctx = flat.view(K, n, Bsz, h, r).permute(2, 0, 3, 1, 4)
+        return ctx
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (B, n)
+        attention_mask: torch.Tensor | None = None,  # (B, n) bool, True at real tokens
+        trace: dict[str, torch.Tensor] | None = None,  # filled with intermediates when given
+        select: torch.Tensor | None = None,  # (B, n) bool: score only these positions (MLM targets)
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        mup = cfg.parametrization == "mup"
+        Bsz, n = input_ids.shape
+        d, r, m = cfg.width, cfg.r, cfg.m
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
+        pad = ~attention_mask  # (B, n)
+        o = self._offsets_for(n, input_ids.device)
+        U, V = self.factors()  # (K, h, d, r)
+
+        X = self.unary(input_ids).masked_fill(pad[..., None], 0.0)  # (B, n, d)
+        invalid = torch.eye(n, dtype=torch.bool, device=X.device) | pad[:, None, :, None] | pad[:, None, None, :]
+        if mup:
+            # --- μP: coefficients of the messages (spec §3.4–3.5, eq. 7) ---
+            z_scale = float(d)  # P̃ = d·P, Θ(1) coordinates
+            tau = d / r if cfg.tau_form == "d_over_r" else (d / r) / (cfg.base_width / cfg.rank)
+            h_scale = tau / d  # = 1/r: attention logits scale as 1/r, not 1/√r
+            g_scale = (m / d if cfg.topic_coef == "m_over_d" else 1.0) * z_scale  # topic logits on P̃
+            topic_out = float(m)  # P̃_g = m·P_g
+            # --- end μP ---
+        else:
+            z_scale, h_scale, g_scale, topic_out = 1.0, float(d), float(d), 1.0  # λ_H = 1/d, λ_Z = 1
+
+        L_z = X
+        A = None
+        if not cfg.async_update:  # synchronous: start from a uniform (masked) H
+            A = torch.softmax(torch.zeros(Bsz, cfg.h, n, n, device=X.device).masked_fill(invalid, NEG), -1)
+        for t in range(cfg.n_iter):
+            P = torch.softmax(L_z, -1).masked_fill(pad[..., None], 0.0) * z_scale  # (B, n, d)
+            q = torch.einsum("bnd,khdr->bkhnr", P, U)  # (B, K, h, n, r)
+            k = torch.einsum("bnd,khdr->bkhnr", P, V)
+            L_h = (cfg.w_H * h_scale) * self._head_scores(q, k, o)  # (B, h, n, n)
+            L_h = L_h.masked_fill(invalid, NEG)
+            A_new = self.drop(torch.softmax(L_h, -1))
+            A_msg = A_new if cfg.async_update else A
+            ctx_dep = self._gather(A_msg, k, o, transpose=False)  # (B, K, h, n, r)
+            msg_dep = torch.einsum("bkhnr,khdr->bnd", ctx_dep, U)  # G_dep (B, n, d)
+            msg = cfg.w_unary * X + cfg.w_dep * msg_dep
+            if not cfg.block_msg:
+                ctx_head = self._gather(A_msg, q, o, transpose=True)
+                msg_head = torch.einsum("bkhnr,khdr->bnd", ctx_head, V)  # G_head (B, n, d)
+                msg = msg + cfg.w_head * msg_head
+            if cfg.topic == "single_split":
+                L_g = (cfg.w_topic * g_scale) * (P @ self.B.T)  # (B, n, m) topic logits
+                P_g = self.drop(torch.softmax(L_g, -1)) * topic_out
+                msg_topic = P_g @ self.B  # (B, n, d)
+                msg = msg + cfg.w_topic_z * msg_topic
+            L_z = self.drop(msg)  # λ_Z = 1; unnormalised (softmax at the next iteration)
+            A = A_new
+            if trace is not None:
+                valid = ~invalid.expand_as(L_h)
+                trace[f"head_logits.iter{t}"] = L_h[valid]
+                trace[f"msg_dep.iter{t}"] = msg_dep
+                if not cfg.block_msg:
+                    trace[f"msg_head.iter{t}"] = msg_head
+                if cfg.topic == "single_split":
+                    trace[f"topic_logits.iter{t}"] = L_g
+                    trace[f"msg_topic.iter{t}"] = msg_topic
+                trace[f"z_logits.iter{t}"] = L_z
+        logits = self.decoder(L_z if select is None else L_z[select])  # (B, n, |V|) or (N_selected, |V|)
+        if trace is not None:
+            trace["mlm_logits"] = logits
+        return logits
+
+
+def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy summed over masked positions (labels != -100) / number of masked tokens."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)

@@ -1,0 +1,216 @@
+"""One trial: build a model, train it with μP-aware AdamW, evaluate on a fixed held-out set.
+
+`train_trial(config) -> TrialResult` is pure torch (no Ray, no MLflow): the Ray layer passes a
+`progress` callback that receives a metrics dict at every logged step.
+A diverging run (NaN/inf loss) ends with status "diverged"; it never raises.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+import torch
+
+from workers.data import Batch, DataConfig, MLMData, prepare
+from workers.models import build_model
+from workers.models.pt import mlm_loss
+
+Progress = Callable[[dict[str, Any]], None]
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    model: str = "pt"
+    model_hp: dict[str, Any] = field(default_factory=dict)  # build_model kwargs except vocab_size
+    data: DataConfig = field(default_factory=DataConfig)
+    steps: int = 200
+    batch_size: int = 32
+    lr: float = 1e-2  # base learning rate; μP multiplies it per parameter group
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 10
+    schedule: str = "cosine"  # after warmup: "cosine" | "linear" (to min_lr_ratio) | "constant"
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 5.0  # PT paper; 0 disables
+    t_l2: float = 0.0  # coefficient of the unsquared ‖T‖_F penalty (PT paper: 5e-4)
+    eval_every: int = 50
+    eval_batches: int = 8  # cap on fixed held-out batches per evaluation
+    log_every: int = 10
+    max_loss: float = 1e3  # a finite loss above this (ln|V| is ~10) also counts as diverged
+    seed: int = 0
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"TrialConfig.schedule={self.schedule!r}: choose one of {list(SCHEDULES)}")
+        for name in ("steps", "batch_size", "eval_every", "eval_batches", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrialConfig.{name}={getattr(self, name)}: must be >= 1")
+        if not self.lr > 0:
+            raise ValueError(f"TrialConfig.lr={self.lr}: must be > 0")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialConfig:
+        valid = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - valid)
+        if unknown:
+            raise ValueError(f"unknown trial config key(s) {unknown}: valid ones are {sorted(valid)}")
+        d = dict(d)
+        if isinstance(d.get("data"), dict):
+            d["data"] = DataConfig(**d["data"])
+        if "betas" in d:
+            d["betas"] = tuple(d["betas"])
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TrialResult:
+    status: str  # "completed" | "diverged"
+    eval_loss: float  # last evaluation (NaN when diverged)
+    best_eval_loss: float
+    train_loss: float
+    steps: int
+    tokens: int
+    wall_time_s: float
+    tokens_per_s: float
+    params: int
+    history: list[dict[str, Any]] = field(default_factory=list)
+    message: str = ""
+
+
+@functools.lru_cache(maxsize=4)
+def load_data(cfg: DataConfig) -> MLMData:
+    """`prepare` once per process per data config (trials of a study share it)."""
+    return prepare(cfg)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrialConfig) -> torch.optim.AdamW:
+    """AdamW with one group per parameter group; μP enters through `model.lr_multipliers()`."""
+    mult = model.lr_multipliers()
+    groups = [
+        {
+            "params": params,
+            "lr": cfg.lr * mult[name],
+            "weight_decay": 0.0 if name == "bias" else cfg.weight_decay,
+            "name": name,
+        }
+        for name, params in model.groups.items()
+        if params
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+
+
+def lr_factor(step: int, cfg: TrialConfig) -> float:
+    """Warmup, then the schedule, as a factor on each group's base learning rate."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: MLMData, cfg: TrialConfig, device: torch.device) -> float:
+    """Mean loss per masked token over the fixed held-out batches."""
+    model.eval()
+    total, count = 0.0, 0
+    for batch in data.eval_batches(cfg.batch_size)[: cfg.eval_batches]:
+        total += float(_batch_loss(model, batch, device)) * batch.n_masked
+        count += batch.n_masked
+    model.train()
+    return total / max(count, 1)
+
+
+def _batch_loss(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
+    """MLM loss, decoding only the masked positions (the |V|-wide head dominates the step otherwise)."""
+    labels = batch.labels.to(device)
+    select = labels != -100
+    logits = model(batch.input_ids.to(device), batch.attention_mask.to(device), select=select)
+    return mlm_loss(logits, labels[select])
+
+
+def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None = None) -> TrialResult:
+    cfg = config if isinstance(config, TrialConfig) else TrialConfig.from_dict(config)
+    device = resolve_device(cfg.device)
+    data = load_data(cfg.data)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, vocab_size=data.vocab_size, **cfg.model_hp).to(device)
+    params = sum(p.numel() for p in model.parameters())
+    opt = make_optimizer(model, cfg)
+    base_lrs = [g["lr"] for g in opt.param_groups]
+    batches = data.train_batches(cfg.batch_size, seed=cfg.seed)
+
+    history: list[dict[str, Any]] = []
+    best = math.inf
+    eval_loss = math.nan
+    loss_value = math.nan
+    tokens = 0
+    start = time.perf_counter()
+    for step in range(1, cfg.steps + 1):
+        factor = lr_factor(step - 1, cfg)
+        for group, base in zip(opt.param_groups, base_lrs, strict=True):
+            group["lr"] = base * factor
+        batch = next(batches)
+        loss = _batch_loss(model, batch, device)
+        if cfg.t_l2 > 0 and hasattr(model, "t_norm"):
+            loss = loss + cfg.t_l2 * model.t_norm()
+        loss_value = float(loss.detach())
+        tokens += int(batch.attention_mask.sum())
+        if not math.isfinite(loss_value) or loss_value > cfg.max_loss:
+            return _result("diverged", math.nan, best, loss_value, step, tokens, start, params, history,
+                           f"loss became {loss_value} at step {step}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+
+        evaluated = step % cfg.eval_every == 0 or step == cfg.steps
+        if evaluated:
+            eval_loss = evaluate(model, data, cfg, device)
+            if not math.isfinite(eval_loss) or eval_loss > cfg.max_loss:
+                return _result("diverged", math.nan, best, loss_value, step, tokens, start, params, history,
+                               f"eval loss became {eval_loss} at step {step}")
+            best = min(best, eval_loss)
+        if evaluated or step % cfg.log_every == 0:
+            elapsed = time.perf_counter() - start
+            row: dict[str, Any] = {"step": step, "train_loss": loss_value, "tokens": tokens,
+                                   "tokens_per_s": tokens / elapsed}
+            row.update({f"lr_{g['name']}": g["lr"] for g in opt.param_groups})
+            if evaluated:
+                row["eval_loss"] = eval_loss
+            history.append(row)
+            if progress is not None:
+                progress(row)
+    return _result("completed", eval_loss, best, loss_value, cfg.steps, tokens, start, params, history)
+
+
+def _result(status, eval_loss, best, train_loss, steps, tokens, start, params, history, message=""):
+    wall = time.perf_counter() - start
+    return TrialResult(status=status, eval_loss=eval_loss, best_eval_loss=best, train_loss=train_loss,
+                       steps=steps, tokens=tokens, wall_time_s=wall, tokens_per_s=tokens / max(wall, 1e-9),
+                       params=params, history=history, message=message)
+
+
+def with_hparams(cfg: TrialConfig, hparams: dict[str, float]) -> TrialConfig:
+    """Apply the transferred hparams: `lr` to the optimiser, the rest to the model."""
+    hp = dict(hparams)
+    lr = hp.pop("lr", cfg.lr)
+    return replace(cfg, lr=lr, model_hp={**cfg.model_hp, **hp})
