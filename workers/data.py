@@ -234,7 +234,7 @@ def load_documents(cfg: DataConfig) -> list[str]:
         docs = (f.read_text(encoding="utf-8", errors="replace") for f in _local_files(cfg.path, ".txt"))
     elif cfg.source == "jsonl":
         docs = (_field(json.loads(line), cfg, f"{f}:{i}") for f in _local_files(cfg.path, ".jsonl")
-                for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1) if line.strip())
+                for i, line in enumerate(f.read_text(encoding="utf-8").split("\n"), 1) if line.strip())
     else:
         docs = _read_hf(cfg)
     return list(_cap_words(docs, cfg.max_tokens))
@@ -420,7 +420,11 @@ class MLMData:
         return batches()
 
     def eval_batches(self, batch_size: int) -> list[Batch]:
-        """All eval sequences, in order, masked by a generator seeded with `cfg.seed`: the same every call."""
+        """All eval sequences in order, masked by a generator seeded with `cfg.seed`.
+
+        The same list on every call and in every process for a given `batch_size`; compare eval losses
+        across trials at one `batch_size`.
+        """
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}: must be >= 1")
         generator = torch.Generator().manual_seed(self.cfg.seed)

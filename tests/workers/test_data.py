@@ -315,14 +315,15 @@ def test_split_and_masks_identical_in_a_fresh_process(tmp_path):
         "    h.update(b.input_ids.numpy().tobytes()); h.update(b.labels.numpy().tobytes())\n"
         "print(h.hexdigest())\n"
     )
-    outputs = []
-    for hash_seed, home in [("1", "a"), ("2", "b")]:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": hash_seed,
-               "PTCTL_DATA_DIR": str(tmp_path / home)}
-        run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
-        assert run.returncode == 0, run.stderr
-        outputs.append(run.stdout.strip())
-    assert outputs[0] == outputs[1] and len(outputs[0]) == 64
+    runs = [  # two cold builds in parallel, each in its own data dir, with different str hash seeds
+        subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": hash_seed,
+                                         "PTCTL_DATA_DIR": str(tmp_path / hash_seed)})
+        for hash_seed in ("1", "2")
+    ]
+    outputs = [run.communicate(timeout=120) for run in runs]
+    assert all(run.returncode == 0 for run in runs), outputs
+    assert outputs[0][0] == outputs[1][0] and len(outputs[0][0].strip()) == 64
 
 
 # ---------------------------------------------------------------- sources

@@ -1,0 +1,242 @@
+"""The study driver: run a study's phases in order, persist what is done, resume after a crash.
+
+A study lives in `data_dir()/studies/<study_id>/`: `spec.yaml`, `state.json` (finished phases and
+their results, MLflow run ids; rewritten atomically), `ray/` (one restorable Tune experiment per
+phase), and `artifacts/` (trial tables, plots, certificate, report). Re-running a study id skips
+finished phases and restores an interrupted one, so no finished trial runs twice and no MLflow run
+is made twice (runs are found by their tags).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis import (
+    Certificate,
+    LRDrift,
+    certify,
+    lr_drift,
+    plot_mutransfer,
+    plot_transfer,
+    plot_tune_history,
+    plot_verify,
+    render_report,
+    transfer_table,
+)
+from studies.plan import best_hparams, transfer_trials, validate_trials, verify_trials
+from studies.spec import StudySpec
+from workers.data import data_dir
+from workers.ray_runner import MlflowTrials, run_phase
+from workers.tracking import Tracker
+
+log = logging.getLogger(__name__)
+Event = Callable[[str, dict[str, Any]], None]
+
+
+def studies_dir() -> Path:
+    return data_dir() / "studies"
+
+
+def default_study_id(spec: StudySpec) -> str:
+    return f"{spec.name}-{spec.content_hash()[:10]}"
+
+
+def tune_key(spec: StudySpec) -> str:
+    """What the tune phase depends on: equal keys give equal tune phases (reused by `ptctl transfer`)."""
+    d = spec.as_dict()
+    part = {k: d[k] for k in ("model", "data", "train", "space", "tune")}
+    return hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)  # atomic: a crash leaves the old or the new state, never half
+
+
+@dataclass
+class StudyState:
+    study_id: str
+    spec_hash: str
+    status: str = "running"
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)  # phase → {"status": "done", ...}
+    runs: dict[str, str] = field(default_factory=dict)  # "study" | phase → MLflow run id
+
+    @classmethod
+    def load(cls, path: Path, study_id: str, spec_hash: str) -> StudyState:
+        if not path.exists():
+            return cls(study_id, spec_hash)
+        state = cls(**json.loads(path.read_text()))
+        if state.spec_hash != spec_hash:
+            raise ValueError(f"study {study_id} was started with another spec (hash {state.spec_hash[:10]}); "
+                             "use a new study id or the original spec")
+        return state
+
+    def save(self, path: Path) -> None:
+        _write_json(path, self.__dict__)
+
+
+class StudyDriver:
+    def __init__(self, spec: StudySpec, study_id: str | None = None, on_event: Event | None = None) -> None:
+        self.spec = spec
+        self.study_id = study_id or default_study_id(spec)
+        self.dir = studies_dir() / self.study_id
+        self.art = self.dir / "artifacts"
+        self.art.mkdir(parents=True, exist_ok=True)
+        self.state_path = self.dir / "state.json"
+        self.state = StudyState.load(self.state_path, self.study_id, spec.content_hash())
+        (self.art / "spec.yaml").write_text(spec.to_yaml())
+        self.tracker = Tracker(spec.experiment_name(), spec.resources.tracking.tracking_uri)
+        self.emit = on_event or (lambda kind, data: None)
+
+    # ------------------------------------------------------------------ helpers
+    def _save(self) -> None:
+        self.state.save(self.state_path)
+
+    def table(self, phase: str) -> pd.DataFrame:
+        return pd.read_csv(self.art / f"{phase}_trials.csv")
+
+    def _phase_run(self, phase: str) -> str:
+        if phase not in self.state.runs:
+            self.state.runs[phase] = self.tracker.phase_run(self.study_id, phase, self.state.runs["study"])
+            self._save()
+        return self.state.runs[phase]
+
+    def _run_trials(self, phase: str, planned: list[dict] | None = None) -> pd.DataFrame:
+        callback = MlflowTrials(self.spec, self.study_id, phase, self._phase_run(phase), self.tracker.uri)
+        table = run_phase(self.spec, phase, self.dir / "ray", callback, planned)
+        table.to_csv(self.art / f"{phase}_trials.csv", index=False)
+        return table
+
+    def _finish_phase(self, phase: str, result: dict[str, Any], files: list[Path]) -> None:
+        run = self._phase_run(phase)
+        self.tracker.log_artifacts(run, [self.art / f"{phase}_trials.csv", *files])
+        numeric = {k: v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        self.tracker.log_metrics(run, [{"step": 0, **numeric}])
+        self.tracker.finish(run)
+        self.state.phases[phase] = {"status": "done", **result}
+        self._save()
+        self.emit("phase_done", {"phase": phase, **result})
+
+    # ------------------------------------------------------------------ phases
+    def phase_tune(self) -> dict[str, Any]:
+        source = self._reusable_tune()
+        if source is not None:
+            shutil.copy(source / "artifacts" / "tune_trials.csv", self.art / "tune_trials.csv")
+            table = self.table("tune")
+            self.tracker.set_tags(self._phase_run("tune"), {"reused_from": source.name})
+        else:
+            table = self._run_trials("tune")
+        best = best_hparams(self.spec, table)
+        plot_tune_history(table, self.art / "tune_history.png")
+        done = table[table.status == "completed"]
+        result = {"best_hparams": best, "best_eval_loss": float(done.eval_loss.min()),
+                  "n_trials": len(table), "n_diverged": int((table.status == "diverged").sum()),
+                  "reused_from": source.name if source else None}
+        self._finish_phase("tune", result, [self.art / "tune_history.png"])
+        _write_json(self._tune_index_path(), {**self._tune_index(), tune_key(self.spec): self.study_id})
+        return result
+
+    def phase_transfer(self) -> dict[str, Any]:
+        table = self._run_trials("transfer", transfer_trials(self.spec, self.centre()))
+        summary = transfer_table(table)
+        plot_transfer(table, self.art / "transfer.png")
+        summary.to_csv(self.art / "transfer_summary.csv", index=False)
+        result = {"widths": summary.to_dict(orient="records")}
+        self._finish_phase("transfer", result, [self.art / "transfer.png", self.art / "transfer_summary.csv"])
+        return result
+
+    def phase_verify(self) -> dict[str, Any]:
+        v, centre = self.spec.verify, self.centre()
+        table = self._run_trials("verify", verify_trials(self.spec, centre))
+        cert = certify(table, p=v.p, alpha=v.alpha, tolerance=v.tolerance)
+        _write_json(self.art / "certificate.json", cert.model_dump())
+        plot_verify(table, centre, list(self.spec.space.searched()), self.art / "verify.png")
+        self._finish_phase("verify", {"certificate": cert.model_dump()},
+                           [self.art / "certificate.json", self.art / "verify.png"])
+        return cert.model_dump()
+
+    def phase_validate(self) -> dict[str, Any]:
+        table = self._run_trials("validate", validate_trials(self.spec, self.centre()))
+        drift = lr_drift(table, threshold=self.spec.validate_.drift_threshold)
+        plot_mutransfer(table, self.art / "mutransfer.png")
+        self._finish_phase("validate", {"lr_drift": drift.model_dump()}, [self.art / "mutransfer.png"])
+        return drift.model_dump()
+
+    def centre(self) -> dict[str, float]:
+        return self.state.phases["tune"]["best_hparams"]
+
+    # ------------------------------------------------------------------ tune reuse
+    def _tune_index_path(self) -> Path:
+        return studies_dir() / "tune_index.json"
+
+    def _tune_index(self) -> dict[str, str]:
+        path = self._tune_index_path()
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def _reusable_tune(self) -> Path | None:
+        other = self._tune_index().get(tune_key(self.spec))
+        if other is None or other == self.study_id:
+            return None
+        source = studies_dir() / other
+        state = json.loads((source / "state.json").read_text()) if (source / "state.json").exists() else {}
+        done = state.get("phases", {}).get("tune", {}).get("status") == "done"
+        return source if done and (source / "artifacts" / "tune_trials.csv").exists() else None
+
+    # ------------------------------------------------------------------ the study
+    def run(self) -> StudyState:
+        spec = self.spec
+        self.state.status = "running"
+        if "study" not in self.state.runs:
+            self.state.runs["study"] = self.tracker.study_run(self.study_id, {
+                "spec_hash": self.state.spec_hash, "model": spec.model.family,
+                "ray_experiment": str(self.dir / "ray"), "mlflow.note.content": spec.description})
+            self.tracker.log_artifacts(self.state.runs["study"], [self.art / "spec.yaml"])
+            self._save()
+        for phase in spec.phases():
+            if self.state.phases.get(phase, {}).get("status") == "done":
+                self.emit("phase_skipped", {"phase": phase})
+                continue
+            self.tracker.set_tags(self.state.runs["study"], {"phase": phase})
+            self.emit("phase_start", {"phase": phase})
+            getattr(self, f"phase_{phase}")()
+        self.write_report()
+        self.state.status = "succeeded"
+        self.tracker.set_tags(self.state.runs["study"], {"phase": "done", "status": "succeeded"})
+        self.tracker.finish(self.state.runs["study"])
+        self._save()
+        return self.state
+
+    def write_report(self) -> Path:
+        tables = {p: self.table(p) for p in self.spec.phases() if (self.art / f"{p}_trials.csv").exists()}
+        all_trials = pd.concat(tables.values(), ignore_index=True)
+        all_trials.to_csv(self.art / "trials.csv", index=False)
+        cert = self.state.phases.get("verify", {}).get("certificate")
+        drift = self.state.phases.get("validate", {}).get("lr_drift")
+        plots = {p: f"{name}.png" for p, name in (("tune", "tune_history"), ("transfer", "transfer"),
+                                                  ("verify", "verify"), ("validate", "mutransfer"))
+                 if (self.art / f"{name}.png").exists()}
+        study = {"name": self.spec.name, "study_id": self.study_id, "model": self.spec.model.family,
+                 "base_width": self.spec.tune.base_width, "widths": self.spec.transfer.widths,
+                 "budget": f"{self.spec.train.steps} steps × batch {self.spec.train.batch_size}"}
+        text = render_report(study=study, tables=tables, certificate=Certificate(**cert) if cert else None,
+                             lr_drift=LRDrift(**drift) if drift else None, plots=plots)
+        path = self.art / "report.md"
+        path.write_text(text)
+        self.tracker.log_artifacts(self.state.runs["study"], [path, self.art / "trials.csv"])
+        return path
+
+
+def run_study(spec: StudySpec, study_id: str | None = None, on_event: Event | None = None) -> StudyState:
+    """Run `spec` to the end (resuming `study_id` where it stopped); returns the final state."""
+    return StudyDriver(spec, study_id, on_event).run()
