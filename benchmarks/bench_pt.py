@@ -137,6 +137,14 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
 def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
@@ -321,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     env = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": args.device,
-        "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
+        "device_name": torch.cuda.get_device_name() if args.device == "cuda" else _cpu_name(),
         "cpu_count": os.cpu_count(),
         "threads": results[0]["threads"],
         "loadavg_before": loadavg_before,

@@ -99,6 +99,116 @@ def cmd_coord_check(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+def _load_spec(path: str):
+    from pydantic import ValidationError
+
+    from studies.spec import StudySpec
+
+    try:
+        return StudySpec.from_yaml(Path(path))
+    except ValidationError as exc:
+        raise UsageError(f"{path} is not a valid study spec:\n" + "\n".join(
+            f"  {'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors())) from None
+
+
+def _run_with_progress(spec, study_id: str | None = None):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from workers.driver import run_study
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[note]}"))
+    with Progress(*columns, console=console) as bar:
+        tasks: dict[str, int] = {}
+
+        def on_event(kind: str, data: dict) -> None:
+            phase = data.get("phase")
+            if kind == "phase_start":
+                tasks[phase] = bar.add_task(phase, total=data["trials"], note="")
+            elif kind == "trial_done" and phase in tasks:
+                loss = data.get("eval_loss")
+                note = f"last: {data['status']}" + (f" {loss:.4f}" if isinstance(loss, float) else "")
+                bar.update(tasks[phase], advance=1, note=note)
+            elif kind == "phase_done" and phase in tasks:
+                bar.update(tasks[phase], completed=bar.tasks[tasks[phase]].total, note="done")
+            elif kind == "phase_skipped":
+                console.print(f"{phase}: already done, skipped")
+
+        return run_study(spec, study_id, on_event)
+
+
+def _print_summary(spec, state) -> None:
+    import pandas as pd
+
+    from workers.driver import studies_dir
+    from workers.tracking import Tracker
+
+    art = studies_dir() / state.study_id / "artifacts"
+    tune = state.phases["tune"]
+    hp = tune["best_hparams"]
+    console.print(f"study [bold]{state.study_id}[/]: {state.status}; tuned at width {spec.tune.base_width} "
+                  f"(best eval loss {tune['best_eval_loss']:.4f}"
+                  + (f", reused from {tune['reused_from']}" if tune.get("reused_from") else "") + ")")
+    console.print("hparams: " + ", ".join(f"{k}={v:.4g}" for k, v in hp.items()))
+    tracker = Tracker(spec.experiment_name(), spec.resources.tracking.tracking_uri)
+    runs = {r.data.tags.get("trial_key"): r.info.run_id for r in tracker.runs(state.study_id, "trial")}
+    table = Table(title="zero-shot transfer")
+    for col in ("width", "seed", "params", "eval loss", "status", "MLflow run"):
+        table.add_column(col, justify="right" if col in ("width", "seed", "params", "eval loss") else "left")
+    for row in pd.read_csv(art / "transfer_trials.csv").sort_values(["width", "seed"]).itertuples():
+        table.add_row(str(row.width), str(row.seed), f"{int(row.params):,}" if row.params == row.params else "—",
+                      f"{row.eval_loss:.4f}", row.status, runs.get(row.trial_id, "—"))
+    console.print(table)
+    cert = state.phases.get("verify", {}).get("certificate")
+    if cert:
+        console.print(f"[{'green' if cert['certified'] else 'yellow'}]verify:[/] {cert['verdict']}")
+    console.print(f"report: {art / 'report.md'}\nMLflow: {tracker.uri} (experiment {spec.experiment_name()!r}; "
+                  f"`mlflow ui --backend-store-uri {tracker.uri}`)")
+
+
+def cmd_transfer(args: argparse.Namespace) -> int:
+    spec = _load_spec(args.spec)
+    update: dict = {"tune": spec.tune.model_copy(update={"base_width": args.from_width,
+                                                          **({"num_trials": args.trials} if args.trials else {})}),
+                    "transfer": spec.transfer.model_copy(update={"widths": sorted(args.to)})}
+    if not args.verify:
+        update["verify"] = None
+    elif spec.verify is not None and spec.verify.width not in (None, *args.to):
+        update["verify"] = spec.verify.model_copy(update={"width": None})  # verify at the widest target
+    from pydantic import ValidationError
+
+    from studies.spec import StudySpec
+
+    try:
+        spec = StudySpec.model_validate({**spec.as_dict(), **{k: (v.model_dump(mode="json") if v else v)
+                                                              for k, v in update.items()}})
+    except ValidationError as exc:
+        raise UsageError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+    state = _run_with_progress(spec)
+    _print_summary(spec, state)
+    return 0
+
+
+def cmd_study_run(args: argparse.Namespace) -> int:
+    spec = _load_spec(args.file)
+    state = _run_with_progress(spec, args.study_id)
+    _print_summary(spec, state)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rich.markdown import Markdown
+
+    from workers.driver import studies_dir
+
+    path = studies_dir() / args.study / "artifacts" / "report.md"
+    if not path.exists():
+        known = sorted(p.name for p in studies_dir().glob("*") if p.is_dir())
+        raise UsageError(f"no report for study {args.study!r} (known studies: {known}); run it first")
+    console.print(Markdown(path.read_text()) if args.render else path.read_text())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ptctl", description="Hyperparameter-transfer studies for PT (μP).")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -133,6 +243,26 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default="coord_check")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model hyperparameter")
     c.set_defaults(func=cmd_coord_check)
+
+    tr = sub.add_parser("transfer", help="tune at --from-width, train --to widths zero-shot, optionally verify")
+    tr.add_argument("--from-width", type=int, required=True, help="the base width the hparams are tuned at")
+    tr.add_argument("--to", type=int, action="append", required=True, help="a target width (repeatable)")
+    tr.add_argument("--spec", default=str(Path(__file__).parents[1] / "studies" / "catalog" / "cpu_demo.yaml"),
+                    help="study spec YAML (default: the CPU demo)")
+    tr.add_argument("--trials", type=int, default=None, help="tune trials (default: the spec's)")
+    tr.add_argument("--verify", action="store_true", help="run the local-optimality check at the widest target")
+    tr.set_defaults(func=cmd_transfer)
+
+    st = sub.add_parser("study", help="studies").add_subparsers(dest="study_command", required=True)
+    run = st.add_parser("run", help="run (or resume) a study from a spec file")
+    run.add_argument("file")
+    run.add_argument("--study-id", default=None, help="resume this study id (default: name + spec hash)")
+    run.set_defaults(func=cmd_study_run)
+
+    rep = sub.add_parser("report", help="print a finished study's Markdown report")
+    rep.add_argument("study", help="study id")
+    rep.add_argument("--render", action="store_true", help="render the Markdown in the terminal")
+    rep.set_defaults(func=cmd_report)
     return p
 
 

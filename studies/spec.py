@@ -72,21 +72,20 @@ class PTArch(BaseModel):
         return value
 
 
-_SCALED = ("n_channels", "rank", "n_topics")
-
-
 def width_error(arch: PTArch, base_width: int, width: int, where: str) -> str | None:
     """Why `width` cannot be built from `arch` tuned at `base_width` (None when it can).
 
-    `PTConfig`'s rule: n_channels, rank and n_topics are given at base_width and each must scale
-    to an integer n·width/base_width (PTConfig checks all three, whatever the paradigm).
+    `PTConfig`'s rule: the size the paradigm widens (n_channels for 'channels', rank for 'rank')
+    and, with topics, n_topics are given at base_width and must scale to an integer n·width/base_width.
     """
     if width < 1:
         return f"{where}={width} must be a positive integer"
-    for name in _SCALED:
+    scaled = ("n_channels" if arch.paradigm == "channels" else "rank",)
+    scaled += ("n_topics",) if arch.topic != "none" else ()
+    for name in scaled:
         base = getattr(arch, name)
         if (base * width) % base_width:
-            step = math.lcm(*(base_width // math.gcd(getattr(arch, n), base_width) for n in _SCALED))
+            step = math.lcm(*(base_width // math.gcd(getattr(arch, n), base_width) for n in scaled))
             return (f"{where}={width} is incompatible with tune.base_width={base_width}: model.arch.{name}="
                     f"{base} would scale to {base * width / base_width:g}, not an integer; use widths that "
                     f"are multiples of {step}, or change model.arch.{name}")

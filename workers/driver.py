@@ -114,6 +114,7 @@ class StudyDriver:
 
     def _run_trials(self, phase: str, planned: list[dict] | None = None) -> pd.DataFrame:
         callback = MlflowTrials(self.spec, self.study_id, phase, self._phase_run(phase), self.tracker.uri)
+        callback.notify = lambda info: self.emit("trial_done", info)
         table = run_phase(self.spec, phase, self.dir / "ray", callback, planned)
         table.to_csv(self.art / f"{phase}_trials.csv", index=False)
         return table
@@ -173,6 +174,14 @@ class StudyDriver:
         self._finish_phase("validate", {"lr_drift": drift.model_dump()}, [self.art / "mutransfer.png"])
         return drift.model_dump()
 
+    def planned_count(self, phase: str) -> int:
+        spec = self.spec
+        counts = {"tune": spec.tune.num_trials, "transfer": len(spec.transfer.widths) * spec.transfer.seeds,
+                  "verify": (spec.verify.centre_seeds + spec.verify.resolved_n_samples()) if spec.verify else 0,
+                  "validate": (len(spec.validate_.parametrizations) * len(spec.validate_.widths)
+                               * len(spec.validate_.lrs) * spec.validate_.seeds) if spec.validate_ else 0}
+        return counts[phase]
+
     def centre(self) -> dict[str, float]:
         return self.state.phases["tune"]["best_hparams"]
 
@@ -208,7 +217,7 @@ class StudyDriver:
                 self.emit("phase_skipped", {"phase": phase})
                 continue
             self.tracker.set_tags(self.state.runs["study"], {"phase": phase})
-            self.emit("phase_start", {"phase": phase})
+            self.emit("phase_start", {"phase": phase, "trials": self.planned_count(phase)})
             getattr(self, f"phase_{phase}")()
         self.write_report()
         self.state.status = "succeeded"

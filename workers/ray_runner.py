@@ -11,20 +11,23 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import optuna
-import pandas as pd
-import ray
-import torch
-from ray import tune
-from ray.tune.schedulers import ASHAScheduler
-from ray.tune.search.optuna import OptunaSearch
+os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's console boxes; the CLI draws its own progress
 
-from studies.spec import StudySpec
-from workers.tracking import Tracker
-from workers.train import TrialConfig, train_trial
+import optuna  # noqa: E402
+import pandas as pd  # noqa: E402
+import ray  # noqa: E402
+import torch  # noqa: E402
+from ray import tune  # noqa: E402
+from ray.tune.schedulers import ASHAScheduler  # noqa: E402
+from ray.tune.search.optuna import OptunaSearch  # noqa: E402
+
+from studies.spec import StudySpec  # noqa: E402
+from workers.tracking import Tracker  # noqa: E402
+from workers.train import TrialConfig, train_trial  # noqa: E402
 
 log = logging.getLogger(__name__)
 OBJECTIVE = "objective"  # eval loss; the loss ceiling (train.max_loss) for a diverged trial
@@ -32,9 +35,9 @@ FINAL_KEYS = ("status", "eval_loss", "best_eval_loss", "steps", "tokens", "wall_
 
 
 def ensure_ray() -> None:
-    """Join `RAY_ADDRESS` when set, else start a local Ray in this process (once)."""
+    """Join `RAY_ADDRESS` when set (e.g. `auto` or `ray://head:10001`), else start a private local Ray."""
     if not ray.is_initialized():
-        address = os.environ.get("RAY_ADDRESS") or None
+        address = os.environ.get("RAY_ADDRESS") or "local"
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  logging_level=logging.WARNING, configure_logging=False)
 
@@ -83,9 +86,10 @@ class MlflowTrials(tune.Callback):
         self.phase_run, self.uri = phase_run, tracking_uri
         self._tracker: Tracker | None = None
         self._runs: dict[str, str] = {}
+        self.notify: Callable[[dict[str, Any]], None] | None = None  # told of each finished trial
 
     def __getstate__(self) -> dict:  # Tune pickles callbacks with the experiment; clients stay behind
-        return {**self.__dict__, "_tracker": None, "_runs": {}}
+        return {**self.__dict__, "_tracker": None, "_runs": {}, "notify": None}
 
     @property
     def tracker(self) -> Tracker:
@@ -114,13 +118,17 @@ class MlflowTrials(tune.Callback):
         self.tracker.log_metrics(self._run(trial), [row])
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        status = (trial.last_result or {}).get("status", "stopped")  # no final result: ASHA stopped it
-        self.tracker.set_tags(self._run(trial), {"status": status})
-        self.tracker.finish(self._run(trial), "FINISHED")
+        last = trial.last_result or {}
+        self._end(trial, last.get("status", "stopped"), "FINISHED", last.get("eval_loss"))  # no status: ASHA
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self.tracker.set_tags(self._run(trial), {"status": "failed"})
-        self.tracker.finish(self._run(trial), "FAILED")
+        self._end(trial, "failed", "FAILED", None)
+
+    def _end(self, trial, status: str, run_status: str, eval_loss: float | None) -> None:
+        self.tracker.set_tags(self._run(trial), {"status": status})
+        self.tracker.finish(self._run(trial), run_status)
+        if self.notify is not None:
+            self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": status, "eval_loss": eval_loss})
 
 
 def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials,

@@ -98,9 +98,7 @@ def coefficients(cfg) -> dict[str, float]:
     }
 
 
-def reference_logits(
-    model, ids: torch.Tensor, mask: torch.Tensor, **mutate
-) -> list[list[list[float] | None]]:
+def reference_logits(model, ids: torch.Tensor, mask: torch.Tensor, **mutate) -> list[list[list[float] | None]]:
     """MLM logits [b][i][v] by literal MFVI; None at padding positions.
 
     `mutate` deliberately breaks one rule (used only to show the comparison has teeth):
@@ -334,11 +332,6 @@ def test_mup_forward_matches_literal_mfvi(hp):
     check(hp)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pt.py line 295: μP topic logits are (m/d)·d·(P̃·Bᵀ) = m·P̃·Bᵀ, d times the spec's "
-    "w_G·(m/d)·P̃·Bᵀ, because P already holds P̃ = d·P (line 306). Fix: drop `* z_scale` from g_scale.",
-)
 @pytest.mark.parametrize("coef", ["m_over_d", "one"])
 def test_mup_topic_matches_literal_mfvi(coef):
     check({**MUP, "gamma": 2, "topic": "single_split", "topic_coef": coef, "w_topic": 1.3, "w_topic_z": 0.8})
@@ -370,11 +363,6 @@ def test_bucket_function():
     assert {bucket(x, 0) for x in (-5, -1, 1, 5)} == {0}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pt.py line 304: the synchronous mode's uniform H is built with torch.zeros(...) in the "
-    "default dtype, so a float64 (or half) model fails in the first matmul. Fix: pass dtype=X.dtype.",
-)
 def test_sync_keeps_dtype():
     model = make_model(0, gamma=1, async_update=False)
     ids, mask = make_batch(0)

@@ -87,7 +87,9 @@ class PTConfig:
                 f"PTConfig.decomposition={self.decomposition!r}: μP scaling is specified for the 'uv' "
                 "decomposition only (spec §3.1); use decomposition: uv or parametrization: standard"
             )
-        for name, base in (("n_channels", self.n_channels), ("rank", self.rank), ("n_topics", self.n_topics)):
+        scaled = {"channels": "n_channels", "rank": "rank"}[self.paradigm]
+        for name in (scaled, "n_topics") if self.topic != "none" else (scaled,):
+            base = getattr(self, name)
             if (base * self.width) % self.base_width:
                 raise ValueError(
                     f"PTConfig.width={self.width}: {name}={base} at base_width={self.base_width} "
@@ -296,7 +298,7 @@ class ProbabilisticTransformer(nn.Module):
             z_scale = float(d)  # P̃ = d·P, Θ(1) coordinates
             tau = d / r if cfg.tau_form == "d_over_r" else (d / r) / (cfg.base_width / cfg.rank)
             h_scale = tau / d  # = 1/r: attention logits scale as 1/r, not 1/√r
-            g_scale = (m / d if cfg.topic_coef == "m_over_d" else 1.0) * z_scale  # topic logits on P̃
+            g_scale = m / d if cfg.topic_coef == "m_over_d" else 1.0  # topic logits on P̃ (P below is P̃)
             topic_out = float(m)  # P̃_g = m·P_g
             # --- end μP ---
         else:
@@ -305,7 +307,8 @@ class ProbabilisticTransformer(nn.Module):
         L_z = X
         A = None
         if not cfg.async_update:  # synchronous: start from a uniform (masked) H
-            A = torch.softmax(torch.zeros(Bsz, cfg.h, n, n, device=X.device).masked_fill(invalid, NEG), -1)
+            uniform = torch.zeros(Bsz, cfg.h, n, n, device=X.device, dtype=X.dtype)
+            A = torch.softmax(uniform.masked_fill(invalid, NEG), -1)
         for t in range(cfg.n_iter):
             P = torch.softmax(L_z, -1).masked_fill(pad[..., None], 0.0) * z_scale  # (B, n, d)
             q = torch.einsum("bnd,khdr->bkhnr", P, U)  # (B, K, h, n, r)

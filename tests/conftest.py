@@ -1,0 +1,25 @@
+"""Shared fixtures: an isolated data directory per test session that reuses the downloaded corpus."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+DEFAULT_DATA = Path(os.environ.get("PTCTL_DATA_DIR") or Path.home() / ".ptctl")
+
+
+@pytest.fixture(scope="session")
+def isolated_data_dir(tmp_path_factory) -> Path:
+    """A fresh PTCTL_DATA_DIR (studies, MLflow, caches) that links the shared corpus cache."""
+    path = tmp_path_factory.mktemp("ptctl-data")
+    (DEFAULT_DATA / "corpora").mkdir(parents=True, exist_ok=True)
+    (path / "corpora").symlink_to(DEFAULT_DATA / "corpora")
+    return path
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    yield
+    ray.shutdown()

@@ -1,0 +1,62 @@
+import pandas as pd
+import pytest
+
+from studies import load_catalog
+from studies.plan import best_hparams, transfer_trials, validate_trials, verify_trials
+from studies.spec import StudySpec
+
+
+@pytest.fixture
+def spec() -> StudySpec:
+    return load_catalog("tiny")
+
+
+def test_verify_samples_stay_in_the_neighbourhood_and_are_reproducible(spec):
+    centre = spec.space.defaults() | {"lr": 0.01, "w_H": 2.0}
+    trials = verify_trials(spec, centre)
+    centres = [t for t in trials if t["is_centre"]]
+    samples = [t for t in trials if not t["is_centre"]]
+    assert len(centres) == spec.verify.centre_seeds and len({t["seed"] for t in centres}) == len(centres)
+    assert len(samples) == spec.verify.n_samples
+    for t in samples:
+        for h in spec.space.searched():
+            assert 0.5 * centre[h] <= t["hparams"][h] <= 1.5 * centre[h]
+        for h in spec.space.frozen:
+            assert t["hparams"][h] == centre[h]
+    assert verify_trials(spec, centre) == trials  # a restarted phase plans the same samples
+    assert len({t["trial_key"] for t in trials}) == len(trials)
+
+
+def test_verify_default_n_is_59_and_log_sampling_in_range(spec):
+    data = spec.as_dict()
+    data["verify"].update(n_samples=None, sampling="log", delta=0.9)
+    spec59 = StudySpec.model_validate(data)
+    centre = spec59.space.defaults()
+    samples = [t for t in verify_trials(spec59, centre) if not t["is_centre"]]
+    assert len(samples) == 59
+    assert all(0.1 * centre["lr"] <= t["hparams"]["lr"] <= 1.9 * centre["lr"] for t in samples)
+
+
+def test_best_hparams_ignores_stopped_and_diverged(spec):
+    rows = [
+        {"phase": "tune", "status": "stopped", "eval_loss": 1.0, "lr": 0.1},
+        {"phase": "tune", "status": "diverged", "eval_loss": float("nan"), "lr": 5.0},
+        {"phase": "tune", "status": "completed", "eval_loss": 3.0, "lr": 0.02},
+        {"phase": "tune", "status": "completed", "eval_loss": 2.0, "lr": 0.03},
+    ]
+    table = pd.DataFrame([{**spec.space.defaults(), **r} for r in rows])
+    best = best_hparams(spec, table)
+    assert best["lr"] == 0.03 and best["w_topic"] == spec.space.defaults()["w_topic"]
+    with pytest.raises(ValueError, match="no tune trial completed"):
+        best_hparams(spec, table[table.status != "completed"])
+
+
+def test_transfer_and_validate_grids(spec):
+    hp = spec.space.defaults()
+    assert [(t["width"], t["seed"]) for t in transfer_trials(spec, hp)] == [(32, 0)]
+    data = spec.as_dict()
+    data["validate"] = {"widths": [16, 32], "lrs": [0.001, 0.01, 0.1], "steps": 10}
+    grid = validate_trials(StudySpec.model_validate(data), hp)
+    assert len(grid) == 2 * 2 * 3
+    assert {t["parametrization"] for t in grid} == {"mup", "standard"}
+    assert {t["hparams"]["lr"] for t in grid} == {0.001, 0.01, 0.1}

@@ -1,0 +1,164 @@
+"""End to end through real Ray Tune (Optuna TPE + ASHA), real MLflow on SQLite, the tiny catalog study."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pandas as pd
+import pytest
+
+from studies import load_catalog
+from studies.spec import StudySpec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def data_dir(isolated_data_dir, ray_session):
+    old = os.environ.get("PTCTL_DATA_DIR")
+    os.environ["PTCTL_DATA_DIR"] = str(isolated_data_dir)  # before ray.init: the workers inherit it
+    yield isolated_data_dir
+    if old is None:
+        os.environ.pop("PTCTL_DATA_DIR")
+    else:
+        os.environ["PTCTL_DATA_DIR"] = old
+
+
+def _runs(study_id: str, experiment: str):
+    from workers.tracking import Tracker
+
+    tracker = Tracker(experiment)
+    return {kind: tracker.runs(study_id, kind) for kind in ("study", "phase", "trial")}
+
+
+@pytest.fixture(scope="module")
+def tiny_study(data_dir):
+    from workers.driver import run_study
+
+    spec = load_catalog("tiny")
+    state = run_study(spec, "e2e")
+    return spec, state, data_dir / "studies" / "e2e"
+
+
+def test_all_phases_finish_with_artifacts(tiny_study):
+    spec, state, folder = tiny_study
+    assert state.status == "succeeded"
+    assert [p for p, s in state.phases.items() if s["status"] == "done"] == ["tune", "transfer", "verify"]
+    art = folder / "artifacts"
+    for name in ("tune_history.png", "transfer.png", "verify.png", "report.md", "trials.csv", "spec.yaml"):
+        assert (art / name).stat().st_size > 0, name
+    cert = json.loads((art / "certificate.json").read_text())
+    assert cert["n_samples"] == spec.verify.n_samples and cert["centre_seeds"] == spec.verify.centre_seeds
+    for key in ("n_better", "upper_bound", "confidence_if_none_better", "centre_rank", "tolerance", "verdict"):
+        assert key in cert
+    assert 0 < cert["upper_bound"] <= 1 and 1 <= cert["centre_rank"] <= cert["n_samples"] + 1
+    trials = pd.read_csv(art / "trials.csv")
+    assert Counter(trials.phase) == {"tune": spec.tune.num_trials, "transfer": 1,
+                                     "verify": spec.verify.n_samples + spec.verify.centre_seeds}
+    # the winner is applied unchanged at the transfer width
+    best = state.phases["tune"]["best_hparams"]
+    transfer = trials[trials.phase == "transfer"].iloc[0]
+    assert transfer.width == 32 and transfer.lr == pytest.approx(best["lr"])
+    assert "centre" in (art / "report.md").read_text()
+
+
+def test_identical_tune_phase_is_reused(tiny_study):
+    from workers.driver import run_study
+
+    spec, first, _ = tiny_study
+    data = spec.as_dict()
+    data["transfer"]["widths"] = [48]
+    data["verify"] = None
+    state = run_study(StudySpec.model_validate(data), "reuse")
+    assert state.phases["tune"]["reused_from"] == "e2e"
+    assert state.phases["tune"]["best_hparams"] == first.phases["tune"]["best_hparams"]
+    tune_runs = [r for r in _runs("reuse", spec.experiment_name())["trial"] if r.data.tags["phase"] == "tune"]
+    assert tune_runs == []  # nothing retrained
+
+
+def test_mlflow_hierarchy(tiny_study):
+    spec, state, _ = tiny_study
+    runs = _runs("e2e", spec.experiment_name())
+    assert len(runs["study"]) == 1
+    study_run = runs["study"][0].info.run_id
+    phases = {r.data.tags["phase"]: r for r in runs["phase"]}
+    assert set(phases) == {"tune", "transfer", "verify"}
+    assert all(r.data.tags["mlflow.parentRunId"] == study_run for r in phases.values())
+    trials = pd.read_csv(tiny_study[2] / "artifacts" / "trials.csv")
+    assert len(runs["trial"]) == len(trials) == trials.trial_id.nunique()
+    for run in runs["trial"]:
+        tags, params = run.data.tags, run.data.params
+        assert tags["mlflow.parentRunId"] == phases[tags["phase"]].info.run_id
+        assert {"width", "seed", "status", "study_id"} <= set(tags)
+        assert float(params["lr"]) > 0 and params["model_hp.width"] == tags["width"]
+        assert tags["status"] in ("completed", "stopped")
+    completed = [r for r in runs["trial"] if r.data.tags["status"] == "completed"]
+    assert all("eval_loss" in r.data.metrics and "lr_hidden" in r.data.metrics for r in completed)
+    assert "tune" in phases and any(a.path == "tune_trials.csv" for a in
+                                    __import__("mlflow").MlflowClient(os.environ.get("MLFLOW_TRACKING_URI") or
+                                    f"sqlite:///{tiny_study[2].parents[1] / 'mlflow.db'}")
+                                    .list_artifacts(phases["tune"].info.run_id))
+
+
+def test_diverging_trial_is_recorded_and_study_completes(data_dir):
+    from workers.driver import run_study
+
+    data = load_catalog("tiny").as_dict()
+    data["name"] = "tiny-diverge"
+    # the first TPE point is the space's default: an absurd learning rate that must diverge
+    data["space"]["lr"] = {"low": 1e-3, "high": 1e6, "log": True, "default": 1e6}
+    data["verify"] = None
+    spec = StudySpec.model_validate(data)
+    state = run_study(spec, "diverge")
+    assert state.status == "succeeded"
+    trials = pd.read_csv(data_dir / "studies" / "diverge" / "artifacts" / "tune_trials.csv")
+    assert (trials.status == "diverged").any()
+    diverged = _runs("diverge", spec.experiment_name())["trial"]
+    assert any(r.data.tags["status"] == "diverged" for r in diverged)
+    assert state.phases["tune"]["best_hparams"]["lr"] < 1e6
+
+
+DRIVER = """
+from studies import load_catalog
+from studies.spec import StudySpec
+from workers.driver import run_study
+data = load_catalog("tiny").as_dict()
+data["verify"] = None
+data["tune"]["seed"] = 1  # not the e2e study's tune phase, which would be reused
+run_study(StudySpec.model_validate(data), "resume")
+"""
+
+
+def test_killed_driver_resumes_without_duplicates(data_dir):
+    env = {**os.environ, "PTCTL_DATA_DIR": str(data_dir), "RAY_ADDRESS": ""}
+    tune_dir = data_dir / "studies" / "resume" / "ray" / "tune"
+    log = open(data_dir / "resume-driver.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER], env=env, start_new_session=True, stdout=log, stderr=log)
+    deadline = time.time() + 240
+    while time.time() < deadline:  # kill it once some tune trials have finished and others run
+        done = [p for p in tune_dir.glob("*/result.json") if '"status": "completed"' in p.read_text()]
+        if len(done) >= 2:
+            break
+        time.sleep(0.5)
+    else:
+        proc.kill()
+        log_text = (data_dir / "resume-driver.log").read_text()
+        pytest.fail(f"the tune phase did not finish two trials in time:\n{log_text}")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    state = json.loads((data_dir / "studies" / "resume" / "state.json").read_text())
+    assert "tune" not in state["phases"]  # killed during tune
+
+    subprocess.run([sys.executable, "-c", DRIVER], env=env, check=True, timeout=600,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    spec = load_catalog("tiny")
+    trials = pd.read_csv(data_dir / "studies" / "resume" / "artifacts" / "trials.csv")
+    runs = _runs("resume", spec.experiment_name())
+    tune_runs = [r for r in runs["trial"] if r.data.tags["phase"] == "tune"]
+    assert len(trials[trials.phase == "tune"]) == spec.tune.num_trials
+    assert len(tune_runs) == len({r.data.tags["trial_key"] for r in tune_runs}) == spec.tune.num_trials
+    assert len(runs["study"]) == 1 and len(runs["phase"]) == 2
