@@ -158,8 +158,8 @@ def _param_space(planned: list[dict] | None) -> dict[str, Any]:
 
 
 def _tune_config(spec: StudySpec, phase: str) -> tune.TuneConfig:
-    if phase != "tune":
-        return tune.TuneConfig(metric=OBJECTIVE, mode="min")
+    if phase != "tune":  # trial actors are reused: no process start, torch import or data load per trial
+        return tune.TuneConfig(metric=OBJECTIVE, mode="min", reuse_actors=True)
     t = spec.tune
     space = {name: optuna.distributions.FloatDistribution(r.low, r.high, log=r.log)
              for name, r in spec.space.searched().items()}
@@ -169,7 +169,7 @@ def _tune_config(spec: StudySpec, phase: str) -> tune.TuneConfig:
     scheduler = ASHAScheduler(time_attr="step", max_t=spec.steps_for("tune"), grace_period=t.asha.grace_steps,
                               reduction_factor=t.asha.reduction_factor) if t.asha.enabled else None
     return tune.TuneConfig(metric=OBJECTIVE, mode="min", search_alg=searcher, scheduler=scheduler,
-                           num_samples=t.num_trials, max_concurrent_trials=t.max_concurrent)
+                           num_samples=t.num_trials, max_concurrent_trials=t.max_concurrent, reuse_actors=True)
 
 
 def trial_table(spec: StudySpec, phase: str, grid) -> pd.DataFrame:
