@@ -153,8 +153,9 @@ def _print_summary(spec, state) -> None:
     tracker = Tracker(spec.experiment_name(), spec.resources.tracking.tracking_uri)
     runs = {r.data.tags.get("trial_key"): r.info.run_id for r in tracker.runs(state.study_id, "trial")}
     table = Table(title="zero-shot transfer")
-    for col in ("width", "seed", "params", "eval loss", "status", "MLflow run"):
-        table.add_column(col, justify="right" if col in ("width", "seed", "params", "eval loss") else "left")
+    for col in ("width", "seed", "params", "eval loss", "status"):
+        table.add_column(col, justify="left" if col == "status" else "right")
+    table.add_column("MLflow run", overflow="fold", min_width=32)
     for row in pd.read_csv(art / "transfer_trials.csv").sort_values(["width", "seed"]).itertuples():
         table.add_row(str(row.width), str(row.seed), f"{int(row.params):,}" if row.params == row.params else "—",
                       f"{row.eval_loss:.4f}", row.status, runs.get(row.trial_id, "—"))

@@ -18,8 +18,14 @@ from workers.models import build_model
 from workers.models.pt import mlm_loss
 from workers.train import TrialConfig, load_data, make_optimizer
 
-# A small PT: h = 2, r = 8 at the base width, widened by the paradigm.
-DEFAULT_HP = {"n_channels": 2, "rank": 8, "n_iter": 3, "gamma": 3}
+# Small models per family. PT: h = 2, r = 8 at the base width, widened by the paradigm. BERT and UT:
+# heads of 16 dims (2 heads at width 32, 16 at 256), positions for the check's 32-token sequences.
+FAMILY_HP: dict[str, dict] = {
+    "pt": {"n_channels": 2, "rank": 8, "n_iter": 3, "gamma": 3},
+    "bert": {"n_layers": 2, "head_dim": 16, "max_len": 32},
+    "ut": {"n_steps": 3, "head_dim": 16, "max_len": 32},
+}
+DEFAULT_HP = FAMILY_HP["pt"]
 DEFAULT_DATA = DataConfig(max_tokens=200_000, seq_len=32)
 
 
@@ -35,7 +41,9 @@ def coord_data(
     data: DataConfig = DEFAULT_DATA,
 ) -> pd.DataFrame:
     """Rows (parametrization, width, step, name, rms), averaged over `seeds` model seeds."""
-    hp = {**DEFAULT_HP, **(model_hp or {})}
+    if model not in FAMILY_HP:
+        raise ValueError(f"no coordinate-check defaults for model {model!r}: choose one of {sorted(FAMILY_HP)}")
+    hp = {**FAMILY_HP[model], **(model_hp or {})}
     hp.setdefault("base_width", min(widths))
     cfg = TrialConfig(model=model, data=data, lr=lr, batch_size=batch_size, weight_decay=0.0, grad_clip=0.0)
     mlm = load_data(data)
@@ -54,7 +62,10 @@ def coord_data(
                     rms = float(act.detach().float().pow(2).mean().sqrt())
                     rows.append((parametrization, width, seed, step, name, rms))
                 opt.zero_grad(set_to_none=True)
-                mlm_loss(logits, batch.labels).backward()
+                loss = mlm_loss(logits, batch.labels)
+                if hasattr(net, "aux_loss"):
+                    loss = loss + net.aux_loss()
+                loss.backward()
                 opt.step()
     df = pd.DataFrame(rows, columns=["parametrization", "width", "seed", "step", "name", "rms"])
     return df.groupby(["parametrization", "width", "step", "name"], as_index=False)["rms"].mean()

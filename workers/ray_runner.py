@@ -50,7 +50,7 @@ def planned_trial(spec: StudySpec, phase: str, config: dict[str, Any], trial_id:
     """The trial behind a Tune config: a planned trial (grid phases) or a TPE suggestion (tune)."""
     if "trial" in config:
         return config["trial"]
-    hparams = spec.space.complete({k: v for k, v in config.items()})
+    hparams = spec.space.complete(dict(config))
     return {"trial_key": f"tune-{trial_id}", "phase": phase, "width": spec.tune.base_width,
             "seed": spec.tune.seed, "hparams": hparams, "is_centre": False}
 

@@ -171,6 +171,8 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
         loss = _batch_loss(model, batch, device)
         if cfg.t_l2 > 0 and hasattr(model, "t_norm"):
             loss = loss + cfg.t_l2 * model.t_norm()
+        if hasattr(model, "aux_loss"):  # e.g. UT's ACT ponder cost (0 without ACT)
+            loss = loss + model.aux_loss().to(loss.device)
         loss_value = float(loss.detach())
         tokens += int(batch.attention_mask.sum())
         if not math.isfinite(loss_value) or loss_value > cfg.max_loss:

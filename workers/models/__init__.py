@@ -2,7 +2,8 @@
 
 Each family is one file in this folder with a frozen `Config` dataclass beside its `nn.Module`.
 Every model exposes `groups` (parameter group → parameters), `lr_multipliers()` (group → factor on
-the base learning rate; μP lives here) and `forward(input_ids, attention_mask, trace=None)`.
+the base learning rate; μP lives here) and `forward(input_ids, attention_mask, trace=None, select=None)`;
+a model may define `aux_loss()` (a term `train_trial` adds to the MLM loss, e.g. UT's ACT ponder cost).
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ from dataclasses import fields
 
 from torch import nn
 
+from workers.models.bert import Bert, BertConfig
 from workers.models.pt import ProbabilisticTransformer, PTConfig
+from workers.models.universal import UniversalTransformer, UTConfig
 
 MODELS = {
     "pt": (PTConfig, ProbabilisticTransformer),
+    "bert": (BertConfig, Bert),
+    "ut": (UTConfig, UniversalTransformer),
 }
 
 

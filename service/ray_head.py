@@ -1,0 +1,193 @@
+"""The embedded Ray head: a `ray start --head` process group that outlives the API process.
+
+Without `RAY_ADDRESS`, the service must not `ray.init()` a local cluster inside uvicorn's process:
+that cluster, and every study driver on it, would die with the web process. Instead it starts a
+head as its own process group (its own session, so killing the API leaves it running), records it
+in `<data dir>/ray/head.json`, and connects to it with `ray.init(address=...)`. A restarted API finds
+the record, checks that the head's processes are still there, and reuses it.
+
+Token authentication (Ray 2.60 turns it on by default): the head gets `RAY_AUTH_MODE=token` and
+`RAY_AUTH_TOKEN_PATH=<data dir>/ray/auth_token` (a random token made once, mode 0600), and so does
+every process that connects (`use_token`). The user's own `~/.ray/auth_token` is neither read nor
+written. The head listens on 127.0.0.1 only, on free ports (other Ray clusters may share the machine).
+
+Only this head is ever stopped (`stop`, by its process group), never with `ray stop`, which kills
+every Ray process of the user. This module runs Ray's CLI as a subprocess and imports no Ray.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+MAX_TEMP_DIR = 40  # Ray's socket paths (<temp>/session_<date>_<pid>/sockets/plasma_store) must stay < 108 chars
+
+
+@dataclass(frozen=True)
+class Head:
+    address: str  # host:port of the head's GCS
+    pgid: int  # the process group of all its processes
+    temp_dir: str  # Ray's --temp-dir (sessions, logs)
+    token_path: str  # RAY_AUTH_TOKEN_PATH
+
+
+def ray_dir(data_dir: Path) -> Path:
+    return data_dir / "ray"
+
+
+def temp_dir(data_dir: Path) -> Path:
+    """`<data dir>/ray/tmp`, or a short path under the system temp dir when that one is too long."""
+    preferred = ray_dir(data_dir) / "tmp"
+    if len(str(preferred)) <= MAX_TEMP_DIR:
+        return preferred
+    digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:10]
+    return Path(tempfile.gettempdir()) / f"ptctl-ray-{digest}"
+
+
+def token_path(data_dir: Path) -> Path:
+    """The head's auth token file, created (random, 0600) on first use."""
+    path = ray_dir(data_dir) / "auth_token"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return path
+
+
+def use_token(path: Path | str) -> None:
+    """Make this process (and its children) authenticate to the embedded head."""
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
+    os.environ.pop("RAY_AUTH_TOKEN", None)  # would take precedence over the file
+
+
+def _record(data_dir: Path) -> Path:
+    return ray_dir(data_dir) / "head.json"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _group_alive(head: Head) -> bool:
+    """True if a process of the head's group still runs with the head's temp dir on its command line."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: trust the process group alone
+        try:
+            os.killpg(head.pgid, 0)
+            return True
+        except OSError:
+            return False
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            pgid = int(stat.rsplit(")", 1)[1].split()[2])
+            if pgid == head.pgid and head.temp_dir.encode() in (entry / "cmdline").read_bytes():
+                return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
+@contextmanager
+def _locked(data_dir: Path):
+    """One API process at a time decides whether to start a head."""
+    ray_dir(data_dir).mkdir(parents=True, exist_ok=True)
+    with open(ray_dir(data_dir) / "head.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def running(data_dir: Path) -> Head | None:
+    """The recorded head if its processes are still there."""
+    path = _record(data_dir)
+    if not path.exists():
+        return None
+    head = Head(**json.loads(path.read_text()))
+    return head if _group_alive(head) else None
+
+
+def ensure(data_dir: Path, num_cpus: int | None = None) -> Head:
+    """The running embedded head, started first if there is none (takes ~5–10 s)."""
+    with _locked(data_dir):
+        head = running(data_dir)
+        if head is not None:
+            log.info("reusing the embedded Ray head at %s", head.address)
+            return head
+        return _start(data_dir, num_cpus or os.cpu_count() or 1)
+
+
+def _start(data_dir: Path, num_cpus: int) -> Head:
+    tmp, token = temp_dir(data_dir), token_path(data_dir)
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "ray_current_cluster").unlink(missing_ok=True)
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_AUTH_TOKEN", None)
+    env.pop("RAY_ADDRESS", None)
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port=0", f"--num-cpus={num_cpus}",
+           "--disable-usage-stats", "--include-dashboard=false", "--node-ip-address=127.0.0.1",
+           f"--temp-dir={tmp}", f"--dashboard-port={_free_port()}",
+           f"--dashboard-agent-listen-port={_free_port()}"]
+    log.info("starting the embedded Ray head: %s", " ".join(cmd))
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        raise RuntimeError(f"`ray start --head` did not finish in 180 s; see its logs under {tmp}") from None
+    address_file = tmp / "ray_current_cluster"
+    if proc.returncode != 0 or not address_file.exists():
+        _kill_group(proc.pid)
+        raise RuntimeError(f"`ray start --head` failed (exit {proc.returncode}):\n{out[-2000:]}\n"
+                           "Fix the cause above, or point RAY_ADDRESS at a running Ray cluster")
+    head = Head(address_file.read_text().strip(), proc.pid, str(tmp), str(token))
+    _record(data_dir).write_text(json.dumps(asdict(head)))
+    log.info("embedded Ray head up at %s (process group %d, %d CPUs)", head.address, head.pgid, num_cpus)
+    return head
+
+
+def _kill_group(pgid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM the group, SIGKILL what is left after `grace_s` (gcs_server and raylet ignore SIGTERM)."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
+def stop(data_dir: Path) -> bool:
+    """Stop the embedded head of `data_dir` (and every study driver on it); False if none ran."""
+    with _locked(data_dir):
+        head = running(data_dir)
+        _record(data_dir).unlink(missing_ok=True)
+        if head is None:
+            return False
+        _kill_group(head.pgid)
+        return True

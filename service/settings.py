@@ -1,0 +1,112 @@
+"""The service's settings, read from the environment (pydantic-settings).
+
+| variable | default | meaning |
+|---|---|---|
+| `PTCTL_DATA_DIR` | `~/.ptctl` | studies, the embedded SQLite stores, the embedded Ray head's files |
+| `PTCTL_DATABASE_URL` | `sqlite:///<data dir>/ptctl.db` | the study store (`postgresql+psycopg://...` on a cluster) |
+| `PTCTL_API_TOKENS` | none | `admin:TOKEN1,read:TOKEN2`: bearer tokens and their scopes; none = no auth |
+| `PTCTL_HOST` / `PTCTL_PORT` | `127.0.0.1` / `8000` | where `ptctl serve` listens |
+| `PTCTL_ALLOW_ANONYMOUS` | false | serve on a non-loopback host without tokens (refused otherwise) |
+| `PTCTL_MAX_BODY_BYTES` | 1 MB | larger request bodies get 413 |
+| `PTCTL_RAY_NUM_CPUS` | all cores | CPUs of the embedded Ray head |
+| `PTCTL_RECONCILE_S` | 10 | seconds between checks that running studies still have a live driver |
+| `RAY_ADDRESS` | none | join this Ray cluster instead of starting the embedded head |
+| `MLFLOW_TRACKING_URI` | `sqlite:///<data dir>/mlflow.db` | where studies log |
+
+Secrets (`PTCTL_API_TOKENS`) are `SecretStr`: they never appear in a repr, a log line or a response;
+their format is checked by `tokens()` (not by a validator, whose error would echo the raw value).
+This module imports only pydantic, so the CLI client loads it without Ray, MLflow or torch.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Scope = Literal["read", "admin"]
+SCOPES: tuple[Scope, ...] = ("read", "admin")
+
+
+def _default_data_dir() -> Path:
+    # the rule of workers.data.data_dir(), which cannot be imported without torch
+    return Path(os.environ.get("PTCTL_DATA_DIR") or "~/.ptctl").expanduser()
+
+
+class Settings(BaseSettings):
+    """Everything the API process needs; `Settings()` reads the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="PTCTL_", extra="ignore", frozen=True)
+
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    database_url: str | None = Field(None, description="SQLAlchemy URL; None: SQLite in the data dir")
+    api_tokens: SecretStr | None = Field(None, description="admin:TOKEN,read:TOKEN (comma-separated)")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    allow_anonymous: bool = False
+    max_body_bytes: int = Field(1_000_000, gt=0)
+    ray_num_cpus: int | None = Field(None, gt=0)
+    reconcile_s: float = Field(10.0, gt=0)
+    ray_address: str | None = Field(None, validation_alias=AliasChoices("RAY_ADDRESS", "PTCTL_RAY_ADDRESS"))
+    mlflow_tracking_uri: str | None = Field(
+        None, validation_alias=AliasChoices("MLFLOW_TRACKING_URI", "PTCTL_MLFLOW_TRACKING_URI"))
+
+    @field_validator("ray_address", "mlflow_tracking_uri", "database_url", "api_tokens", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().absolute()
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'ptctl.db'}"
+
+    @property
+    def tracking_uri(self) -> str:
+        """The MLflow target of every study (also handed to the driver actors)."""
+        return self.mlflow_tracking_uri or f"sqlite:///{self.data_dir / 'mlflow.db'}"
+
+    def tokens(self) -> dict[str, Scope]:
+        """token → scope; empty when no tokens are configured (then nothing is checked)."""
+        return parse_tokens(self.api_tokens.get_secret_value()) if self.api_tokens else {}
+
+    def secrets(self) -> list[str]:
+        """Every secret value the logs must never show."""
+        return list(self.tokens())
+
+    def check_exposure(self) -> None:
+        """Refuse to serve anonymously on a non-loopback address (anyone there could start studies)."""
+        if self.tokens() or self.allow_anonymous or _is_loopback(self.host):
+            return
+        raise ValueError(f"PTCTL_HOST={self.host} is reachable from other machines but PTCTL_API_TOKENS is empty: "
+                         "set PTCTL_API_TOKENS=admin:<secret>,read:<secret> (or PTCTL_ALLOW_ANONYMOUS=true)")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_tokens(text: str) -> dict[str, Scope]:
+    """`admin:TOKEN1,read:TOKEN2` → {TOKEN1: "admin", TOKEN2: "read"}; a bad entry names the fix (never the token)."""
+    tokens: dict[str, Scope] = {}
+    for i, item in enumerate(p.strip() for p in text.split(",")):
+        scope, sep, token = item.partition(":")
+        if not sep or scope not in SCOPES or len(token) < 8:
+            raise ValueError(f"PTCTL_API_TOKENS entry {i + 1}: expected SCOPE:TOKEN with SCOPE in {list(SCOPES)} "
+                             "and a token of at least 8 characters, e.g. admin:$(openssl rand -hex 16)")
+        tokens[token] = scope  # type: ignore[assignment]
+    return tokens

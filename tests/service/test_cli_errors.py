@@ -1,0 +1,63 @@
+"""Bad command lines end with one clear line naming the fix and exit code 2, never a traceback."""
+
+import pytest
+
+from service import cli
+
+
+@pytest.fixture
+def run(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("PTCTL_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(cli.console, "width", 200)
+
+    def _run(*argv):
+        code = cli.main(list(argv))
+        out = capsys.readouterr()
+        return code, out.out + out.err
+
+    return _run
+
+
+def test_bad_widths(run):
+    code, out = run("coord-check", "--widths", "32,abc")
+    assert code == 2 and "--widths" in out and "comma-separated" in out and "Traceback" not in out
+
+
+def test_invalid_spec_names_the_field(run, tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: x\ntune: {base_width: 16}\ntransfer: {widths: [8]}\nverify: {delta: 1.5}\n")
+    code, out = run("study", "run", str(spec))
+    assert code == 2
+    assert "verify.delta" in out and "less than 1" in out and "Traceback" not in out
+
+
+def test_unknown_key_in_spec(run, tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: x\ntune: {base_width: 16, trials: 3}\ntransfer: {widths: [32]}\n")
+    code, out = run("study", "run", str(spec))
+    assert code == 2 and "tune.trials" in out
+
+
+def test_missing_spec_file(run):
+    code, out = run("study", "run", "nowhere.yaml")
+    assert code == 2 and "no spec file" in out
+
+
+def test_transfer_to_a_narrower_width(run):
+    code, out = run("transfer", "--from-width", "64", "--to", "32")
+    assert code == 2 and "transfer.widths" in out and "tune.base_width" in out
+
+
+def test_report_of_unknown_study(run):
+    code, out = run("report", "nope")
+    assert code == 2 and "no report for study 'nope'" in out
+
+
+def test_bad_set_value(run):
+    code, out = run("train", "--set", "n_iter")
+    assert code == 2 and "key=value" in out
+
+
+def test_unknown_model_hparam(run):
+    code, out = run("train", "--steps", "1", "--set", "bogus=1", "--max-tokens", "20000")
+    assert code == 2 and "bogus" in out and "valid ones" in out

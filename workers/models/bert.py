@@ -1,0 +1,276 @@
+"""BERT-style MLM encoder (Devlin et al. 2019) in the standard parametrization and in μP (Yang et al. 2022).
+
+Embeddings (tokens + learned absolute positions) → L Transformer layers (pre- or post-LN, GELU FFN)
+→ MLM head (BERT's dense+GELU+LN transform, optional) → decoder tied to the token embedding or not.
+
+Width is d_model. Heads scale with width at a fixed `head_dim`: n_heads = max(1, round(d / head_dim)),
+and attention runs in a = n_heads·head_dim dimensions (a = d whenever head_dim divides d; otherwise a is
+the nearest multiple, so any integer width builds and a parameter budget can be met to the percent).
+
+μP is implemented here, not through `mup.set_base_shapes`/`MuAdamW`: `make_optimizer` builds AdamW from
+`groups` and `lr_multipliers()`, and a model rebuilt from hparams in every trial has no base model to
+attach infshapes from. The rules are mup's (Tensor Programs V, Table 8, Adam), inside `# --- μP ---`
+blocks, and `tests/workers/test_baselines.py` checks the grouping against mup's own `set_base_shapes`:
+
+  input  (token, position, [timestep] embeddings; a tied decoder)   std init_std          lr × 1
+  hidden (every d×d-like matrix: q, k, v, o, FFN, MLM transform)    std init_std/√(d/d0)  lr × d0/d
+  output (an untied decoder; UT's ACT halting unit)                 std init_std or 0     lr × 1,
+         read out as output_mult · (d0/d) · x Wᵀ                    (mup's MuReadout / MuSharedReadout)
+  bias   (biases, LayerNorm gains and shifts)                        0 / 1                 lr × 1
+  attention logits  attn_mult · q·k / head_dim   (standard: attn_mult · q·k / √head_dim)
+
+Standard: every weight N(0, init_std) (BERT: 0.02), one lr, logits output_mult · x Wᵀ.
+Shapes: B batch, n length, d width, a attention width, H heads, f FFN width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NORMS = ("pre", "post")
+
+
+def n_heads_for(width: int, head_dim: int) -> int:
+    """Heads at `width`: the nearest whole number of `head_dim`-sized heads, at least one."""
+    return max(1, (width + head_dim // 2) // head_dim)
+
+
+def check_common(cfg, name: str) -> None:
+    """Validation shared by the BERT and UT configs; errors name the field and the fix."""
+    if cfg.parametrization not in ("standard", "mup"):
+        raise ValueError(f"{name}.parametrization={cfg.parametrization!r}: choose one of ['standard', 'mup']")
+    if cfg.norm not in NORMS:
+        raise ValueError(f"{name}.norm={cfg.norm!r}: choose one of {list(NORMS)}")
+    for field in ("vocab_size", "width", "base_width", "head_dim", "ffn_mult", "max_len"):
+        if getattr(cfg, field) < 1:
+            raise ValueError(f"{name}.{field}={getattr(cfg, field)}: must be a positive integer")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ValueError(f"{name}.dropout={cfg.dropout}: must be in [0, 1)")
+    for field in ("init_std", "output_mult", "attn_mult"):
+        if not getattr(cfg, field) > 0:
+            raise ValueError(f"{name}.{field}={getattr(cfg, field)}: must be > 0")
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int
+    width: int = 128  # d_model
+    base_width: int = 128  # d0: the μP base (width_mult = width / base_width); unused by "standard"
+    n_layers: int = 2
+    head_dim: int = 32  # fixed; heads = round(width / head_dim)
+    ffn_mult: int = 4  # f = ffn_mult · d
+    max_len: int = 512  # rows of the learned position table (>= the data's seq_len)
+    norm: str = "pre"  # "pre" (LN before each sublayer, a final LN) | "post" (BERT: LN after each residual)
+    tie_decoder: bool = True  # decoder weight = token embedding (BERT)
+    mlm_transform: bool = True  # BERT's dense + GELU + LN before the decoder
+    dropout: float = 0.0
+    parametrization: str = "standard"  # "standard" | "mup"
+    # hparams (searched by the tune phase)
+    init_std: float = 0.02  # standard: every weight; μP: embeddings, the readout, hidden ones at base_width
+    output_mult: float = 1.0  # multiplies the logits (μP: output_mult · d0/d)
+    attn_mult: float = 1.0  # multiplies the attention logits
+    # μP options (mup's recommendations; off by default)
+    zero_query: bool = False  # initialise the query projection at zero
+    zero_readout: bool = False  # initialise an untied decoder at zero
+
+    def __post_init__(self) -> None:
+        check_common(self, "BertConfig")
+        if self.n_layers < 1:
+            raise ValueError(f"BertConfig.n_layers={self.n_layers}: must be a positive integer")
+
+    @property
+    def width_mult(self) -> float:
+        return self.width / self.base_width
+
+    @property
+    def n_heads(self) -> int:
+        return n_heads_for(self.width, self.head_dim)
+
+
+class Layer(nn.Module):
+    """One Transformer layer: self-attention and a GELU FFN, each with a residual and a LayerNorm."""
+
+    def __init__(self, d: int, n_heads: int, head_dim: int, d_ff: int, norm: str, dropout: float) -> None:
+        super().__init__()
+        a = n_heads * head_dim
+        self.n_heads, self.head_dim, self.norm = n_heads, head_dim, norm
+        self.q, self.k, self.v, self.o = nn.Linear(d, a), nn.Linear(d, a), nn.Linear(d, a), nn.Linear(a, d)
+        self.ff1, self.ff2 = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.drop = nn.Dropout(dropout)
+
+    def attention(self, x: torch.Tensor, keep: torch.Tensor, scale: float, trace: dict | None, tag: str
+                  ) -> torch.Tensor:
+        B, n, _ = x.shape
+        q, k, v = (proj(x).view(B, n, self.n_heads, self.head_dim).transpose(1, 2)
+                   for proj in (self.q, self.k, self.v))  # (B, H, n, head_dim)
+        mask = keep[:, None, None, :]  # (B, 1, 1, n): attend to real tokens only
+        if trace is None:
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                                 dropout_p=self.drop.p if self.training else 0.0)
+        else:  # the explicit path, so the logits can be traced
+            logits = scale * (q @ k.transpose(-1, -2))  # (B, H, n, n)
+            trace[f"attn_logits.{tag}"] = logits.masked_select(mask & keep[:, None, :, None])
+            ctx = self.drop(torch.softmax(logits.masked_fill(~mask, float("-inf")), -1)) @ v
+        return self.o(ctx.transpose(1, 2).reshape(B, n, -1))  # (B, n, d)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor, scale: float, trace: dict | None = None,
+                tag: str = "layer0") -> torch.Tensor:
+        if self.norm == "pre":
+            a = self.attention(self.ln1(x), keep, scale, trace, tag)
+            x = x + self.drop(a)
+            f = self.ff2(F.gelu(self.ff1(self.ln2(x))))
+            x = x + self.drop(f)
+        else:
+            a = self.attention(x, keep, scale, trace, tag)
+            x = self.ln1(x + self.drop(a))
+            f = self.ff2(F.gelu(self.ff1(x)))
+            x = self.ln2(x + self.drop(f))
+        if trace is not None:
+            trace[f"attn_out.{tag}"], trace[f"ffn_out.{tag}"], trace[f"hidden.{tag}"] = a, f, x
+        return x
+
+
+class MLMHead(nn.Module):
+    """BERT's transform (optional) and the decoder, tied to `embedding` or its own d → V matrix."""
+
+    def __init__(self, d: int, vocab: int, transform: bool, embedding: nn.Embedding | None) -> None:
+        super().__init__()
+        self.dense = nn.Linear(d, d) if transform else None
+        self.ln = nn.LayerNorm(d) if transform else None
+        self.embedding = embedding  # tied: the token embedding (registered once, by the model)
+        self.decoder = None if embedding is not None else nn.Linear(d, vocab, bias=False)
+        self.bias = nn.Parameter(torch.zeros(vocab))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.embedding.weight if self.embedding is not None else self.decoder.weight
+
+    def forward(self, x: torch.Tensor, mult: float) -> torch.Tensor:
+        if self.dense is not None:
+            x = self.ln(F.gelu(self.dense(x)))
+        return F.linear(x * mult, self.weight, self.bias)  # (…, V)
+
+
+class Encoder(nn.Module):
+    """What BERT and UT share: parameter groups, μP init and lr multipliers, the readout and its scale."""
+
+    cfg: BertConfig
+
+    def _group(self) -> None:
+        """Sort every parameter into input / hidden / output / bias (the table in the module docstring)."""
+        inputs = [p for name, p in self.named_parameters() if name.endswith("_emb.weight")]
+        outputs = [p for name, p in self.named_parameters() if name.endswith(("decoder.weight", "halt.weight"))]
+        seen = {id(p) for p in inputs + outputs}
+        hidden = [p for p in self.parameters() if p.dim() == 2 and id(p) not in seen]
+        vectors = [p for p in self.parameters() if p.dim() == 1]
+        self.groups = {"input": inputs, "hidden": hidden, "output": outputs, "bias": vectors}
+
+    @torch.no_grad()
+    def _init(self) -> None:
+        cfg = self.cfg
+        std = cfg.init_std
+        for p in self.groups["bias"]:
+            p.zero_()
+        for module in self.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+        for p in self.groups["input"] + self.groups["output"]:
+            p.normal_(0.0, std)
+        hidden_std = std
+        if cfg.parametrization == "mup":
+            # --- μP: init (hidden std ∝ 1/√fan_in, anchored at base_width; zero query / readout options) ---
+            hidden_std = std / math.sqrt(cfg.width_mult)
+            # --- end μP ---
+        for p in self.groups["hidden"]:
+            p.normal_(0.0, hidden_std)
+        if cfg.parametrization == "mup":
+            # --- μP: options ---
+            if cfg.zero_query:
+                for module in self.modules():
+                    if isinstance(module, Layer):
+                        module.q.weight.zero_()
+            if cfg.zero_readout:
+                for p in self.groups["output"]:
+                    p.zero_()
+            # --- end μP ---
+
+    def lr_multipliers(self) -> dict[str, float]:
+        """Per-group factors on the base learning rate (μP: hidden ∝ 1/width_mult, as mup's MuAdamW)."""
+        if self.cfg.parametrization != "mup":
+            return {"input": 1.0, "hidden": 1.0, "output": 1.0, "bias": 1.0}
+        # --- μP: Adam learning rates, hidden ∝ d0/d; input, output (read out × d0/d) and vectors unscaled ---
+        return {"input": 1.0, "hidden": 1.0 / self.cfg.width_mult, "output": 1.0, "bias": 1.0}
+        # --- end μP ---
+
+    def attn_scale(self) -> float:
+        cfg = self.cfg
+        if cfg.parametrization == "mup":
+            # --- μP: attention logits q·k / head_dim (mup's 1/d; a constant while head_dim is fixed) ---
+            return cfg.attn_mult / cfg.head_dim
+            # --- end μP ---
+        return cfg.attn_mult / math.sqrt(cfg.head_dim)
+
+    def readout_mult(self) -> float:
+        cfg = self.cfg
+        if cfg.parametrization == "mup":
+            # --- μP: readout output_mult · d0/d (mup's MuReadout / MuSharedReadout) ---
+            return cfg.output_mult / cfg.width_mult
+            # --- end μP ---
+        return cfg.output_mult
+
+    def readout(self, x: torch.Tensor, select: torch.Tensor | None, trace: dict | None) -> torch.Tensor:
+        logits = self.head(x if select is None else x[select], self.readout_mult())  # (B, n, V) | (N, V)
+        if trace is not None:
+            trace["mlm_logits"] = logits
+        return logits
+
+
+class Bert(Encoder):
+    """BERT encoder + MLM head. `forward(input_ids, attention_mask)` returns (B, n, V) logits.
+
+    With `select` (a (B, n) mask, e.g. `labels != -100`) only the selected positions are decoded.
+    """
+
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d, V = cfg.width, cfg.vocab_size
+        self.tok_emb = nn.Embedding(V, d)  # (V, d)
+        self.pos_emb = nn.Embedding(cfg.max_len, d)  # (max_len, d), learned absolute positions
+        self.emb_ln = nn.LayerNorm(d)  # post-LN: after the embeddings; pre-LN: the final LN
+        self.layers = nn.ModuleList(Layer(d, cfg.n_heads, cfg.head_dim, cfg.ffn_mult * d, cfg.norm, cfg.dropout)
+                                    for _ in range(cfg.n_layers))
+        self.head = MLMHead(d, V, cfg.mlm_transform, self.tok_emb if cfg.tie_decoder else None)
+        self.drop = nn.Dropout(cfg.dropout)
+        self._group()
+        self._init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (B, n)
+        attention_mask: torch.Tensor | None = None,  # (B, n) bool, True at real tokens
+        trace: dict[str, torch.Tensor] | None = None,  # filled with intermediates when given
+        select: torch.Tensor | None = None,  # (B, n) bool: decode only these positions
+    ) -> torch.Tensor:
+        B, n = input_ids.shape
+        if n > self.cfg.max_len:
+            raise ValueError(f"sequence length {n} exceeds max_len={self.cfg.max_len}: raise max_len")
+        keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        x = self.tok_emb(input_ids) + self.pos_emb.weight[:n]  # (B, n, d)
+        if self.cfg.norm == "post":
+            x = self.emb_ln(x)
+        x = self.drop(x)
+        if trace is not None:
+            trace["embed"] = x
+        scale = self.attn_scale()
+        for i, layer in enumerate(self.layers):
+            x = layer(x, keep, scale, trace, f"layer{i}")  # (B, n, d)
+        if self.cfg.norm == "pre":
+            x = self.emb_ln(x)
+        return self.readout(x, select, trace)

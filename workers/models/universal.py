@@ -1,0 +1,173 @@
+"""Universal Transformer encoder (Dehghani et al. 2019) for MLM, standard and μP.
+
+One Transformer layer (BERT's `Layer`: pre- or post-LN, GELU FFN) is applied `n_steps` times with shared
+parameters; before every application the position signal and the timestep signal are added to the state
+(both sinusoidal as in the paper, or learned tables). Adaptive computation time (ACT, Graves 2016, as in
+the UT paper's tensor2tensor code) is an option: a halting unit per position, the output a halting-weighted
+mix of the states, and a ponder cost `act_penalty · mean(N + R)` returned by `aux_loss()`.
+
+Parameter groups, init, lr multipliers and the μP readout are BERT's (`workers/models/bert.py`, its table
+and `# --- μP ---` blocks); the timestep table is an input weight, the halting unit an output (read out
+× d0/d under μP, like the decoder). Shapes: B batch, n length, d width, T steps, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from workers.models.bert import Encoder, Layer, MLMHead, check_common, n_heads_for
+
+TIMINGS = ("sinusoidal", "learned")
+
+
+@dataclass(frozen=True)
+class UTConfig:
+    vocab_size: int
+    width: int = 128  # d_model
+    base_width: int = 128  # d0: the μP base; unused by "standard"
+    n_steps: int = 4  # T: applications of the shared layer (ACT's maximum)
+    head_dim: int = 32  # fixed; heads = round(width / head_dim)
+    ffn_mult: int = 4  # f = ffn_mult · d
+    max_len: int = 512  # rows of the position table (learned timing) / longest sequence
+    norm: str = "pre"  # "pre" | "post"
+    timing: str = "sinusoidal"  # position and timestep signals: "sinusoidal" (UT paper) | "learned" tables
+    act: bool = False  # adaptive computation time
+    act_threshold: float = 0.99  # ACT halts a position once its cumulative halting probability passes this
+    act_penalty: float = 0.01  # τ, the ponder cost's weight in the loss
+    tie_decoder: bool = True
+    mlm_transform: bool = True
+    dropout: float = 0.0
+    parametrization: str = "standard"  # "standard" | "mup"
+    # hparams
+    init_std: float = 0.02
+    output_mult: float = 1.0
+    attn_mult: float = 1.0
+    # μP options
+    zero_query: bool = False
+    zero_readout: bool = False
+
+    def __post_init__(self) -> None:
+        check_common(self, "UTConfig")
+        if self.n_steps < 1:
+            raise ValueError(f"UTConfig.n_steps={self.n_steps}: must be a positive integer")
+        if self.timing not in TIMINGS:
+            raise ValueError(f"UTConfig.timing={self.timing!r}: choose one of {list(TIMINGS)}")
+        if not 0.0 < self.act_threshold <= 1.0 or self.act_penalty < 0:
+            raise ValueError(f"UTConfig.act_threshold={self.act_threshold} must be in (0, 1] and "
+                             f"act_penalty={self.act_penalty} >= 0")
+
+    @property
+    def width_mult(self) -> float:
+        return self.width / self.base_width
+
+    @property
+    def n_heads(self) -> int:
+        return n_heads_for(self.width, self.head_dim)
+
+
+def sinusoid(length: int, d: int) -> torch.Tensor:
+    """(length, d) sin/cos signal of Vaswani et al. (the UT paper's position and timestep signals)."""
+    pos = torch.arange(length, dtype=torch.float32)[:, None]
+    freq = torch.exp(-math.log(10000.0) * torch.arange(0, d, 2, dtype=torch.float32) / d)
+    out = torch.zeros(length, d)
+    out[:, 0::2] = torch.sin(pos * freq)
+    out[:, 1::2] = torch.cos(pos * freq[: d // 2])
+    return out
+
+
+class UniversalTransformer(Encoder):
+    """UT encoder + MLM head. `forward(input_ids, attention_mask)` returns (B, n, V) logits."""
+
+    def __init__(self, cfg: UTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d, V = cfg.width, cfg.vocab_size
+        self.tok_emb = nn.Embedding(V, d)  # (V, d)
+        if cfg.timing == "learned":
+            self.pos_emb = nn.Embedding(cfg.max_len, d)  # (max_len, d)
+            self.step_emb = nn.Embedding(cfg.n_steps, d)  # (T, d)
+        else:
+            self.register_buffer("pos_signal", sinusoid(cfg.max_len, d), persistent=False)
+            self.register_buffer("step_signal", sinusoid(cfg.n_steps, d), persistent=False)
+        self.emb_ln = nn.LayerNorm(d)  # post-LN: after the embeddings; pre-LN: the final LN
+        self.layer = Layer(d, cfg.n_heads, cfg.head_dim, cfg.ffn_mult * d, cfg.norm, cfg.dropout)  # shared
+        self.halt = nn.Linear(d, 1) if cfg.act else None  # ACT's halting unit
+        self.head = MLMHead(d, V, cfg.mlm_transform, self.tok_emb if cfg.tie_decoder else None)
+        self.drop = nn.Dropout(cfg.dropout)
+        self._ponder: torch.Tensor | None = None
+        self._group()
+        self._init()
+        if self.halt is not None:
+            with torch.no_grad():
+                self.halt.bias.fill_(1.0)  # tensor2tensor: start by halting after a few steps
+
+    def signals(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position (n, d) and timestep (T, d) signals."""
+        if self.cfg.timing == "learned":
+            return self.pos_emb.weight[:n], self.step_emb.weight
+        return self.pos_signal[:n], self.step_signal
+
+    def aux_loss(self) -> torch.Tensor:
+        """ACT's ponder cost of the last forward (0 without ACT): `train_trial` adds it to the loss."""
+        if self._ponder is None:
+            return torch.zeros(())
+        return self.cfg.act_penalty * self._ponder
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (B, n)
+        attention_mask: torch.Tensor | None = None,  # (B, n) bool, True at real tokens
+        trace: dict[str, torch.Tensor] | None = None,
+        select: torch.Tensor | None = None,  # (B, n) bool: decode only these positions
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        B, n = input_ids.shape
+        if n > cfg.max_len:
+            raise ValueError(f"sequence length {n} exceeds max_len={cfg.max_len}: raise max_len")
+        keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        pos, steps = self.signals(n)
+        x = self.tok_emb(input_ids)  # (B, n, d)
+        if cfg.norm == "post":
+            x = self.emb_ln(x)
+        x = self.drop(x)
+        if trace is not None:
+            trace["embed"] = x
+        scale = self.attn_scale()
+        if cfg.act:
+            x = self._act(x, keep, pos, steps, scale, trace)
+        else:
+            for t in range(cfg.n_steps):
+                x = self.layer(x + pos + steps[t], keep, scale, trace, f"layer{t}")  # (B, n, d)
+        if cfg.norm == "pre":
+            x = self.emb_ln(x)
+        return self.readout(x, select, trace)
+
+    def _act(self, x, keep, pos, steps, scale, trace) -> torch.Tensor:
+        """ACT over at most T steps (tensor2tensor's `ut_act`); every position runs every step, halted ones
+        keep their output. Sets the ponder cost (mean over real tokens of steps used + remainder)."""
+        B, n, _ = x.shape
+        halting = x.new_zeros(B, n)  # cumulative halting probability
+        remainders, updates = x.new_zeros(B, n), x.new_zeros(B, n)
+        out = torch.zeros_like(x)
+        mult = self.readout_mult() / self.cfg.output_mult  # μP: × d0/d like the decoder (1 when standard)
+        for t in range(self.cfg.n_steps):
+            x = x + pos + steps[t]
+            p = torch.sigmoid(self.halt(x * mult).squeeze(-1))  # (B, n)
+            running = (halting < 1.0).to(x.dtype)
+            total = halting + p * running
+            new_halted = (total > self.cfg.act_threshold).to(x.dtype) * running
+            running = (total <= self.cfg.act_threshold).to(x.dtype) * running
+            halting = halting + p * running
+            remainders = remainders + new_halted * (1 - halting)
+            halting = halting + new_halted * remainders
+            updates = updates + running + new_halted
+            weight = (p * running + new_halted * remainders)[..., None]  # (B, n, 1)
+            x = self.layer(x, keep, scale, trace, f"layer{t}")
+            out = x * weight + out * (1 - weight)
+        real = keep.to(x.dtype)
+        self._ponder = ((updates + remainders) * real).sum() / real.sum()
+        return out
