@@ -176,18 +176,43 @@ def cmd_transfer(args: argparse.Namespace) -> int:
         update["verify"] = None
     elif spec.verify is not None and spec.verify.width not in (None, *args.to):
         update["verify"] = spec.verify.model_copy(update={"width": None})  # verify at the widest target
+    spec = _validated({**spec.as_dict(), **{k: (v.model_dump(mode="json") if v else v) for k, v in update.items()}})
+    state = _run_with_progress(spec)
+    _print_summary(spec, state)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Run the local-optimality check around a finished study's centre (its tune and transfer are reused)."""
+    from workers.driver import studies_dir
+
+    path = studies_dir() / args.study / "artifacts" / "spec.yaml"
+    if not path.exists():
+        known = sorted(p.name for p in studies_dir().glob("*") if p.is_dir())
+        raise UsageError(f"no study {args.study!r} in {studies_dir()} (known studies: {known})")
+    spec = _load_spec(str(path))
+    overrides = {k: v for k, v in {"n_samples": args.samples, "delta": args.delta, "width": args.width,
+                                   "sampling": args.sampling, "centre_seeds": args.centre_seeds}.items()
+                 if v is not None}
+    if args.tolerance is not None:
+        overrides["tolerance"] = args.tolerance if args.tolerance == "seed_spread" else float(args.tolerance)
+    data = spec.as_dict()
+    data["verify"] = {**(data["verify"] or {}), **overrides}
+    spec = _validated(data)
+    state = _run_with_progress(spec)
+    _print_summary(spec, state)
+    return 0
+
+
+def _validated(data: dict):
     from pydantic import ValidationError
 
     from studies.spec import StudySpec
 
     try:
-        spec = StudySpec.model_validate({**spec.as_dict(), **{k: (v.model_dump(mode="json") if v else v)
-                                                              for k, v in update.items()}})
+        return StudySpec.model_validate(data)
     except ValidationError as exc:
         raise UsageError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
-    state = _run_with_progress(spec)
-    _print_summary(spec, state)
-    return 0
 
 
 def cmd_study_run(args: argparse.Namespace) -> int:
@@ -259,6 +284,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("file")
     run.add_argument("--study-id", default=None, help="resume this study id (default: name + spec hash)")
     run.set_defaults(func=cmd_study_run)
+
+    ve = sub.add_parser("verify", help="the 62-sample-style check around a finished study's transferred centre")
+    ve.add_argument("study", help="a finished study id (its tune and transfer phases are reused)")
+    ve.add_argument("--samples", type=int, default=None, help="N (default: ceil(ln α / ln(1-p)) = 59)")
+    ve.add_argument("--delta", type=float, default=None, help="half-width δ of the neighbourhood, in (0, 1)")
+    ve.add_argument("--width", type=int, default=None, help="verify width (default: the widest transfer width)")
+    ve.add_argument("--sampling", choices=["linear", "log"], default=None)
+    ve.add_argument("--centre-seeds", type=int, default=None, help="seeds of the centre (seed noise)")
+    ve.add_argument("--tolerance", default=None, help="'seed_spread' or a relative tolerance such as 0.004")
+    ve.set_defaults(func=cmd_verify)
 
     rep = sub.add_parser("report", help="print a finished study's Markdown report")
     rep.add_argument("study", help="study id")

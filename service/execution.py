@@ -30,6 +30,7 @@ from typing import Any
 import ray
 
 from service import ray_head
+from service.control import DriverRunning
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,6 @@ NAMESPACE = "ptctl"
 
 def actor_name(study_id: str) -> str:
     return f"ptctl-driver-{study_id}"
-
-
-class DriverRunning(Exception):
-    """A driver actor for this study is still alive (HTTP 409)."""
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -88,6 +85,8 @@ class RayExecutor:
             if address is None:
                 head = ray_head.ensure(self.settings.data_dir, self.settings.ray_num_cpus)
                 ray_head.use_token(head.token_path)
+                # Ray reads RAY_AUTH_MODE when it is imported; re-read it (as Ray's own _enable_token_auth does)
+                ray._raylet.Config.initialize("")
                 address = head.address
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING,
                      configure_logging=False)

@@ -9,7 +9,8 @@ the record, checks that the head's processes are still there, and reuses it.
 Token authentication (Ray 2.60 turns it on by default): the head gets `RAY_AUTH_MODE=token` and
 `RAY_AUTH_TOKEN_PATH=<data dir>/ray/auth_token` (a random token made once, mode 0600), and so does
 every process that connects (`use_token`). The user's own `~/.ray/auth_token` is neither read nor
-written. The head listens on 127.0.0.1 only, on free ports (other Ray clusters may share the machine).
+written. The head takes free ports (other Ray clusters may share the machine); Ray binds its GCS and
+raylet to every interface whatever `--node-ip-address` says, so the token is what keeps others out.
 
 Only this head is ever stopped (`stop`, by its process group), never with `ray stop`, which kills
 every Ray process of the user. This module runs Ray's CLI as a subprocess and imports no Ray.
@@ -144,7 +145,7 @@ def _start(data_dir: Path, num_cpus: int) -> Head:
     env.pop("RAY_AUTH_TOKEN", None)
     env.pop("RAY_ADDRESS", None)
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port=0", f"--num-cpus={num_cpus}",
-           "--disable-usage-stats", "--include-dashboard=false", "--node-ip-address=127.0.0.1",
+           "--disable-usage-stats", "--include-dashboard=false",
            f"--temp-dir={tmp}", f"--dashboard-port={_free_port()}",
            f"--dashboard-agent-listen-port={_free_port()}"]
     log.info("starting the embedded Ray head: %s", " ".join(cmd))

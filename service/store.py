@@ -77,7 +77,10 @@ class Study:
 
     @classmethod
     def of(cls, row: StudyRow) -> Study:
-        return cls(**{f: getattr(row, f) for f in cls.__dataclass_fields__})
+        values = {f: getattr(row, f) for f in cls.__dataclass_fields__}
+        for f in ("created_at", "updated_at"):  # SQLite returns naive datetimes; they are UTC
+            values[f] = values[f].replace(tzinfo=values[f].tzinfo or dt.UTC)
+        return cls(**values)
 
 
 class NotFound(LookupError):

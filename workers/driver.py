@@ -51,10 +51,15 @@ def default_study_id(spec: StudySpec) -> str:
     return f"{spec.name}-{spec.content_hash()[:10]}"
 
 
-def tune_key(spec: StudySpec) -> str:
-    """What the tune phase depends on: equal keys give equal tune phases (reused by `ptctl transfer`)."""
+REUSABLE = {"tune": ("model", "data", "train", "space", "tune"),
+            "transfer": ("model", "data", "train", "space", "tune", "transfer")}
+
+
+def phase_key(spec: StudySpec, phase: str) -> str:
+    """What a reusable phase depends on: equal keys give equal results, so a finished phase of another
+    study is reused (`ptctl transfer` to new widths reuses tune; `ptctl verify` reuses tune and transfer)."""
     d = spec.as_dict()
-    part = {k: d[k] for k in ("model", "data", "train", "space", "tune")}
+    part = {"phase": phase, **{k: d[k] for k in REUSABLE[phase]}}
     return hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -127,33 +132,37 @@ class StudyDriver:
         self.tracker.finish(run)
         self.state.phases[phase] = {"status": "done", **result}
         self._save()
+        if phase in REUSABLE:
+            _write_json(self._index_path(), {**self._index(), phase_key(self.spec, phase): self.study_id})
         self.emit("phase_done", {"phase": phase, **result})
 
     # ------------------------------------------------------------------ phases
+    def _trials_or_reuse(self, phase: str, planned: list[dict] | None = None) -> tuple[pd.DataFrame, str | None]:
+        """The phase's trial table: copied from an identical finished phase of another study, else run."""
+        source = self._reusable(phase)
+        if source is None:
+            return self._run_trials(phase, planned), None
+        shutil.copy(source / "artifacts" / f"{phase}_trials.csv", self.art / f"{phase}_trials.csv")
+        self.tracker.set_tags(self._phase_run(phase), {"reused_from": source.name})
+        return self.table(phase), source.name
+
     def phase_tune(self) -> dict[str, Any]:
-        source = self._reusable_tune()
-        if source is not None:
-            shutil.copy(source / "artifacts" / "tune_trials.csv", self.art / "tune_trials.csv")
-            table = self.table("tune")
-            self.tracker.set_tags(self._phase_run("tune"), {"reused_from": source.name})
-        else:
-            table = self._run_trials("tune")
+        table, source = self._trials_or_reuse("tune")
         best = best_hparams(self.spec, table)
         plot_tune_history(table, self.art / "tune_history.png")
         done = table[table.status == "completed"]
         result = {"best_hparams": best, "best_eval_loss": float(done.eval_loss.min()),
                   "n_trials": len(table), "n_diverged": int((table.status == "diverged").sum()),
-                  "reused_from": source.name if source else None}
+                  "reused_from": source}
         self._finish_phase("tune", result, [self.art / "tune_history.png"])
-        _write_json(self._tune_index_path(), {**self._tune_index(), tune_key(self.spec): self.study_id})
         return result
 
     def phase_transfer(self) -> dict[str, Any]:
-        table = self._run_trials("transfer", transfer_trials(self.spec, self.centre()))
+        table, source = self._trials_or_reuse("transfer", transfer_trials(self.spec, self.centre()))
         summary = transfer_table(table)
         plot_transfer(table, self.art / "transfer.png")
         summary.to_csv(self.art / "transfer_summary.csv", index=False)
-        result = {"widths": summary.to_dict(orient="records")}
+        result = {"widths": summary.to_dict(orient="records"), "reused_from": source}
         self._finish_phase("transfer", result, [self.art / "transfer.png", self.art / "transfer_summary.csv"])
         return result
 
@@ -185,22 +194,23 @@ class StudyDriver:
     def centre(self) -> dict[str, float]:
         return self.state.phases["tune"]["best_hparams"]
 
-    # ------------------------------------------------------------------ tune reuse
-    def _tune_index_path(self) -> Path:
-        return studies_dir() / "tune_index.json"
+    # ------------------------------------------------------------------ reuse of finished phases
+    @staticmethod
+    def _index_path() -> Path:
+        return studies_dir() / "phase_index.json"
 
-    def _tune_index(self) -> dict[str, str]:
-        path = self._tune_index_path()
+    def _index(self) -> dict[str, str]:
+        path = self._index_path()
         return json.loads(path.read_text()) if path.exists() else {}
 
-    def _reusable_tune(self) -> Path | None:
-        other = self._tune_index().get(tune_key(self.spec))
+    def _reusable(self, phase: str) -> Path | None:
+        other = self._index().get(phase_key(self.spec, phase))
         if other is None or other == self.study_id:
             return None
         source = studies_dir() / other
         state = json.loads((source / "state.json").read_text()) if (source / "state.json").exists() else {}
-        done = state.get("phases", {}).get("tune", {}).get("status") == "done"
-        return source if done and (source / "artifacts" / "tune_trials.csv").exists() else None
+        done = state.get("phases", {}).get(phase, {}).get("status") == "done"
+        return source if done and (source / "artifacts" / f"{phase}_trials.csv").exists() else None
 
     # ------------------------------------------------------------------ the study
     def run(self) -> StudyState:

@@ -66,6 +66,14 @@ def test_all_phases_finish_with_artifacts(tiny_study):
     assert "centre" in (art / "report.md").read_text()
 
 
+def test_verify_cli_reuses_tune_and_transfer(tiny_study, capsys):
+    from service.cli import main
+
+    assert main(["verify", "e2e", "--samples", "3", "--delta", "0.2", "--centre-seeds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "reused from e2e" in out and "of 3 samples beat it" in out
+
+
 def test_identical_tune_phase_is_reused(tiny_study):
     from workers.driver import run_study
 
@@ -112,9 +120,13 @@ def test_diverging_trial_is_recorded_and_study_completes(data_dir):
     # the first TPE point is the space's default: an absurd learning rate that must diverge
     data["space"]["lr"] = {"low": 1e-3, "high": 1e6, "log": True, "default": 1e6}
     data["verify"] = None
+    data["validate"] = {"widths": [16, 32], "lrs": [1e-3, 1e-2, 1e-1], "steps": 10}
     spec = StudySpec.model_validate(data)
     state = run_study(spec, "diverge")
     assert state.status == "succeeded"
+    drift = state.phases["validate"]["lr_drift"]  # the μTransfer sweep ran under both parametrizations
+    assert {o["parametrization"] for o in drift["optima"]} == {"mup", "standard"}
+    assert (data_dir / "studies" / "diverge" / "artifacts" / "mutransfer.png").stat().st_size > 0
     trials = pd.read_csv(data_dir / "studies" / "diverge" / "artifacts" / "tune_trials.csv")
     assert (trials.status == "diverged").any()
     diverged = _runs("diverge", spec.experiment_name())["trial"]
