@@ -177,6 +177,10 @@ def cmd_transfer(args: argparse.Namespace) -> int:
     elif spec.verify is not None and spec.verify.width not in (None, *args.to):
         update["verify"] = spec.verify.model_copy(update={"width": None})  # verify at the widest target
     spec = _validated({**spec.as_dict(), **{k: (v.model_dump(mode="json") if v else v) for k, v in update.items()}})
+    if args.server:
+        from service.cli_remote import submit_and_watch
+
+        return submit_and_watch(args.server, spec)
     state = _run_with_progress(spec)
     _print_summary(spec, state)
     return 0
@@ -277,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="study spec YAML (default: the CPU demo)")
     tr.add_argument("--trials", type=int, default=None, help="tune trials (default: the spec's)")
     tr.add_argument("--verify", action="store_true", help="run the local-optimality check at the widest target")
+    tr.add_argument("--server", default=None, help="submit the study to this ptctl API and follow it live "
+                    "(token: $PTCTL_TOKEN) instead of running it here")
     tr.set_defaults(func=cmd_transfer)
 
     st = sub.add_parser("study", help="studies").add_subparsers(dest="study_command", required=True)
@@ -284,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("file")
     run.add_argument("--study-id", default=None, help="resume this study id (default: name + spec hash)")
     run.set_defaults(func=cmd_study_run)
+    from service.cli_remote import add_commands  # study submit|list|show|trials|report|cancel|resume, serve
+
+    add_commands(sub, st)
 
     ve = sub.add_parser("verify", help="the 62-sample-style check around a finished study's transferred centre")
     ve.add_argument("study", help="a finished study id (its tune and transfer phases are reused)")

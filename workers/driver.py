@@ -132,7 +132,7 @@ class StudyDriver:
         self.tracker.finish(run)
         self.state.phases[phase] = {"status": "done", **result}
         self._save()
-        if phase in REUSABLE:
+        if phase in REUSABLE and not result.get("reused_from"):  # the index names the study that ran it
             _write_json(self._index_path(), {**self._index(), phase_key(self.spec, phase): self.study_id})
         self.emit("phase_done", {"phase": phase, **result})
 

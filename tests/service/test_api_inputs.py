@@ -1,0 +1,180 @@
+"""Bad input never yields a 5xx: the API in-process (no Ray: a fake executor), malformed and invalid
+bodies, unknown ids, illegal state changes, and a hypothesis fuzz over the OpenAPI operations."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from service.app import create_app
+from service.settings import Settings
+from studies import load_catalog
+from tests.service.conftest import FakeExecutor
+
+TINY = load_catalog("tiny").as_dict()
+LIMIT = 20_000
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    executor = FakeExecutor()
+    app = create_app(Settings(data_dir=tmp_path_factory.mktemp("api-data"), max_body_bytes=LIMIT), executor)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        client.executor = executor
+        yield client
+
+
+def _post(api, body: bytes | str, content_type: str = "application/json", **headers):
+    return api.post("/studies", content=body, headers={"Content-Type": content_type, **headers})
+
+
+def test_valid_json_and_yaml_are_accepted(api):
+    created = _post(api, json.dumps(TINY))
+    assert created.status_code == 201 and created.headers["location"] == f"/studies/{created.json()['id']}"
+    assert created.json()["status"] == "running" and created.json()["id"] in api.executor.launched
+    assert _post(api, load_catalog("tiny").to_yaml(), "application/yaml").status_code == 201
+
+
+def test_idempotency_key_returns_the_same_study_and_starts_it_once(api):
+    first = _post(api, json.dumps(TINY), **{"Idempotency-Key": "retry-me"})
+    again = _post(api, json.dumps(TINY), **{"Idempotency-Key": "retry-me"})
+    assert (first.status_code, again.status_code) == (201, 200) and first.json()["id"] == again.json()["id"]
+    assert api.executor.launched.count(first.json()["id"]) == 1
+    other = copy.deepcopy(TINY) | {"description": "changed"}
+    clash = _post(api, json.dumps(other), **{"Idempotency-Key": "retry-me"})
+    assert clash.status_code == 409 and "another spec" in clash.json()["detail"]
+
+
+@pytest.mark.parametrize(("body", "content_type", "code", "message"), [
+    (b'{"name": "x",', "application/json", 400, "malformed JSON"),
+    (b"name: [unclosed", "application/yaml", 400, "malformed YAML"),
+    (b"\xff\xfe", "application/yaml", 400, "not UTF-8"),
+    (b"[1, 2]", "application/json", 422, "StudySpec object"),
+    (b"<spec/>", "application/xml", 415, "application/yaml"),
+    (b'{"tune": {"base_width": NaN}}', "application/json", 400, "finite number"),
+    (b"tune: {base_width: .inf}", "application/yaml", 422, "finite number"),
+    (b"[" * 5000 + b"]" * 5000, "application/json", 400, "malformed"),
+])
+def test_malformed_bodies_are_4xx_with_a_useful_message(api, body, content_type, code, message):
+    response = _post(api, body, content_type)
+    assert response.status_code == code and message in json.dumps(response.json()), response.text
+
+
+def _invalid(path: tuple, value):
+    data = copy.deepcopy(TINY)
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize(("data", "loc", "words"), [
+    (_invalid(("tune", "base_width"), "wide"), ["body", "tune", "base_width"], "valid integer"),
+    (_invalid(("train", "unknown_knob"), 1), ["body", "train", "unknown_knob"], "Extra inputs"),
+    (_invalid(("transfer", "widths"), [8]), ["body"], "must be > tune.base_width"),
+    ({k: v for k, v in TINY.items() if k != "tune"}, ["body", "tune"], "Field required"),
+])
+def test_invalid_specs_are_422_with_the_field_path(api, data, loc, words):
+    response = _post(api, json.dumps(data))
+    assert response.status_code == 422
+    errors = response.json()["detail"]
+    assert any(e["loc"] == loc and words in e["msg"] for e in errors), errors
+
+
+def test_oversized_bodies_are_413(api):
+    big = json.dumps(TINY | {"description": "x" * LIMIT})
+    assert _post(api, big).status_code == 413
+    streamed = api.post("/studies", content=(big[i:i + 1000].encode() for i in range(0, len(big), 1000)),
+                        headers={"Content-Type": "application/json"})
+    assert streamed.status_code == 413, streamed.text
+
+
+def test_unknown_ids_404_and_illegal_changes_409(api):
+    for method, path in (("GET", "/studies/nope"), ("GET", "/studies/nope/trials"), ("GET", "/studies/nope/report"),
+                         ("POST", "/studies/nope/cancel"), ("POST", "/studies/nope/resume")):
+        response = api.request(method, path)
+        assert response.status_code == 404 and "nope" in response.json()["detail"]
+    study = _post(api, json.dumps(TINY)).json()["id"]
+    assert api.post(f"/studies/{study}/resume").status_code == 409  # running: nothing to resume
+    assert api.get(f"/studies/{study}/report").status_code == 409  # not finished
+    assert api.post(f"/studies/{study}/cancel").json()["status"] == "cancelled"
+    conflict = api.post(f"/studies/{study}/cancel")
+    assert conflict.status_code == 409 and "is cancelled" in conflict.json()["detail"]
+    assert api.get("/studies", params={"status": "finished"}).status_code == 422
+    assert api.get("/studies", params={"limit": 0}).status_code == 422
+
+
+# ---------------------------------------------------------------------------------- fuzz
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids, max_size=3),
+                    max_leaves=8)
+
+
+def _paths(data, prefix=()):
+    yield prefix
+    if isinstance(data, dict):
+        for k, v in data.items():
+            yield from _paths(v, (*prefix, k))
+
+
+SPEC_PATHS = [p for p in _paths(TINY) if p]
+
+
+@st.composite
+def spec_bodies(draw):
+    """Valid tiny spec with one field replaced, removed, or an unknown one added; or any JSON."""
+    kind = draw(st.sampled_from(["replace", "remove", "add", "any"]))
+    if kind == "any":
+        return draw(JSON)
+    data = copy.deepcopy(TINY)
+    path = draw(st.sampled_from(SPEC_PATHS))
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    if kind == "replace":
+        node[path[-1]] = draw(JSON)
+    elif kind == "remove":
+        del node[path[-1]]
+    elif isinstance(node[path[-1]], dict):
+        node[path[-1]][draw(st.text(min_size=1, max_size=8))] = draw(JSON)
+    return data
+
+
+@st.composite
+def requests(draw, operations):
+    method, path, op = draw(st.sampled_from(operations))
+    url = path.replace("{study_id}", draw(st.text(st.characters(codec="ascii", exclude_characters="/?#%"),
+                                                  min_size=1, max_size=12)))
+    params = {p["name"]: draw(st.one_of(st.integers(-5, 10**12), st.text(max_size=6)))
+              for p in op.get("parameters", []) if p["in"] == "query" and draw(st.booleans())}
+    headers = {"Idempotency-Key": draw(st.text(st.characters(codec="ascii", min_codepoint=33), max_size=300))}
+    body, content_type = None, None
+    if "requestBody" in op:
+        content_type = draw(st.sampled_from(["application/json", "application/yaml", "text/plain"]))
+        data = draw(spec_bodies())
+        dump = json.dumps(data) if content_type != "application/yaml" else yaml.safe_dump(data)
+        body = draw(st.sampled_from([dump, dump[: len(dump) // 2]]))
+        headers["Content-Type"] = content_type
+    return method.upper(), url, params, headers, body
+
+
+def test_fuzzed_requests_never_get_a_5xx(api):
+    schema = api.get("/openapi.json").json()
+    operations = [(m, p, op) for p, item in schema["paths"].items() for m, op in item.items()]
+    assert {("post", "/studies"), ("get", "/studies/{study_id}")} <= {(m, p) for m, p, _ in operations}
+
+    @settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(requests(operations))
+    def check(request):
+        method, url, params, headers, body = request
+        response = api.request(method, url, params=params, headers=headers, content=body)
+        assert response.status_code < 500, (method, url, params, body, response.text)
+
+    check()
