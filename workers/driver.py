@@ -25,7 +25,9 @@ from analysis import (
     Certificate,
     LRDrift,
     certify,
+    compare_table,
     lr_drift,
+    plot_compare,
     plot_mutransfer,
     plot_transfer,
     plot_tune_history,
@@ -33,11 +35,20 @@ from analysis import (
     render_report,
     transfer_table,
 )
-from studies.plan import best_hparams, transfer_trials, validate_trials, verify_trials
+from studies.plan import (
+    best_hparams,
+    compare_stages,
+    compare_trials,
+    compare_widths,
+    transfer_trials,
+    validate_trials,
+    verify_trials,
+)
 from studies.spec import StudySpec
-from workers.data import data_dir
+from workers.data import DataConfig, data_dir
 from workers.ray_runner import MlflowTrials, run_phase
 from workers.tracking import Tracker
+from workers.train import load_data
 
 log = logging.getLogger(__name__)
 Event = Callable[[str, dict[str, Any]], None]
@@ -132,6 +143,7 @@ class StudyDriver:
         self.tracker.finish(run)
         self.state.phases[phase] = {"status": "done", **result}
         self._save()
+        log.info("%s: %s phase done", self.study_id, phase)
         if phase in REUSABLE and not result.get("reused_from"):  # the index names the study that ran it
             _write_json(self._index_path(), {**self._index(), phase_key(self.spec, phase): self.study_id})
         self.emit("phase_done", {"phase": phase, **result})
@@ -142,6 +154,7 @@ class StudyDriver:
         source = self._reusable(phase)
         if source is None:
             return self._run_trials(phase, planned), None
+        log.info("%s: reusing the identical %s phase of study %s", self.study_id, phase, source.name)
         shutil.copy(source / "artifacts" / f"{phase}_trials.csv", self.art / f"{phase}_trials.csv")
         self.tracker.set_tags(self._phase_run(phase), {"reused_from": source.name})
         return self.table(phase), source.name
@@ -183,9 +196,45 @@ class StudyDriver:
         self._finish_phase("validate", {"lr_drift": drift.model_dump()}, [self.art / "mutransfer.png"])
         return drift.model_dump()
 
+    def phase_compare(self) -> dict[str, Any]:
+        """Tune the study's model at its proxy width and each baseline at every budget (one restorable Tune
+        experiment per stage, recorded in the state as it finishes), then train every family at every budget."""
+        spec, c = self.spec, self.spec.compare
+        vocab = load_data(DataConfig(**spec.data.model_dump(mode="json"))).vocab_size  # the real one, not the cap
+        done = self.state.phases.setdefault("compare", {}).setdefault("stages", {})
+        tune_tables = []
+        for stage in compare_stages(spec, vocab):
+            name, sub = stage["name"], stage["spec"]
+            tags = {"phase": "compare", "stage": f"tune-{name}", "family": stage["family"], "budget": stage["budget"]}
+            path = self.art / f"compare_tune_{name}.csv"
+            if name not in done:
+                callback = MlflowTrials(sub, self.study_id, "tune", self._phase_run("compare"), self.tracker.uri, tags)
+                callback.notify = lambda info: self.emit("trial_done", info)
+                table = run_phase(sub, "tune", self.dir / "ray" / "compare-tune" / name, callback)
+                table.assign(**{k: v for k, v in tags.items() if k != "phase"}).to_csv(path, index=False)
+                done[name] = {"best_hparams": best_hparams(sub, table), "width": stage["width"]}
+                self._save()
+            tune_tables.append(pd.read_csv(path))
+        pd.concat(tune_tables, ignore_index=True).to_csv(self.art / "compare_tune_trials.csv", index=False)
+        best = {name: info["best_hparams"] for name, info in done.items()}
+        table = self._run_trials("compare", compare_trials(spec, vocab, best))
+        summary = compare_table(table)
+        summary.to_csv(self.art / "compare_summary.csv", index=False)
+        plot_compare(table, self.art / "compare.png")
+        result = {"vocab_size": vocab, "widths": compare_widths(spec, vocab), "stages": done,
+                  "summary": summary.to_dict(orient="records"), "budgets": c.budgets, "tokens": c.tokens}
+        files = [self.art / n for n in ("compare.png", "compare_summary.csv", "compare_tune_trials.csv")]
+        self._finish_phase("compare", result, files)
+        return result
+
     def planned_count(self, phase: str) -> int:
         spec = self.spec
-        counts = {"tune": spec.tune.num_trials, "transfer": len(spec.transfer.widths) * spec.transfer.seeds,
+        if phase == "compare":
+            c = spec.compare
+            finals = (1 + len(c.baselines)) * len(c.budgets) * c.seeds
+            return spec.tune.num_trials + sum(b.num_trials for b in c.baselines) * len(c.budgets) + finals
+        counts = {"tune": spec.tune.num_trials,
+                  "transfer": len(spec.transfer.widths) * spec.transfer.seeds if spec.transfer else 0,
                   "verify": (spec.verify.centre_seeds + spec.verify.resolved_n_samples()) if spec.verify else 0,
                   "validate": (len(spec.validate_.parametrizations) * len(spec.validate_.widths)
                                * len(spec.validate_.lrs) * spec.validate_.seeds) if spec.validate_ else 0}
@@ -243,11 +292,19 @@ class StudyDriver:
         cert = self.state.phases.get("verify", {}).get("certificate")
         drift = self.state.phases.get("validate", {}).get("lr_drift")
         plots = {p: f"{name}.png" for p, name in (("tune", "tune_history"), ("transfer", "transfer"),
-                                                  ("verify", "verify"), ("validate", "mutransfer"))
+                                                  ("verify", "verify"), ("validate", "mutransfer"),
+                                                  ("compare", "compare"))
                  if (self.art / f"{name}.png").exists()}
-        study = {"name": self.spec.name, "study_id": self.study_id, "model": self.spec.model.family,
-                 "base_width": self.spec.tune.base_width, "widths": self.spec.transfer.widths,
-                 "budget": f"{self.spec.train.steps} steps × batch {self.spec.train.batch_size}"}
+        spec = self.spec
+        study = {"name": spec.name, "study_id": self.study_id, "model": spec.model.family,
+                 "base_width": spec.tune.base_width, "widths": spec.transfer.widths if spec.transfer else None,
+                 "budget": f"{spec.train.steps} steps × batch {spec.train.batch_size}"}
+        if spec.compare is not None:
+            study.update(families=[spec.model.family, *(b.model.family for b in spec.compare.baselines)],
+                         budgets=spec.compare.budgets, tokens=spec.compare.tokens,
+                         budget=f"{spec.steps_for('compare')} steps × batch {spec.train.batch_size}",
+                         widths={f: info["widths"] for f, info in
+                                 self.state.phases.get("compare", {}).get("widths", {}).items()})
         text = render_report(study=study, tables=tables, certificate=Certificate(**cert) if cert else None,
                              lr_drift=LRDrift(**drift) if drift else None, plots=plots)
         path = self.art / "report.md"
