@@ -31,7 +31,7 @@ def test_unknown_key_lists_valid_keys():
 
 def test_unknown_model_name():
     with pytest.raises(ValueError, match="'pt'"):
-        build_model("bert", vocab_size=10)
+        build_model("gpt-9", vocab_size=10)
 
 
 @pytest.mark.parametrize(

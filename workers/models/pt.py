@@ -243,35 +243,37 @@ class ProbabilisticTransformer(nn.Module):
 
     # ---------------------------------------------------------------------------------------
     def _head_scores(self, q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
-        """F[b,c,i,j] = Σ_k M[k,i,j] <q_k[i], k_k[j]>.  q, k: (B, K, h, n, r) → (B, h, n, n)."""
-        F_ = torch.where(o.far_neg, q[:, 0] @ k[:, 0].transpose(-1, -2), 0.0)
+        """F[b,c,i,j] = Σ_k M[k,i,j] <q_k[i], k_k[j]>.  q, k: (B, n, K, h, r) → (B, h, n, n)."""
+        far = q[:, :, 0].transpose(1, 2) @ k[:, :, 0].permute(0, 2, 3, 1)  # (B, h, n, n)
+        F_ = torch.where(o.far_neg, far, 0.0)
         if o.far_pos is not None:
-            F_ = F_ + torch.where(o.far_pos, q[:, -1] @ k[:, -1].transpose(-1, -2), 0.0)
+            far = q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1)
+            F_ = F_ + torch.where(o.far_pos, far, 0.0)
         if o.k.numel():
-            vals = (q[:, o.k, :, o.i] * k[:, o.k, :, o.j]).sum(-1)  # (P, B, h) near-diagonal scores
+            vals = (q[:, o.i, o.k] * k[:, o.j, o.k]).sum(-1)  # (B, P, h) near-diagonal scores
             Bsz, h, n, _ = F_.shape
-            flat = F_.reshape(Bsz, h, n * n).index_add(-1, o.i * n + o.j, vals.permute(1, 2, 0))
-            F_ = flat.view(Bsz, h, n, n)
+            F_ = F_.reshape(Bsz, h, n * n).index_add(-1, o.i * n + o.j, vals.transpose(1, 2)).view(Bsz, h, n, n)
         return F_
 
     def _gather(self, A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> torch.Tensor:
-        """ctx[b,k,c,i] = Σ_j A[c,i,j]·M[k,i,j]·x_k[j]   (transpose: Σ_j A[c,j,i]·M[k,j,i]·x_k[j]).
+        """ctx[b,i,k,c] = Σ_j A[c,i,j]·M[k,i,j]·x_k[j]   (transpose: Σ_j A[c,j,i]·M[k,j,i]·x_k[j]).
 
-        A: (B, h, n, n); x: (B, K, h, n, r) → (B, K, h, n, r).
+        A: (B, h, n, n); x: (B, n, K, h, r) → (B, n, K, h, r), laid out for one GEMM back to d.
         """
         At = A.transpose(-1, -2) if transpose else A
         ctx = torch.zeros_like(x)
-        ctx[:, 0] = torch.where(o.far_neg.T if transpose else o.far_neg, At, 0.0) @ x[:, 0]
+        far = torch.where(o.far_neg.T if transpose else o.far_neg, At, 0.0) @ x[:, :, 0].transpose(1, 2)
+        ctx[:, :, 0] = far.transpose(1, 2)  # (B, h, n, r) → (B, n, h, r)
         if o.far_pos is not None:
-            ctx[:, -1] = torch.where(o.far_pos.T if transpose else o.far_pos, At, 0.0) @ x[:, -1]
+            far = torch.where(o.far_pos.T if transpose else o.far_pos, At, 0.0) @ x[:, :, -1].transpose(1, 2)
+            ctx[:, :, -1] = far.transpose(1, 2)
         if o.k.numel():
             # near pairs (k, i dependent, j head): the receiver is i (dep) or j (head)
             recv, send = (o.j, o.i) if transpose else (o.i, o.j)
             a = A[:, :, o.i, o.j]  # (B, h, P)
-            vals = a.permute(2, 0, 1)[..., None] * x[:, o.k, :, send]  # (P, B, h, r)
-            Bsz, K, h, n, r = x.shape
-            flat = ctx.permute(1, 3, 0, 2, 4).reshape(K * n, Bsz, h, r).index_add(0, o.k * n + recv, vals)
-            ctx = flat.view(K, n, Bsz, h, r).permute(2, 0, 3, 1, 4)
+            vals = a.transpose(1, 2)[..., None] * x[:, send, o.k]  # (B, P, h, r)
+            Bsz, n, K, h, r = x.shape
+            ctx = ctx.view(Bsz, n * K, h, r).index_add(1, recv * K + o.k, vals).view(Bsz, n, K, h, r)
         return ctx
 
     def forward(
@@ -290,6 +292,10 @@ class ProbabilisticTransformer(nn.Module):
         pad = ~attention_mask  # (B, n)
         o = self._offsets_for(n, input_ids.device)
         U, V = self.factors()  # (K, h, d, r)
+        # all buckets and channels side by side: one GEMM each way per iteration
+        Wu = U.permute(2, 0, 1, 3).reshape(d, -1)  # (d, K·h·r)
+        Wv = V.permute(2, 0, 1, 3).reshape(d, -1)
+        qk_shape = (Bsz, n, *U.shape[:2], U.shape[-1])  # (B, n, K, h, r)
 
         X = self.unary(input_ids).masked_fill(pad[..., None], 0.0)  # (B, n, d)
         invalid = torch.eye(n, dtype=torch.bool, device=X.device) | pad[:, None, :, None] | pad[:, None, None, :]
@@ -311,18 +317,18 @@ class ProbabilisticTransformer(nn.Module):
             A = torch.softmax(uniform.masked_fill(invalid, NEG), -1)
         for t in range(cfg.n_iter):
             P = torch.softmax(L_z, -1).masked_fill(pad[..., None], 0.0) * z_scale  # (B, n, d)
-            q = torch.einsum("bnd,khdr->bkhnr", P, U)  # (B, K, h, n, r)
-            k = torch.einsum("bnd,khdr->bkhnr", P, V)
+            q = (P @ Wu).view(qk_shape)  # (B, n, K, h, r)
+            k = (P @ Wv).view(qk_shape)
             L_h = (cfg.w_H * h_scale) * self._head_scores(q, k, o)  # (B, h, n, n)
             L_h = L_h.masked_fill(invalid, NEG)
             A_new = self.drop(torch.softmax(L_h, -1))
             A_msg = A_new if cfg.async_update else A
-            ctx_dep = self._gather(A_msg, k, o, transpose=False)  # (B, K, h, n, r)
-            msg_dep = torch.einsum("bkhnr,khdr->bnd", ctx_dep, U)  # G_dep (B, n, d)
+            ctx_dep = self._gather(A_msg, k, o, transpose=False)  # (B, n, K, h, r)
+            msg_dep = ctx_dep.view(Bsz, n, -1) @ Wu.T  # G_dep (B, n, d)
             msg = cfg.w_unary * X + cfg.w_dep * msg_dep
             if not cfg.block_msg:
                 ctx_head = self._gather(A_msg, q, o, transpose=True)
-                msg_head = torch.einsum("bkhnr,khdr->bnd", ctx_head, V)  # G_head (B, n, d)
+                msg_head = ctx_head.view(Bsz, n, -1) @ Wv.T  # G_head (B, n, d)
                 msg = msg + cfg.w_head * msg_head
             if cfg.topic == "single_split":
                 L_g = (cfg.w_topic * g_scale) * (P @ self.B.T)  # (B, n, m) topic logits
