@@ -11,7 +11,7 @@ One row per trial (a training run of one hparam configuration at one width):
 column              type     meaning
 ==================  =======  ================================================================
 trial_id            str      unique id of the trial
-phase               str      ``tune`` | ``transfer`` | ``verify`` | ``validate``
+phase               str      ``tune`` | ``transfer`` | ``verify`` | ``validate`` | ``compare``
 width               int      the model's width (for PT, ``d``, the number of Z labels)
 seed                int      the training seed
 status              str      ``completed`` | ``diverged`` | ``stopped`` (early, by the scheduler)
@@ -25,7 +25,12 @@ is_centre           bool     verify phase only: True for the runs of the unpertu
                              (run with several seeds), False for the perturbed samples
 parametrization     str      ``mup`` | ``standard`` (validate phase)
 lr, w_H, ...        float    one column per hparam; the default set is ``HPARAMS``:
-                             ``lr, w_H, w_topic, w_unary, w_dep, w_head, w_topic_z``
+                             ``lr, w_H, w_topic, w_unary, w_dep, w_head, w_topic_z`` (PT);
+                             BERT and UT have ``lr, init_std, output_mult, attn_mult``
+family              str      compare phase: the model family (``pt``, ``bert``, ``ut``)
+budget              float    compare phase: the parameter count the width was solved for
+role                str      compare phase: ``transferred`` (tuned once at a proxy) or ``tuned``
+train_flops         float    compare phase: training FLOPs computed from the shapes
 ==================  =======  ================================================================
 
 A run is judged *diverged* when its status is ``diverged`` or its ``eval_loss`` is not finite;
@@ -39,10 +44,12 @@ and ``rms`` its root-mean-square at that step (rows repeated over seeds are aver
 
 Modules: ``certificate`` (the verify phase's local-optimality certificate), ``distance``
 (relative distance from the centre), ``transfer`` (per-width summary, lr drift), ``coord``
-(coordinate-check slopes, verdict, plot), ``plots`` (the study's figures), ``report`` (Markdown).
+(coordinate-check slopes, verdict, plot), ``plots`` (the study's figures), ``compare`` (families at
+equal parameter budgets: table and figure), ``report`` (Markdown).
 """
 
 from analysis.certificate import Certificate, certify, confidence, min_samples, upper_bound, verify_losses
+from analysis.compare import compare_table, plot_compare
 from analysis.coord import CoordOffence, CoordVerdict, coord_slopes, coord_verdict, plot_coord
 from analysis.distance import relative_distance
 from analysis.plots import plot_mutransfer, plot_transfer, plot_tune_history, plot_verify
@@ -60,6 +67,7 @@ __all__ = [
     "LRDrift",
     "LROptimum",
     "certify",
+    "compare_table",
     "confidence",
     "coord_slopes",
     "coord_verdict",
@@ -68,6 +76,7 @@ __all__ = [
     "lr_optima",
     "markdown_table",
     "min_samples",
+    "plot_compare",
     "plot_coord",
     "plot_mutransfer",
     "plot_transfer",

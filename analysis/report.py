@@ -10,10 +10,11 @@ import numpy as np
 import pandas as pd
 
 from analysis.certificate import Certificate
+from analysis.compare import compare_table
 from analysis.table import HPARAMS, PHASES, STATUSES, judged_loss, phase_rows
 from analysis.transfer import LRDrift, transfer_table
 
-SUMMARY_KEYS: tuple[str, ...] = ("model", "base_width", "widths", "budget")
+SUMMARY_KEYS: tuple[str, ...] = ("model", "base_width", "widths", "budget", "families", "budgets", "tokens")
 """The spec keys echoed in the report's summary, when the study dict has them."""
 
 
@@ -74,6 +75,8 @@ def render_report(
         sections["verify"] = [_verify_section(certificate)]
     if lr_drift is not None:
         sections["validate"] = [_validate_section(lr_drift)]
+    if "compare" in tables:
+        sections["compare"] = [_compare_section(tables["compare"])]
     for name, path in plots.items():
         sections.setdefault(name if name in PHASES else "figures", []).append(f"![{name}]({path})")
     parts = [title, "## spec", "\n".join(summary) or "_no spec summary given_"]
@@ -93,6 +96,18 @@ def _tune_section(table: pd.DataFrame, hparams: Sequence[str], top: int = 5) -> 
     columns = [c for c in ("trial_id", "width", "status", "eval_loss", *hparams) if c in best.columns]
     top_table = markdown_table(best[columns])
     return f"{len(rows)} trials: {count_line}.\n\nTop {len(best)} by eval loss:\n\n{top_table}"
+
+
+def _compare_section(table: pd.DataFrame) -> str:
+    """Per budget, each family's width, counted parameters, training FLOPs and eval loss over seeds."""
+    summary = compare_table(table)
+    summary["eval_loss"] = [f"{m:.4f} ± {s:.4f}" if np.isfinite(s) else (f"{m:.4f}" if np.isfinite(m) else "—")
+                            for m, s in zip(summary["eval_loss_mean"], summary["eval_loss_std"], strict=True)]
+    columns = ["budget", "family", "role", "width", "params", "train_flops", "n_seeds", "n_diverged", "eval_loss",
+               "eval_loss_min", "eval_loss_max", "rank"]
+    note = ("Parameters are the models' own counts (`sum(p.numel())`); training FLOPs are matmul FLOPs from the "
+            "shapes, 3 × forward (`studies.budget`). eval_loss: mean ± std over seeds.")
+    return f"{note}\n\n{markdown_table(summary[columns])}"
 
 
 def _verify_section(cert: Certificate) -> str:

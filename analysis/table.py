@@ -13,7 +13,7 @@ import pandas as pd
 HPARAMS: tuple[str, ...] = ("lr", "w_H", "w_topic", "w_unary", "w_dep", "w_head", "w_topic_z")
 """The seven transferred hparams: `lr` plus PT's six information weights (PT spec §3.2)."""
 
-PHASES: tuple[str, ...] = ("tune", "transfer", "verify", "validate")
+PHASES: tuple[str, ...] = ("tune", "transfer", "verify", "validate", "compare")
 STATUSES: tuple[str, ...] = ("completed", "diverged", "stopped", "failed")
 
 

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from typing import Annotated, Any
@@ -28,6 +29,7 @@ from service.control import Control
 from service.progress import phase_progress, read_state, redact_uri, trial_table
 from service.schemas import (
     Check,
+    MlflowInfo,
     Readiness,
     Report,
     Status,
@@ -41,6 +43,7 @@ from service.settings import Settings
 from service.store import Study
 from studies.spec import StudySpec
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 JSON_TYPES = ("application/json", "")
@@ -129,34 +132,41 @@ def list_studies(request: Request, status_: Annotated[Status | None, Query(alias
     return StudyPage(items=[summary(s) for s in items], total=total, limit=limit, offset=offset)
 
 
+def _observed(request: Request, study: Study, fresh: bool = False
+              ) -> tuple[dict[str, Any], list[dict[str, Any]], MlflowInfo]:
+    """The study folder's state.json, its MLflow trial rows (cached unless `fresh`) and its MLflow ids;
+    with MLflow unreachable, no rows and no ids."""
+    mlflow = _control(request).mlflow
+    state = read_state(_settings(request).data_dir / "studies" / study.id)
+    try:
+        return state, mlflow.live(study.spec, study.id, state, fresh), mlflow.info(study.spec, state)
+    except Exception as exc:  # a read must not fail because MLflow is away: say so instead
+        log.warning("MLflow look-up for %s failed: %s", study.id, exc)
+        info = MlflowInfo(tracking_uri=redact_uri(mlflow.uri(study.spec)), experiment=mlflow.experiment(study.spec),
+                          runs=state.get("runs") or {}, detail=f"MLflow unreachable: {type(exc).__name__}")
+        return state, [], info
+
+
 @router.get("/studies/{study_id}", response_model=StudyDetail, tags=["studies"], dependencies=[Read],
             responses={404: {}})
 def get_study(request: Request, study_id: str) -> StudyDetail:
-    control = _control(request)
-    study = control.store.get(study_id)
+    study = _control(request).store.get(study_id)
+    state, live, info = _observed(request, study)
     folder = _settings(request).data_dir / "studies" / study.id
-    state = read_state(folder)
-    phases = StudySpec.model_validate(study.spec).phases()
-    current = study.phase if study.status == "running" else None
-    progress = phase_progress(folder, phases, state, study.planned, current)
+    progress = phase_progress(folder, study.spec, state, study.planned, live)
     tune = state.get("phases", {}).get("tune", {})
     return StudyDetail(**summary(study).model_dump(), spec=study.spec, progress=progress,
-                       best_hparams=tune.get("best_hparams"), mlflow=control.mlflow.info(study.spec, state))
+                       best_hparams=tune.get("best_hparams"), mlflow=info)
 
 
 @router.get("/studies/{study_id}/trials", response_model=TrialTable, tags=["studies"], dependencies=[Read],
             responses={404: {}})
 def get_trials(request: Request, study_id: str) -> TrialTable:
     """The trial table: one row per trial."""
-    control = _control(request)
-    study = control.store.get(study_id)
+    study = _control(request).store.get(study_id)
+    state, live, _ = _observed(request, study, fresh=True)  # every run id, even of a trial that just ended
     folder = _settings(request).data_dir / "studies" / study.id
-    state = read_state(folder)
-    rows = trial_table(folder, StudySpec.model_validate(study.spec).phases(), state)
-    if rows and "study" in state.get("runs", {}):
-        runs = control.mlflow.trial_runs(study.spec, study.id)
-        rows = [{**r, "mlflow_run_id": runs.get(r["trial_id"])} for r in rows]
-    return TrialTable(study_id=study.id, trials=rows)
+    return TrialTable(study_id=study.id, trials=trial_table(folder, study.spec, state, live))
 
 
 @router.get("/studies/{study_id}/report", response_model=Report, tags=["studies"], dependencies=[Read],

@@ -9,7 +9,7 @@ the driver outlives the API process: a restarted API finds it again by name (`al
 
 Status reporting: the actor writes to the study store itself (same SQLAlchemy URL, handed to `run`):
 the current phase and its planned trial count at each phase start, `succeeded` at the end, `failed`
-with the error's last line if the driver raises. The API writes `running`, `cancelled` and
+with the error (type and message) if the driver raises. The API writes `running`, `cancelled` and
 `interrupted` (a study whose driver actor is gone; see `reconcile`). Status changes are conditional
 updates (`store.py`), so a cancel racing the driver's last write ends in exactly one of the two.
 

@@ -43,6 +43,7 @@ def log_config(level: str = "INFO") -> dict[str, Any]:
         "formatters": {"plain": {"format": fmt}},
         "handlers": {"stderr": handler},
         "root": {"handlers": ["stderr"], "level": level},
-        "loggers": {name: {"handlers": [], "level": level, "propagate": True}
-                    for name in ("uvicorn", "uvicorn.error", "uvicorn.access")},
+        "loggers": {**{name: {"handlers": [], "level": level, "propagate": True}
+                       for name in ("uvicorn", "uvicorn.error", "uvicorn.access")},
+                    **{name: {"level": "WARNING"} for name in ("alembic", "httpx")}},  # per-request chatter
     }

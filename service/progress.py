@@ -1,15 +1,16 @@
-"""What a study has done so far, read from its folder and from MLflow (never from Ray).
+"""What a study has done so far: finished phases from its folder, the running phase from MLflow.
 
-The study folder is written by `workers/driver.py` (`<data dir>/studies/<id>/`):
-- `state.json`: finished phases with their results, and the MLflow run ids of the study and phases;
-- `artifacts/<phase>_trials.csv`: a finished phase's trial table (authoritative once it exists);
-- `ray/<phase>/<trial dir>/`: the running phase's Ray Tune trials: `params.json` (the config),
-  `result.json` (one JSON line per report; the last has `done: true` when the trial ended, and a
-  `status` unless ASHA stopped it early), `error.txt` if it raised.
+- `<data dir>/studies/<id>/state.json` (written by `workers/driver.py`): finished phases with their
+  results, and the MLflow run ids of the study and of each phase;
+- `artifacts/<phase>_trials.csv`: a finished phase's trial table, authoritative once it exists;
+- the running phase: its MLflow trial runs (tags `phase`, `status` = running | completed | stopped |
+  diverged | failed, `trial_key`; metric `eval_loss`), written live by the driver's Tune callback.
+  Ray Tune's own result files are no use here: Tune stages them on the driver's node and copies them
+  into the study folder only at its experiment checkpoints.
 
-Counting from these files keeps `GET /studies/{id}` to local file reads (no MLflow round trip,
-which the latency target of the benchmark would not survive); MLflow is asked once per experiment
-for its id, and by `trials` for the run id of each trial.
+An MLflow search takes 30–50 ms, too slow for every `GET /studies/{id}`: `MlflowView.live` keeps each
+study's trial runs in memory and refreshes them in the background once they are older than `ttl`
+seconds (stale-while-revalidate), so a read waits for MLflow only the first time it sees a study.
 """
 
 from __future__ import annotations
@@ -19,12 +20,27 @@ import json
 import math
 import re
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from analysis import PHASES
 from service.schemas import MlflowInfo, PhaseProgress, finite
+from studies.spec import StudySpec
 
 FINISHED = ("completed", "stopped", "diverged", "failed")
+
+
+def spec_phases(spec: dict[str, Any]) -> list[str]:
+    """The phases a stored spec runs (`StudySpec.phases`); a spec stored under an older schema that no
+    longer validates still shows: then every phase with a section in it."""
+    try:
+        return StudySpec.model_validate(spec).phases()
+    except ValidationError:
+        return [p for p in PHASES if spec.get(p) is not None]
 
 
 def redact_uri(uri: str) -> str:
@@ -33,110 +49,85 @@ def redact_uri(uri: str) -> str:
 
 
 def read_state(folder: Path) -> dict[str, Any]:
-    path = folder / "state.json"
     try:
-        return json.loads(path.read_text())
+        return json.loads((folder / "state.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):  # not started yet, or caught mid-write elsewhere
         return {}
 
 
-def _last_line(path: Path) -> dict[str, Any] | None:
+def _done(state: dict[str, Any], folder: Path, phase: str) -> Path | None:
+    """The finished phase's trial table, if the phase is finished."""
+    path = folder / "artifacts" / f"{phase}_trials.csv"
+    return path if state.get("phases", {}).get(phase, {}).get("status") == "done" and path.exists() else None
+
+
+def _float(text: Any) -> float | None:
     try:
-        lines = path.read_bytes().rstrip().rsplit(b"\n", 1)
-        return json.loads(lines[-1]) if lines[-1] else None
-    except (FileNotFoundError, json.JSONDecodeError):
+        value = float(text)
+    except (TypeError, ValueError):
         return None
+    return value if math.isfinite(value) else None
 
 
-def trial_key(config: dict[str, Any], trial_id: str) -> str:
-    """A Tune trial's key: the planned trial's (grid phases) or `tune-<id>` (the rule of ray_runner.planned_trial)."""
-    planned = config.get("trial")
-    return planned["trial_key"] if isinstance(planned, dict) else f"tune-{trial_id}"
-
-
-def live_trials(folder: Path, phase: str) -> list[dict[str, Any]]:
-    """The running phase's trials from its Tune folder: key, status, eval loss, steps, hparams."""
-    rows = []
-    for params in sorted((folder / "ray" / phase).glob("*/params.json")):
-        trial_dir = params.parent
-        try:
-            config = json.loads(params.read_text())
-        except json.JSONDecodeError:
-            continue
-        last = _last_line(trial_dir / "result.json") or {}
-        trial_id = last.get("trial_id") or trial_dir.name.split("_")[2]
-        if (trial_dir / "error.txt").exists():
-            status = "failed"
-        elif last.get("done"):
-            status = last.get("status") or "stopped"
-        else:
-            status = "running"
-        planned = config.get("trial") if isinstance(config.get("trial"), dict) else {}
-        rows.append({"trial_id": trial_key(config, trial_id), "phase": phase, "status": status,
-                     "width": planned.get("width"), "seed": planned.get("seed"),
-                     "eval_loss": last.get("eval_loss") if status in ("completed", "stopped") else None,
-                     "steps": last.get("step", 0), **(planned.get("hparams") or config)})
-    return rows
-
-
-def _csv_rows(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _count(statuses_losses: list[tuple[str, float | None]], status: str, planned: int | None) -> PhaseProgress:
-    count = {s: sum(1 for st, _ in statuses_losses if st == s) for s in (*FINISHED, "running")}
-    losses = [x for st, x in statuses_losses if st == "completed" and x is not None and math.isfinite(x)]
+def _count(rows: list[dict[str, Any]], status: str, planned: int | None) -> PhaseProgress:
+    count = {s: sum(1 for r in rows if r["status"] == s) for s in (*FINISHED, "running")}
+    losses = [x for r in rows if r["status"] == "completed" and (x := _float(r.get("eval_loss"))) is not None]
     return PhaseProgress(status=status, planned=planned, done=count["completed"] + count["stopped"],
                          running=count["running"], failed=count["failed"], diverged=count["diverged"],
                          best_eval_loss=min(losses) if losses else None)
 
 
-def _float(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def phase_progress(folder: Path, phases: list[str], state: dict[str, Any], planned: dict[str, int],
-                   current: str | None) -> dict[str, PhaseProgress]:
-    """Per phase: finished ones from their CSV, the current one from its Tune folder."""
+def phase_progress(folder: Path, spec: dict[str, Any], state: dict[str, Any], planned: dict[str, int],
+                   live: list[dict[str, Any]]) -> dict[str, PhaseProgress]:
+    """Per phase: finished ones from their CSV, the others from their live MLflow trial runs."""
     out = {}
-    for phase in phases:
-        csv_path = folder / "artifacts" / f"{phase}_trials.csv"
-        if state.get("phases", {}).get(phase, {}).get("status") == "done" and csv_path.exists():
-            rows = [(r["status"], _float(r["eval_loss"])) for r in _csv_rows(csv_path)]
+    for phase in spec_phases(spec):
+        if table := _done(state, folder, phase):
+            with open(table, newline="") as f:
+                rows = list(csv.DictReader(f))
             out[phase] = _count(rows, "done", planned.get(phase, len(rows)))
-        elif phase == current or (folder / "ray" / phase).is_dir():
-            rows = [(r["status"], r["eval_loss"]) for r in live_trials(folder, phase)]
-            out[phase] = _count(rows, "running", planned.get(phase))
         else:
-            out[phase] = PhaseProgress(status="pending", planned=planned.get(phase))
+            rows = [r for r in live if r["phase"] == phase]
+            out[phase] = _count(rows, "running" if rows or phase in planned else "pending", planned.get(phase))
     return out
 
 
-def trial_table(folder: Path, phases: list[str], state: dict[str, Any]) -> list[dict[str, Any]]:
-    """Finished phases' rows (their CSVs) and the running phase's live rows, NaN as None."""
+def trial_table(folder: Path, spec: dict[str, Any], state: dict[str, Any],
+                live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Finished phases' rows (their CSVs) and the other phases' live rows, each with its MLflow run id."""
     import pandas as pd  # only here: the trial table needs typed columns
 
+    runs = {r["trial_id"]: r["mlflow_run_id"] for r in live}
     rows: list[dict[str, Any]] = []
-    for phase in phases:
-        csv_path = folder / "artifacts" / f"{phase}_trials.csv"
-        if state.get("phases", {}).get(phase, {}).get("status") == "done" and csv_path.exists():
-            rows += pd.read_csv(csv_path).to_dict(orient="records")
-        elif (folder / "ray" / phase).is_dir():
-            rows += live_trials(folder, phase)
+    for phase in spec_phases(spec):
+        if table := _done(state, folder, phase):
+            rows += [{**r, "mlflow_run_id": runs.get(r["trial_id"])}
+                     for r in pd.read_csv(table).to_dict(orient="records")]
+        else:
+            rows += [r for r in live if r["phase"] == phase]
     return [finite(r) for r in rows]
 
 
-class MlflowView:
-    """MLflow look-ups for the API, through `workers.tracking.Tracker` (one per experiment, cached)."""
+def _row(run) -> dict[str, Any]:
+    """One MLflow trial run as a trial-table row."""
+    tags, metrics = run.data.tags, run.data.metrics
+    as_int = lambda v: int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else None
+    return {"trial_id": tags.get("trial_key"), "phase": tags.get("phase"), "status": tags.get("status", "running"),
+            "width": as_int(tags.get("width")), "seed": as_int(tags.get("seed")),
+            "eval_loss": metrics.get("eval_loss"), "lr": _float(run.data.params.get("lr")),
+            "mlflow_run_id": run.info.run_id}
 
-    def __init__(self, default_uri: str) -> None:
-        self.default_uri = default_uri
+
+class MlflowView:
+    """MLflow look-ups for the API through `workers.tracking.Tracker` (one per experiment, cached)."""
+
+    def __init__(self, default_uri: str, ttl: float = 2.0) -> None:
+        self.default_uri, self.ttl = default_uri, ttl
         self._trackers: dict[tuple[str, str], Any] = {}
+        self._live: dict[str, tuple[float, list[dict[str, Any]]]] = {}  # study id → (fetched at, rows)
+        self._refreshing: set[str] = set()
         self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ptctl-mlflow")
 
     def uri(self, spec: dict[str, Any]) -> str:
         return spec["resources"]["tracking"]["tracking_uri"] or self.default_uri
@@ -146,7 +137,7 @@ class MlflowView:
         return spec["resources"]["tracking"]["experiment"] or spec["name"]
 
     def tracker(self, spec: dict[str, Any]):
-        """The study's Tracker; only call once the driver made the experiment (Tracker creates missing ones)."""
+        """The study's Tracker; only once the driver made the experiment (a Tracker creates a missing one)."""
         from workers.tracking import Tracker
 
         key = (self.experiment(spec), self.uri(spec))
@@ -164,12 +155,38 @@ class MlflowView:
             info.links = {k: redact_uri(tracker.link(v)) for k, v in runs.items()}
         return info
 
-    def trial_runs(self, spec: dict[str, Any], study_id: str) -> dict[str, str]:
-        """trial key → MLflow run id."""
-        return {r.data.tags.get("trial_key"): r.info.run_id for r in self.tracker(spec).runs(study_id, "trial")}
+    def _fetch(self, spec: dict[str, Any], study_id: str) -> list[dict[str, Any]]:
+        rows = [_row(r) for r in self.tracker(spec).runs(study_id, "trial")]
+        with self._lock:
+            self._live[study_id] = (time.monotonic(), rows)
+            self._refreshing.discard(study_id)
+        return rows
+
+    def _refresh(self, spec: dict[str, Any], study_id: str) -> None:
+        try:
+            self._fetch(spec, study_id)
+        except Exception:  # MLflow briefly unreachable: keep the old rows, try again on a later read
+            with self._lock:
+                self._refreshing.discard(study_id)
+
+    def live(self, spec: dict[str, Any], study_id: str, state: dict[str, Any],
+             fresh: bool = False) -> list[dict[str, Any]]:
+        """The study's MLflow trial runs as rows, at most about `ttl` s old, or asked now if `fresh`
+        ([] before the driver logged anything)."""
+        if "study" not in state.get("runs", {}):
+            return []
+        if fresh:
+            return self._fetch(spec, study_id)
+        with self._lock:
+            cached = self._live.get(study_id)
+            stale = cached is not None and time.monotonic() - cached[0] > self.ttl
+            if stale and study_id not in self._refreshing:
+                self._refreshing.add(study_id)
+                self._pool.submit(self._refresh, spec, study_id)
+        return cached[1] if cached is not None else self._fetch(spec, study_id)
 
     def mark_cancelled(self, spec: dict[str, Any], study_id: str) -> None:
-        """Close the runs a killed driver left open: KILLED, trials tagged `status=cancelled`."""
+        """Close the runs a killed driver left open: KILLED, trials and the study tagged `status=cancelled`."""
         tracker = self.tracker(spec)
         for kind in ("trial", "phase", "study"):
             for run in tracker.runs(study_id, kind):
@@ -178,3 +195,5 @@ class MlflowView:
                 if kind != "phase":
                     tracker.set_tags(run.info.run_id, {"status": "cancelled"})
                 tracker.finish(run.info.run_id, "KILLED")
+        with self._lock:
+            self._live.pop(study_id, None)

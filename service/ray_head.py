@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -184,11 +185,14 @@ def _kill_group(pgid: int, grace_s: float = 5.0) -> None:
 
 
 def stop(data_dir: Path) -> bool:
-    """Stop the embedded head of `data_dir` (and every study driver on it); False if none ran."""
+    """Stop the embedded head of `data_dir` (and every study driver on it); False if none ran.
+    Its Ray files stay under the data dir, or are removed with the head if they were in the /tmp fallback."""
     with _locked(data_dir):
         head = running(data_dir)
         _record(data_dir).unlink(missing_ok=True)
         if head is None:
             return False
         _kill_group(head.pgid)
+        if not Path(head.temp_dir).is_relative_to(data_dir):  # the short fallback under /tmp: ours alone
+            shutil.rmtree(head.temp_dir, ignore_errors=True)
         return True

@@ -17,9 +17,10 @@ Status = Literal["pending", "running", "succeeded", "failed", "cancelled", "inte
 
 class PhaseProgress(BaseModel):
     """One phase's trials. `done` = completed or early-stopped (ASHA); `running` = started, not finished
-    (after an interruption, the trials that were cut off and will rerun on resume)."""
+    (after an interruption: the trials that were cut off and rerun on resume). Finished phases count
+    their trial table; the others their MLflow trial runs, refreshed every ~2 s."""
 
-    status: Literal["pending", "running", "done"]
+    status: Literal["pending", "running", "done"] = Field(description="running: started, not finished")
     planned: int | None = Field(None, description="trials the driver planned (known once the phase started)")
     done: int = 0
     running: int = 0
@@ -34,6 +35,7 @@ class MlflowInfo(BaseModel):
     experiment_id: str | None = Field(None, description="None until the driver created the experiment")
     runs: dict[str, str] = Field(default_factory=dict, description='"study" and each phase → MLflow run id')
     links: dict[str, str] = Field(default_factory=dict, description="the same keys → MLflow UI addresses")
+    detail: str | None = Field(None, description="why the ids are missing, if MLflow could not be asked")
 
 
 class StudySummary(BaseModel):

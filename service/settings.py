@@ -21,20 +21,16 @@ This module imports only pydantic, so the CLI client loads it without Ray, MLflo
 from __future__ import annotations
 
 import ipaddress
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from workers.paths import data_dir
+
 Scope = Literal["read", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "admin")
-
-
-def _default_data_dir() -> Path:
-    # the rule of workers.data.data_dir(), which cannot be imported without torch
-    return Path(os.environ.get("PTCTL_DATA_DIR") or "~/.ptctl").expanduser()
 
 
 class Settings(BaseSettings):
@@ -42,7 +38,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PTCTL_", extra="ignore", frozen=True)
 
-    data_dir: Path = Field(default_factory=_default_data_dir)
+    data_dir: Path = Field(default_factory=data_dir)
     database_url: str | None = Field(None, description="SQLAlchemy URL; None: SQLite in the data dir")
     api_tokens: SecretStr | None = Field(None, description="admin:TOKEN,read:TOKEN (comma-separated)")
     host: str = "127.0.0.1"

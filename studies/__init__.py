@@ -9,11 +9,15 @@ fastapi), so the CLI and the API validate a spec without starting anything.
 
 from pathlib import Path
 
-from studies.space import HPARAMS, INFORMATION_WEIGHTS, Range, SearchSpace
+from studies.budget import forward_flops, param_count, train_flops, width_for_budget
+from studies.space import BASELINE_HPARAMS, HPARAMS, INFORMATION_WEIGHTS, BaselineSpace, Range, SearchSpace
 from studies.spec import (
     CATALOG_DIR,
     MODEL_FAMILIES,
     AshaSpec,
+    BaselineSpec,
+    BertArch,
+    CompareSpec,
     DataSpec,
     ModelSpec,
     PTArch,
@@ -23,6 +27,7 @@ from studies.spec import (
     TrainSpec,
     TransferSpec,
     TuneSpec,
+    UTArch,
     ValidateSpec,
     VerifySpec,
     width_error,
@@ -48,11 +53,16 @@ def load_catalog(name: str) -> StudySpec:
 
 
 __all__ = [
+    "BASELINE_HPARAMS",
     "CATALOG_DIR",
     "HPARAMS",
     "INFORMATION_WEIGHTS",
     "MODEL_FAMILIES",
     "AshaSpec",
+    "BaselineSpace",
+    "BaselineSpec",
+    "BertArch",
+    "CompareSpec",
     "DataSpec",
     "ModelSpec",
     "PTArch",
@@ -64,10 +74,15 @@ __all__ = [
     "TrainSpec",
     "TransferSpec",
     "TuneSpec",
+    "UTArch",
     "ValidateSpec",
     "VerifySpec",
     "catalog_names",
     "catalog_path",
+    "forward_flops",
     "load_catalog",
+    "param_count",
+    "train_flops",
     "width_error",
+    "width_for_budget",
 ]

@@ -3,7 +3,7 @@
 A planned trial is a dict with `trial_key` (stable across restarts: the MLflow run and the trial
 table row are keyed by it), `phase`, `width`, `seed`, `hparams` (all seven), `is_centre` and,
 for validate, `parametrization`. The engine turns each into a `TrialConfig` with
-`StudySpec.trial_config`.
+`StudySpec.trial_config`; a compare trial carries its own `config` (its family differs from the spec's).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import HPARAMS
 from analysis.table import judged_loss, phase_rows
+from studies.arch import rebase
+from studies.budget import train_flops, width_for_budget
 from studies.spec import StudySpec
 
 
@@ -57,7 +58,7 @@ def verify_trials(spec: StudySpec, centre: dict[str, float]) -> list[dict]:
     trials = [_trial("verify", f"centre-s{s}", width, v.seed + s, centre, is_centre=True)
               for s in range(v.centre_seeds)]
     rng = random.Random(v.seed)
-    searched = [h for h in HPARAMS if h in spec.space.searched()]
+    searched = list(spec.space.searched())  # in the family's hparam order
     for i in range(v.resolved_n_samples()):
         sample = dict(centre)
         for h in searched:
@@ -76,3 +77,90 @@ def validate_trials(spec: StudySpec, centre: dict[str, float]) -> list[dict]:
     return [_trial("validate", f"{p}-w{w}-lr{lr:.3g}-s{s}", w, s, {**centre, "lr": lr}, parametrization=p)
             for p in v.parametrizations for w in v.widths for lr in v.lrs for s in range(v.seeds)]
 
+
+
+# ----------------------------------------------------------------------------------------------- compare
+def compare_widths(spec: StudySpec, vocab_size: int) -> dict[str, dict[str, Any]]:
+    """Per family: its role, the solved width at each budget, and (the study's own model) the proxy width.
+
+    `{family: {"role": "transferred" | "tuned", "widths": [w per budget], "proxy_width": w0 | None}}`, the
+    study's model first; widths meet each budget within compare.tolerance (else a `ValueError` naming the fix).
+    """
+    c = spec.compare
+    if c is None:
+        raise ValueError("this study has no compare section: add one with budgets, tokens and baselines")
+    base = spec.tune.base_width
+
+    def solve(model, budget: float) -> int:
+        return width_for_budget(model.family, model.arch, budget, vocab_size, base, c.tolerance)
+
+    out = {spec.model.family: {"role": "transferred", "widths": [solve(spec.model, b) for b in c.budgets],
+                               "proxy_width": solve(spec.model, c.proxy())}}
+    for b in c.baselines:
+        out[b.model.family] = {"role": "tuned", "widths": [solve(b.model, x) for x in c.budgets], "proxy_width": None}
+    return out
+
+
+def compare_sub_spec(spec: StudySpec, family: str, width: int) -> StudySpec:
+    """The tune-only study one compare stage runs: `family` tuned at `width`, which becomes its μP base.
+
+    The study's own model keeps its arch, rebased to the proxy width (PT's sizes are given at the base width);
+    a baseline takes its entry's model, space and num_trials. Tune trials see compare.tune_tokens, and
+    `train.steps` is the final runs' (compare.tokens), so `trial_config(..., steps=None)` gives a final run.
+    """
+    c = spec.compare
+    data = spec.as_dict()
+    data.update(compare=None, transfer=None, verify=None, validate=None)
+    data["tune"] = {**data["tune"], "base_width": width, "steps": spec.steps_for("tune")}
+    data["train"] = {**data["train"], "steps": spec.steps_for("compare")}
+    if family == spec.model.family:
+        arch = rebase(spec.model.arch, spec.tune.base_width, width)
+        data["model"] = {**data["model"], "arch": arch.model_dump(mode="json")}
+    else:
+        entry = next((b for b in c.baselines if b.model.family == family), None)
+        if entry is None:
+            raise ValueError(f"family {family!r} is not in this compare study: choose one of "
+                             f"{[spec.model.family, *(b.model.family for b in c.baselines)]}")
+        data["model"] = entry.model.model_dump(mode="json")
+        data["space"] = entry.space.model_dump(mode="json")
+        data["tune"]["num_trials"] = entry.num_trials
+    return StudySpec.model_validate(data)
+
+
+def compare_stages(spec: StudySpec, vocab_size: int) -> list[dict[str, Any]]:
+    """The tune stages: the study's model once at its proxy width, each baseline at every budget's width."""
+    stages = []
+    for family, info in compare_widths(spec, vocab_size).items():
+        if info["role"] == "transferred":
+            points = [(spec.compare.proxy(), info["proxy_width"], "proxy")]
+        else:
+            points = [(budget, w, f"b{i}") for i, (budget, w) in enumerate(zip(spec.compare.budgets, info["widths"],
+                                                                                strict=True))]
+        stages += [{"name": f"{family}-{tag}", "family": family, "budget": budget, "width": width,
+                    "spec": compare_sub_spec(spec, family, width)} for budget, width, tag in points]
+    return stages
+
+
+def compare_trials(spec: StudySpec, vocab_size: int, best: dict[str, dict[str, float]]) -> list[dict]:
+    """The final runs: every family at every budget and seed, on compare.tokens tokens.
+
+    `best` maps stage name (`compare_stages`) → the stage's best hparams; the study's model uses its proxy
+    stage's hparams at every budget (zero-shot, μP base at the proxy width), each baseline its budget's own.
+    Each trial carries its full `config` (a trial config dict) and its computed `train_flops`.
+    """
+    c = spec.compare
+    trials = []
+    for family, info in compare_widths(spec, vocab_size).items():
+        for i, (budget, width) in enumerate(zip(c.budgets, info["widths"], strict=True)):
+            stage = f"{family}-proxy" if info["role"] == "transferred" else f"{family}-b{i}"
+            sub = compare_sub_spec(spec, family, info["proxy_width"] if info["role"] == "transferred" else width)
+            hparams = sub.space.complete(best[stage])
+            steps = spec.steps_for("compare")
+            flops = train_flops(family, sub.model.arch, width, vocab_size, spec.data.seq_len, spec.data.mask_rate,
+                                steps * spec.train.batch_size, sub.tune.base_width)
+            for seed in range(c.seeds):
+                trials.append(_trial("compare", f"{family}-b{i}-s{seed}", width, seed, hparams, family=family,
+                                     budget=budget, role=info["role"], tuned_at=stage, train_flops=flops,
+                                     parametrization=sub.model.parametrization,
+                                     config=sub.trial_config(width, hparams, seed, steps)))
+    return trials

@@ -1,31 +1,37 @@
-"""The search space of the seven transferred hparams: `lr` plus PT's six information weights.
+"""Search spaces: PT's seven transferred hparams (`lr` plus the six information weights), and the
+baselines' (BERT, UT): `lr`, `init_std`, `output_mult`, `attn_mult` (mup's usual knobs).
 
 Each hparam has a `Range` (bounds, log or linear, and the default value it takes when it is not
 searched); `SearchSpace.frozen` lists the hparams held at their default instead of being tuned.
 A study's tune phase searches `searched()`; every trial also receives `fixed()`; `defaults()` is
-the point the space is centred on (lr 1e-2, every information weight 1.0: the original PT).
+the point the space is centred on (PT: lr 1e-2, every information weight 1.0: the original PT).
+`space_class(family)` gives a model family's space.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from analysis import HPARAMS
 
-__all__ = ["HPARAMS", "INFORMATION_WEIGHTS", "Range", "SearchSpace", "check_hparam_names"]
+__all__ = ["BASELINE_HPARAMS", "HPARAMS", "INFORMATION_WEIGHTS", "BaselineSpace", "Range", "SearchSpace",
+           "check_hparam_names", "space_class", "validate_space"]
 
 INFORMATION_WEIGHTS: tuple[str, ...] = tuple(h for h in HPARAMS if h != "lr")
 """PT's six message scalings (PT spec §3.2): every hparam but `lr`."""
 
+BASELINE_HPARAMS: tuple[str, ...] = ("lr", "init_std", "output_mult", "attn_mult")
+"""The BERT and UT hparams: `lr` and the three multipliers of `workers/models/bert.py`."""
 
-def check_hparam_names(names: Any, where: str) -> None:
+
+def check_hparam_names(names: Any, where: str, valid: tuple[str, ...] = HPARAMS) -> None:
     """Raise a `ValueError` naming the unknown hparams in `names` and listing the valid ones."""
-    unknown = sorted(str(n) for n in names if n not in HPARAMS)
+    unknown = sorted(str(n) for n in names if n not in valid)
     if unknown:
-        raise ValueError(f"unknown hparam(s) {unknown} in {where}: valid ones are {list(HPARAMS)}")
+        raise ValueError(f"unknown hparam(s) {unknown} in {where}: valid ones are {list(valid)}")
 
 
 class Range(BaseModel):
@@ -79,11 +85,56 @@ def _weight_field(name: str, what: str) -> Any:
     return Field(default_factory=_weight, description=f"{name}: the scale of {what} (PT spec §3.2)")
 
 
-class SearchSpace(BaseModel):
-    """A `Range` per hparam (each optional: omitted ones take the documented default range)."""
+class _Space(BaseModel):
+    """What every family's space shares: validation of names and `frozen`, and the views of the ranges."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    HPARAMS: ClassVar[tuple[str, ...]] = ()
+    frozen: list[str]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _known_names(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            check_hparam_names([k for k in data if k != "frozen"], "space", cls.HPARAMS)
+        return data
+
+    @model_validator(mode="after")
+    def _check_frozen(self) -> _Space:
+        check_hparam_names(self.frozen, "space.frozen", self.HPARAMS)
+        repeated = sorted({n for n in self.frozen if self.frozen.count(n) > 1})
+        if repeated:
+            raise ValueError(f"space.frozen lists {repeated} more than once: list each hparam once")
+        if set(self.frozen) >= set(self.HPARAMS):
+            raise ValueError("space.frozen freezes every hparam, leaving nothing to tune: unfreeze one")
+        return self
+
+    def ranges(self) -> dict[str, Range]:
+        """Every hparam's range, in `HPARAMS` order."""
+        return {name: getattr(self, name) for name in self.HPARAMS}
+
+    def searched(self) -> dict[str, Range]:
+        """The ranges the tune phase searches: every hparam not in `frozen`, in `HPARAMS` order."""
+        return {name: r for name, r in self.ranges().items() if name not in self.frozen}
+
+    def fixed(self) -> dict[str, float]:
+        """The frozen hparams and the default values they are held at."""
+        return {name: float(r.default) for name, r in self.ranges().items() if name in self.frozen}
+
+    def defaults(self) -> dict[str, float]:
+        """The default point: every hparam at its range's default."""
+        return {name: float(r.default) for name, r in self.ranges().items()}
+
+    def complete(self, hparams: dict[str, float]) -> dict[str, float]:
+        """`hparams` with every missing hparam at its default (frozen ones included); unknown names raise."""
+        check_hparam_names(hparams, "the hparams given", self.HPARAMS)
+        return {**self.defaults(), **{k: float(v) for k, v in hparams.items()}}
+
+
+class SearchSpace(_Space):
+    """PT's space: a `Range` per hparam (each optional: omitted ones take the documented default range)."""
+
+    HPARAMS: ClassVar[tuple[str, ...]] = HPARAMS
     lr: Range = Field(
         default_factory=lambda: Range(low=1e-4, high=1e-1, log=True, default=1e-2),
         description="base learning rate of AdamW (μP scales it per parameter group)",
@@ -100,40 +151,48 @@ class SearchSpace(BaseModel):
         "when model.arch.topic is 'none' (those weights then have no effect)",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _known_names(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            check_hparam_names([k for k in data if k != "frozen"], "space")
-        return data
 
-    @model_validator(mode="after")
-    def _check_frozen(self) -> SearchSpace:
-        check_hparam_names(self.frozen, "space.frozen")
-        repeated = sorted({n for n in self.frozen if self.frozen.count(n) > 1})
-        if repeated:
-            raise ValueError(f"space.frozen lists {repeated} more than once: list each hparam once")
-        if set(self.frozen) >= set(HPARAMS):
-            raise ValueError("space.frozen freezes every hparam, leaving nothing to tune: unfreeze one")
-        return self
+class BaselineSpace(_Space):
+    """The BERT / UT space (`workers/models/bert.py`): lr, the init std and the output and attention multipliers.
 
-    def ranges(self) -> dict[str, Range]:
-        """Every hparam's range, in `HPARAMS` order."""
-        return {name: getattr(self, name) for name in HPARAMS}
+    Defaults: lr 3e-3 (Adam, small encoders), init_std 0.05 (BERT's 0.02 is ≈ 0.55/√768; at the widths of
+    a CPU study, ~100, the same fan-in-relative std is ≈ 0.05), both multipliers 1.
+    """
 
-    def searched(self) -> dict[str, Range]:
-        """The ranges the tune phase searches: every hparam not in `frozen`, in `HPARAMS` order."""
-        return {name: r for name, r in self.ranges().items() if name not in self.frozen}
+    HPARAMS: ClassVar[tuple[str, ...]] = BASELINE_HPARAMS
+    lr: Range = Field(
+        default_factory=lambda: Range(low=1e-4, high=1e-1, log=True, default=3e-3),
+        description="base learning rate of AdamW (μP scales the hidden group's by base_width/width)",
+    )
+    init_std: Range = Field(
+        default_factory=lambda: Range(low=0.005, high=0.5, log=True, default=0.05),
+        description="std of the embeddings and readout; hidden weights at base_width (μP: ∝ 1/√width above)")
+    output_mult: Range = Field(
+        default_factory=lambda: Range(low=0.1, high=10.0, log=True, default=1.0),
+        description="multiplier of the MLM logits (μP: output_mult · base_width/width)")
+    attn_mult: Range = Field(
+        default_factory=lambda: Range(low=0.25, high=4.0, log=True, default=1.0),
+        description="multiplier of the attention logits (μP: q·k/head_dim; standard: q·k/√head_dim)")
+    frozen: list[str] = Field(default_factory=list, description="hparams held at their default, e.g. [attn_mult]")
 
-    def fixed(self) -> dict[str, float]:
-        """The frozen hparams and the default values they are held at."""
-        return {name: float(r.default) for name, r in self.ranges().items() if name in self.frozen}
 
-    def defaults(self) -> dict[str, float]:
-        """The default point: every hparam at its range's default."""
-        return {name: float(r.default) for name, r in self.ranges().items()}
+SPACES: dict[str, type[_Space]] = {"pt": SearchSpace, "bert": BaselineSpace, "ut": BaselineSpace}
 
-    def complete(self, hparams: dict[str, float]) -> dict[str, float]:
-        """`hparams` with every missing hparam at its default (frozen ones included); unknown names raise."""
-        check_hparam_names(hparams, "the hparams given")
-        return {**self.defaults(), **{k: float(v) for k, v in hparams.items()}}
+
+def space_class(family: str) -> type[_Space]:
+    """The search-space class of model `family`."""
+    if family not in SPACES:
+        raise ValueError(f"no search space for model family {family!r}: choose one of {sorted(SPACES)}")
+    return SPACES[family]
+
+
+def validate_space(value: Any, family: str) -> _Space:
+    """`value` (None, a dict or a space) as `family`'s space; a space of another family is re-validated."""
+    cls = space_class(family)
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    return cls.model_validate(value)

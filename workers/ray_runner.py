@@ -55,7 +55,12 @@ def planned_trial(spec: StudySpec, phase: str, config: dict[str, Any], trial_id:
             "seed": spec.tune.seed, "hparams": hparams, "is_centre": False}
 
 
+COMPARE_KEYS = ("family", "budget", "role", "tuned_at", "train_flops")  # compare trials' extra table columns
+
+
 def trial_config(spec: StudySpec, trial: dict[str, Any]) -> dict[str, Any]:
+    if "config" in trial:  # a compare trial: its family's own config, planned by `studies.plan.compare_trials`
+        return trial["config"]
     return spec.trial_config(trial["width"], trial["hparams"], trial["seed"], spec.steps_for(trial["phase"]),
                              trial.get("parametrization"))
 
@@ -81,9 +86,11 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
 class MlflowTrials(tune.Callback):
     """Nested MLflow runs for the trials of one phase, written from the driver (one SQLite writer)."""
 
-    def __init__(self, spec: StudySpec, study_id: str, phase: str, phase_run: str, tracking_uri: str) -> None:
+    def __init__(self, spec: StudySpec, study_id: str, phase: str, phase_run: str, tracking_uri: str,
+                 tags: dict[str, Any] | None = None) -> None:
         self.spec_dict, self.study_id, self.phase = spec.as_dict(), study_id, phase
         self.phase_run, self.uri = phase_run, tracking_uri
+        self.tags = dict(tags or {})  # on every trial run; a "phase" here overrides `phase` (compare's tunes)
         self._tracker: Tracker | None = None
         self._runs: dict[str, str] = {}
         self.notify: Callable[[dict[str, Any]], None] | None = None  # told of each finished trial
@@ -102,7 +109,8 @@ class MlflowTrials(tune.Callback):
             spec = StudySpec.model_validate(self.spec_dict)
             planned = planned_trial(spec, self.phase, trial.config, trial.trial_id)
             tags = {"width": planned["width"], "seed": planned["seed"], "status": "running",
-                    "is_centre": planned["is_centre"], "ray_trial_id": trial.trial_id}
+                    "is_centre": planned["is_centre"], "ray_trial_id": trial.trial_id,
+                    **{k: planned[k] for k in ("family", "budget") if k in planned}, **self.tags}
             run = self.tracker.trial_run(self.study_id, self.phase, planned["trial_key"], self.phase_run,
                                          {k: str(v) for k, v in tags.items()})
             self.tracker.log_params(run, trial_config(spec, planned))
@@ -187,5 +195,5 @@ def trial_table(spec: StudySpec, phase: str, grid) -> pd.DataFrame:
                      "tokens": m.get("tokens", 0), "wall_time_s": m.get("wall_time_s", m.get("time_total_s")),
                      "params": m.get("params"), "is_centre": planned["is_centre"],
                      "parametrization": planned.get("parametrization", spec.model.parametrization),
-                     **planned["hparams"]})
+                     **{k: planned[k] for k in COMPARE_KEYS if k in planned}, **planned["hparams"]})
     return pd.DataFrame(rows).sort_values("trial_id", kind="stable").reset_index(drop=True)

@@ -19,7 +19,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
-from workers.data import data_dir
+from workers.paths import data_dir
 
 log = logging.getLogger(__name__)
 PARENT = "mlflow.parentRunId"

@@ -148,13 +148,14 @@ def spec_bodies(draw):
 
 
 @st.composite
-def requests(draw, operations):
+def requests(draw, operations, known_ids):
     method, path, op = draw(st.sampled_from(operations))
-    url = path.replace("{study_id}", draw(st.text(st.characters(codec="ascii", exclude_characters="/?#%"),
-                                                  min_size=1, max_size=12)))
+    any_id = st.text(st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="/?#%"), min_size=1,
+                     max_size=12)
+    url = path.replace("{study_id}", draw(st.sampled_from(known_ids) | any_id))
     params = {p["name"]: draw(st.one_of(st.integers(-5, 10**12), st.text(max_size=6)))
               for p in op.get("parameters", []) if p["in"] == "query" and draw(st.booleans())}
-    headers = {"Idempotency-Key": draw(st.text(st.characters(codec="ascii", min_codepoint=33), max_size=300))}
+    headers = {"Idempotency-Key": draw(st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=300))}
     body, content_type = None, None
     if "requestBody" in op:
         content_type = draw(st.sampled_from(["application/json", "application/yaml", "text/plain"]))
@@ -170,8 +171,11 @@ def test_fuzzed_requests_never_get_a_5xx(api):
     operations = [(m, p, op) for p, item in schema["paths"].items() for m, op in item.items()]
     assert {("post", "/studies"), ("get", "/studies/{study_id}")} <= {(m, p) for m, p, _ in operations}
 
+    known = [s["id"] for s in api.get("/studies").json()["items"]]  # the earlier tests' studies
+    assert known
+
     @settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(requests(operations))
+    @given(requests(operations, known))
     def check(request):
         method, url, params, headers, body = request
         response = api.request(method, url, params=params, headers=headers, content=body)

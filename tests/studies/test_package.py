@@ -7,6 +7,7 @@ from typing import get_args
 import pytest
 
 import studies
+from studies.arch import BertArch, UTArch
 from studies.spec import DataSpec as DataSpecModel
 from studies.spec import PTArch, TrainSpec
 from tests.studies._mirror import dataclass_defaults, local_constant, module_constant
@@ -15,6 +16,7 @@ FORBIDDEN = {"torch", "ray", "mlflow", "fastapi", "workers", "service"}
 NOT_IN_ARCH = {"vocab_size", "width", "base_width", "parametrization", "w_H", "w_topic", "w_unary", "w_dep",
                "w_head", "w_topic_z"}
 NOT_IN_TRAIN = {"model", "model_hp", "data", "lr", "seed"}
+NOT_IN_ENCODER_ARCH = {"vocab_size", "width", "base_width", "parametrization", "init_std", "output_mult", "attn_mult"}
 
 
 def _imported_roots(path: Path) -> set[str]:
@@ -48,8 +50,10 @@ def _defaults(model) -> dict[str, object]:
         (PTArch, "workers/models/pt.py", "PTConfig", NOT_IN_ARCH),
         (DataSpecModel, "workers/data.py", "DataConfig", set()),
         (TrainSpec, "workers/train.py", "TrialConfig", NOT_IN_TRAIN),
+        (BertArch, "workers/models/bert.py", "BertConfig", NOT_IN_ENCODER_ARCH),
+        (UTArch, "workers/models/universal.py", "UTConfig", NOT_IN_ENCODER_ARCH),
     ],
-    ids=["PTArch", "DataSpec", "TrainSpec"],
+    ids=["PTArch", "DataSpec", "TrainSpec", "BertArch", "UTArch"],
 )
 def test_sections_mirror_the_worker_dataclasses(model, relpath, cls, left_out):
     worker = {k: v for k, v in dataclass_defaults(relpath, cls).items() if k not in left_out}
@@ -68,3 +72,8 @@ def test_allowed_values_match_the_workers():
         assert set(get_args(data[name].annotation)) == set(module_constant("workers/data.py", const)), name
     assert set(get_args(TrainSpec.model_fields["schedule"].annotation)) == set(
         module_constant("workers/train.py", "SCHEDULES"))
+    for arch in (BertArch, UTArch):
+        assert set(get_args(arch.model_fields["norm"].annotation)) == set(module_constant("workers/models/bert.py",
+                                                                                            "NORMS"))
+    assert set(get_args(UTArch.model_fields["timing"].annotation)) == set(
+        module_constant("workers/models/universal.py", "TIMINGS"))

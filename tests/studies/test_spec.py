@@ -178,8 +178,8 @@ def test_verify_width_below_base_width():
 
 
 def test_unknown_model_family():
-    message = error_of(spec_dict(**{"model.family": "bert"}))
-    assert "model.family" in message and "'pt'" in message
+    message = error_of(spec_dict(**{"model.family": "gpt"}))
+    assert "model.family" in message and all(f"'{f}'" in message for f in ("pt", "bert", "ut"))
 
 
 def test_unknown_hparam_in_space_lists_the_valid_ones():

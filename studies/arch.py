@@ -1,0 +1,178 @@
+"""The model families' fixed architectures (`model.arch`) and `ModelSpec`, which picks one by `family`.
+
+Each arch mirrors its worker dataclass without importing it (`studies` imports no torch): `PTArch` ↔
+`workers.models.pt.PTConfig`, `BertArch` ↔ `workers.models.bert.BertConfig`, `UTArch` ↔
+`workers.models.universal.UTConfig`, each minus `vocab_size` (from `data`), `width`, `base_width` (from the
+phase and `tune`), `parametrization` (from `model`) and the family's hparams (from `space`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+ModelFamily = Literal["pt", "bert", "ut"]
+MODEL_FAMILIES: tuple[str, ...] = get_args(ModelFamily)  # later: tauformer
+Parametrization = Literal["mup", "standard"]
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+
+
+class PTArch(BaseModel):
+    """PT's fixed architecture: `PTConfig`'s fields except `vocab_size` (from `data`), `width`,
+    `base_width` (from the phase and `tune`), `parametrization` (from `model`) and the six
+    information weights (hparams, from `space`). Sizes are given at `tune.base_width`."""
+
+    model_config = _STRICT
+
+    n_channels: PosInt = Field(4, description="h at base_width (h ∝ d when paradigm is 'channels')")
+    rank: PosInt = Field(16, description="r at base_width (r ∝ d when paradigm is 'rank')")
+    n_iter: PosInt = Field(3, description="T, the MFVI iterations (parameters shared across them)")
+    gamma: NonNegInt = Field(3, description="distance clip γ; K = 2γ+2 buckets; 0 = one bucket")
+    decomposition: Literal["uv", "uvw", "none"] = Field("uv", description="ternary factor: UVᵀ, UVW, full T")
+    async_update: bool = Field(True, description="H, then Z from the new H; False: both from the last")
+    block_msg: bool = Field(False, description="drop the head-side message G_head (w_head is then inert)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="one rate, on H probabilities and on Z logits")
+    topic: Literal["none", "single_split"] = Field(
+        "none", description="topic variables (the FFN analogue); 'none' makes w_topic, w_topic_z inert")
+    n_topics: PosInt = Field(64, description="m at base_width (m ∝ d)")
+    paradigm: Literal["channels", "rank"] = Field("channels", description="how PT widens: h ∝ d, or r ∝ d")
+    tau_form: Literal["d_over_r", "base_normalized"] = Field(
+        "d_over_r", description="μP temperature τ = d/r, or (d/r)/(d0/r0) (PT spec §3.4, [R])")
+    output_init: Literal["inv_d", "inv_sqrt_d"] = Field(
+        "inv_d", description="μP decoder init std ∝ 1/d, or ∝ 1/√d (PT spec §3.3, [R])")
+    topic_coef: Literal["m_over_d", "one"] = Field(
+        "m_over_d", description="μP topic-logit coefficient m/d, or 1 (PT spec §3.5, [R])")
+    init_std_input: float = Field(1.0, gt=0, description="μP: std of S, width-independent")
+    init_std_hidden: float = Field(0.25, gt=0, description="μP: std of U, V, B = init_std_hidden / √d")
+    init_std_output: float = Field(
+        1.0, gt=0, description="μP: decoder std = init_std_output / √d0 · (d0/d, or √(d0/d))")
+    root: Literal[False] = Field(False, description="root-node variant (spec §2.4, SST): not implemented")
+
+    @field_validator("root", mode="before")
+    @classmethod
+    def _no_root(cls, value: Any) -> Any:
+        if value is not False:
+            raise ValueError("the root-node variant (PT spec §2.4) is not implemented: set root: false")
+        return value
+
+
+def width_error(arch: Arch, base_width: int, width: int, where: str) -> str | None:
+    """Why `width` cannot be built from `arch` tuned at `base_width` (None when it can; BERT and UT: any width).
+
+    `PTConfig`'s rule: the size the paradigm widens (n_channels for 'channels', rank for 'rank')
+    and, with topics, n_topics are given at base_width and must scale to an integer n·width/base_width.
+    """
+    if width < 1:
+        return f"{where}={width} must be a positive integer"
+    if not isinstance(arch, PTArch):
+        return None
+    scaled = ("n_channels" if arch.paradigm == "channels" else "rank",)
+    scaled += ("n_topics",) if arch.topic != "none" else ()
+    for name in scaled:
+        base = getattr(arch, name)
+        if (base * width) % base_width:
+            step = math.lcm(*(base_width // math.gcd(getattr(arch, n), base_width) for n in scaled))
+            return (f"{where}={width} is incompatible with tune.base_width={base_width}: model.arch.{name}="
+                    f"{base} would scale to {base * width / base_width:g}, not an integer; use widths that "
+                    f"are multiples of {step}, or change model.arch.{name}")
+    return None
+
+
+class _EncoderArch(BaseModel):
+    """What BERT and UT share (`workers/models/bert.py`): heads of a fixed size, GELU FFN, LN placement."""
+
+    model_config = _STRICT
+
+    head_dim: PosInt = Field(32, description="fixed head size; heads = round(width / head_dim), ∝ width")
+    ffn_mult: PosInt = Field(4, description="FFN width = ffn_mult · width")
+    max_len: PosInt = Field(512, description="position rows; must be >= data.seq_len (set it equal: no unused rows)")
+    norm: Literal["pre", "post"] = Field("pre", description="LayerNorm before each sublayer, or after (BERT)")
+
+
+class BertArch(_EncoderArch):
+    """BERT's fixed architecture (`BertConfig`'s fields but the derived ones and the hparams)."""
+
+    n_layers: PosInt = Field(2, description="Transformer layers")
+    tie_decoder: bool = Field(True, description="decoder weight = token embedding (BERT)")
+    mlm_transform: bool = Field(True, description="BERT's dense + GELU + LN before the decoder")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on embeddings, attention and sublayers")
+    zero_query: bool = Field(False, description="μP option: query projection initialised at zero")
+    zero_readout: bool = Field(False, description="μP option: an untied decoder initialised at zero")
+
+
+class UTArch(_EncoderArch):
+    """The Universal Transformer's fixed architecture (`UTConfig`'s fields but the derived ones and hparams)."""
+
+    n_steps: PosInt = Field(4, description="T, applications of the one shared layer (ACT's maximum)")
+    timing: Literal["sinusoidal", "learned"] = Field(
+        "sinusoidal", description="position and timestep signals: sinusoidal (UT paper) or learned tables")
+    act: bool = Field(False, description="adaptive computation time (halting per position)")
+    act_threshold: float = Field(0.99, gt=0.0, le=1.0, description="ACT halts past this cumulative probability")
+    act_penalty: float = Field(0.01, ge=0.0, description="τ, the ponder cost's weight in the loss")
+    tie_decoder: bool = Field(True, description="decoder weight = token embedding")
+    mlm_transform: bool = Field(True, description="BERT's dense + GELU + LN before the decoder")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on embeddings, attention and sublayers")
+    zero_query: bool = Field(False, description="μP option: query projection initialised at zero")
+    zero_readout: bool = Field(False, description="μP option: an untied decoder initialised at zero")
+
+
+ARCHS: dict[str, type[BaseModel]] = {"pt": PTArch, "bert": BertArch, "ut": UTArch}
+Arch = PTArch | BertArch | UTArch
+
+
+def width_step(arch: Arch, base_width: int) -> int:
+    """Widths `arch` builds at are the multiples of this (PT: its scaled sizes must stay integers; else 1)."""
+    if not isinstance(arch, PTArch):
+        return 1
+    scaled = ("n_channels" if arch.paradigm == "channels" else "rank",)
+    scaled += ("n_topics",) if arch.topic != "none" else ()
+    return math.lcm(*(base_width // math.gcd(getattr(arch, n), base_width) for n in scaled))
+
+
+def rebase(arch: Arch, base_width: int, new_base: int) -> Arch:
+    """`arch` with its sizes given at `new_base` instead of `base_width` (the same models at every width).
+
+    PT's scaled sizes are given at the base width (h = n_channels · width / base_width); moving the μP base
+    to `new_base` (a compatible width) rescales them. BERT and UT have no such sizes.
+    """
+    if not isinstance(arch, PTArch):
+        return arch
+    error = width_error(arch, base_width, new_base, "the new base width")
+    if error:
+        raise ValueError(error)
+    scaled = ("n_channels" if arch.paradigm == "channels" else "rank",)
+    scaled += ("n_topics",) if arch.topic != "none" else ()
+    return arch.model_copy(update={n: getattr(arch, n) * new_base // base_width for n in scaled})
+
+
+class ModelSpec(BaseModel):
+    """The model family, its parametrization and its fixed architecture (the arch class follows `family`)."""
+
+    model_config = _STRICT
+
+    family: ModelFamily = Field("pt", description=f"the model family, one of {list(MODEL_FAMILIES)}")
+    parametrization: Parametrization = Field("mup", description="'mup' (μP) or 'standard'")
+    arch: Arch = Field(None, validate_default=True,  # type: ignore[assignment]  (None: the family's defaults)
+                       description="the fixed architecture: PTArch, BertArch or UTArch by family")
+
+    @field_validator("arch", mode="wrap")
+    @classmethod
+    def _arch_of_family(cls, value: Any, handler: Any, info: ValidationInfo) -> Arch:
+        arch_cls = ARCHS[info.data.get("family", "pt")]
+        if value is None:
+            return arch_cls()
+        if isinstance(value, arch_cls):
+            return value
+        return arch_cls.model_validate(value.model_dump() if isinstance(value, BaseModel) else value)
+
+    @model_validator(mode="after")
+    def _mup_needs_uv(self) -> ModelSpec:
+        arch = self.arch
+        if isinstance(arch, PTArch) and self.parametrization == "mup" and arch.decomposition != "uv":
+            raise ValueError(f"model.arch.decomposition={arch.decomposition!r}: μP is specified for "
+                             "'uv' only (PT spec §3.1); use decomposition: uv or parametrization: standard")
+        return self

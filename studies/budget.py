@@ -1,0 +1,141 @@
+"""Parameter counts, FLOPs and the width-for-budget solver, computed from the architectures' shapes (no torch).
+
+`param_count` equals `sum(p.numel() for p in model.parameters())` of the model `build_model` makes (a tied
+decoder counted once); `tests/studies/test_budget.py` builds the models and checks it.
+
+FLOPs are the matmul FLOPs of the implementation as written (2 per multiply-add: every `nn.Linear`,
+`einsum` and `@`), the convention of Kaplan et al. and of `benchmarks/bench_pt.py`; elementwise work
+(softmax, LayerNorm, GELU, masking) is left out. Per sequence of n tokens with n_dec decoded (masked) ones:
+
+  BERT, per layer   q, k, v 2·n·d·3a   scores QKᵀ 2·n²·a   attention·V 2·n²·a   o 2·n·a·d   FFN 2·2·n·d·f
+  UT                the same layer × T (ACT: × T, its maximum, plus the halting unit 2·n·d per step)
+  PT, per iteration projections P·U, P·V 2·2·n·d·K·h·r   far scores n_far·2·h·n²·r   gathers
+                    n_msg·n_far·2·h·n²·r   back-projections n_msg·2·n·K·h·r·d   topics 2·2·n·d·m
+                    near-diagonal products 3·2·h·P_near·r (elementwise in the code, counted here)
+  MLM head          transform 2·n_dec·d² (BERT, UT with mlm_transform)   decoder 2·n_dec·d·V
+
+with a = heads·head_dim, f = ffn_mult·d, n_far = 2 (1 when γ = 0), n_msg = 2 (1 with block_msg), P_near
+the near (|i-j| ≤ γ) pairs. The trainer decodes only the masked positions, so n_dec = mask_rate·n in
+expectation. Training FLOPs = 3 × forward (the backward pass costs twice the forward) × sequences seen.
+"""
+
+from __future__ import annotations
+
+import math
+
+from studies.arch import Arch, BertArch, PTArch, UTArch, width_error, width_step
+
+MAX_WIDTH = 1 << 16  # the solver's search limit
+
+
+def n_heads(width: int, head_dim: int) -> int:
+    """`workers.models.bert.n_heads_for`: the nearest whole number of heads, at least one."""
+    return max(1, (width + head_dim // 2) // head_dim)
+
+
+def _pt_sizes(arch: PTArch, width: int, base_width: int) -> tuple[int, int, int, int]:
+    """PT's (K, h, r, m) at `width` (sizes given at `base_width`, widened by the paradigm)."""
+    error = width_error(arch, base_width, width, "width")
+    if error:
+        raise ValueError(error)
+    k = 2 * arch.gamma + 2 if arch.gamma > 0 else 1
+    h = arch.n_channels * width // base_width if arch.paradigm == "channels" else arch.n_channels
+    r = arch.rank * width // base_width if arch.paradigm == "rank" else arch.rank
+    m = arch.n_topics * width // base_width if arch.topic != "none" else 0
+    return k, h, r, m
+
+
+def _layer_params(d: int, arch: BertArch | UTArch) -> int:
+    a, f = n_heads(d, arch.head_dim) * arch.head_dim, arch.ffn_mult * d
+    return 3 * (d * a + a) + a * d + d + d * f + f + f * d + d + 4 * d  # q k v, o, FFN, two LayerNorms
+
+
+def _head_params(d: int, vocab: int, arch: BertArch | UTArch) -> int:
+    transform = d * d + d + 2 * d if arch.mlm_transform else 0
+    return transform + (0 if arch.tie_decoder else vocab * d) + vocab  # decoder bias always
+
+
+def param_count(family: str, arch: Arch, width: int, vocab_size: int, base_width: int | None = None) -> int:
+    """Parameters of `family`'s model at `width` (PT needs `base_width`, where its arch sizes are given)."""
+    d, V = width, vocab_size
+    if family == "pt":
+        if base_width is None:
+            raise ValueError("PT's arch sizes are given at the base width: pass base_width=")
+        k, h, r, m = _pt_sizes(arch, d, base_width)
+        factors = {"uv": 2 * k * h * d * r, "uvw": 2 * k * d * r + k * h * r, "none": k * h * d * d}
+        return 2 * V * d + V + factors[arch.decomposition] + m * d  # S, decoder (+ bias), ternary, topics
+    if family == "bert":
+        emb = V * d + arch.max_len * d + 2 * d  # tokens, positions, the embedding/final LayerNorm
+        return emb + arch.n_layers * _layer_params(d, arch) + _head_params(d, V, arch)
+    if family == "ut":
+        emb = V * d + 2 * d + ((arch.max_len + arch.n_steps) * d if arch.timing == "learned" else 0)
+        halt = d + 1 if arch.act else 0
+        return emb + _layer_params(d, arch) + halt + _head_params(d, V, arch)
+    raise ValueError(f"unknown model family {family!r}: choose one of ['pt', 'bert', 'ut']")
+
+
+def forward_flops(family: str, arch: Arch, width: int, vocab_size: int, seq_len: int, n_decoded: float,
+                  base_width: int | None = None) -> dict[str, float]:
+    """Matmul FLOPs of one forward pass over one sequence, term by term (module docstring)."""
+    d, V, n = width, vocab_size, seq_len
+    if family == "pt":
+        if base_width is None:
+            raise ValueError("PT's arch sizes are given at the base width: pass base_width=")
+        k, h, r, m = _pt_sizes(arch, d, base_width)
+        r = d if arch.decomposition == "none" else r  # the full T is used as U = T, V = I
+        n_far = 2 if arch.gamma > 0 else 1
+        n_msg = 1 if arch.block_msg else 2
+        p_near = sum(2 * (n - off) for off in range(1, min(arch.gamma, n - 1) + 1))
+        per_iter = {"projections": 2 * 2 * n * d * k * h * r, "far_scores": n_far * 2 * h * n * n * r,
+                    "gathers": n_msg * n_far * 2 * h * n * n * r, "back_projections": n_msg * 2 * n * k * h * r * d,
+                    "topics": 2 * 2 * n * d * m, "near": (1 + n_msg) * 2 * h * p_near * r}
+        terms = {name: arch.n_iter * v for name, v in per_iter.items()}
+        terms["decoder"] = 2 * n_decoded * d * V
+        return terms
+    if family not in ("bert", "ut"):
+        raise ValueError(f"unknown model family {family!r}: choose one of ['pt', 'bert', 'ut']")
+    a, f = n_heads(d, arch.head_dim) * arch.head_dim, arch.ffn_mult * d
+    layer = {"qkv": 2 * n * d * 3 * a, "attention": 2 * 2 * n * n * a, "out": 2 * n * a * d, "ffn": 2 * 2 * n * d * f}
+    times = arch.n_layers if family == "bert" else arch.n_steps
+    terms = {name: times * v for name, v in layer.items()}
+    if family == "ut" and arch.act:
+        terms["halting"] = arch.n_steps * 2 * n * d
+    terms["transform"] = 2 * n_decoded * d * d if arch.mlm_transform else 0
+    terms["decoder"] = 2 * n_decoded * d * V
+    return terms
+
+
+def train_flops(family: str, arch: Arch, width: int, vocab_size: int, seq_len: int, mask_rate: float,
+                sequences: int, base_width: int | None = None) -> float:
+    """Training FLOPs: 3 × the forward FLOPs of `sequences` sequences, mask_rate·seq_len decoded each."""
+    fwd = forward_flops(family, arch, width, vocab_size, seq_len, mask_rate * seq_len, base_width)
+    return 3.0 * sequences * sum(fwd.values())
+
+
+def width_for_budget(family: str, arch: Arch, budget: float, vocab_size: int, base_width: int | None = None,
+                     tolerance: float = 0.02) -> int:
+    """The width whose parameter count is nearest `budget`; a `ValueError` if it misses by more than `tolerance`.
+
+    Candidates are the widths `arch` builds at (PT: multiples of `width_step`; BERT, UT: every integer). The
+    count grows with width, so the search stops at the first width past the budget.
+    """
+    step = width_step(arch, base_width) if family == "pt" and base_width is not None else 1
+    best, best_miss, below = None, math.inf, None
+    for width in range(step, MAX_WIDTH + 1, step):
+        count = param_count(family, arch, width, vocab_size, base_width)
+        miss = abs(count - budget) / budget
+        if miss < best_miss:
+            best, best_miss = width, miss
+        if count >= budget:
+            break
+        below = (width, count)
+    else:
+        raise ValueError(f"no {family} width up to {MAX_WIDTH} reaches {budget:.3g} parameters")
+    if best_miss > tolerance:
+        lo = f"width {below[0]} has {below[1]:,}" if below else "no smaller width exists"
+        hi = f"width {width} has {count:,}"
+        raise ValueError(
+            f"no {family} width meets {budget:,.0f} parameters within {tolerance:.0%} ({lo}; {hi}; widths step "
+            f"by {step}): move the budget, raise compare.tolerance, or pick an arch with a finer width step"
+            + (" (PT: paradigm 'rank' with rank a multiple of base_width/2 steps by 2)" if family == "pt" else ""))
+    return best

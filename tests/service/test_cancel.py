@@ -1,0 +1,84 @@
+"""Losing a driver, resuming, cancelling: against the real server and Ray head of the session.
+
+A study whose driver actor dies becomes `interrupted` (the reconciler notices), `resume` starts a new
+driver on the same study id, `cancel` kills it, and then no process of the study's Ray work is left:
+no driver, no Tune trial.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from studies import load_catalog
+from tests.service.conftest import wait_for
+
+pytestmark = pytest.mark.slow
+SYSTEM = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def ray_work(data_dir: Path) -> dict[int, str]:
+    """pid → title of the Ray workers doing this data dir's work (drivers, trials), found through /proc:
+    every driver and trial gets PTCTL_DATA_DIR from the driver's runtime_env."""
+    found = {}
+    marker = f"PTCTL_DATA_DIR={data_dir}".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            title = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace").strip()
+            if title.startswith("ray::") and title not in SYSTEM and marker in (entry / "environ").read_bytes():
+                found[int(entry.name)] = title
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _spec_yaml() -> str:
+    data = load_catalog("tiny").as_dict()
+    data["name"] = "tiny-cancel"
+    data["tune"] |= {"num_trials": 12, "seed": 7, "asha": {"enabled": False}}  # long enough to interrupt twice
+    data["verify"] = None
+    return yaml.safe_dump(data)
+
+
+def test_lost_driver_is_interrupted_then_resumed_then_cancelled(server, service_dir, mlflow_server):
+    with server.client() as api:
+        study_id = api.post("/studies", content=_spec_yaml(), headers={"Content-Type": "application/yaml"}).json()["id"]
+
+        def training() -> bool:
+            tune = api.get(f"/studies/{study_id}").json()["progress"]["tune"]
+            return tune["done"] >= 1 and tune["running"] >= 1
+
+        wait_for(training, 240, "tune trials to be training")
+        drivers = [pid for pid, title in ray_work(service_dir).items() if title.startswith("ray::StudyDriverActor")]
+        assert len(drivers) == 1, ray_work(service_dir)
+        os.kill(drivers[0], signal.SIGKILL)  # the driver dies behind the API's back
+        lost = wait_for(lambda: (d := api.get(f"/studies/{study_id}").json())["status"] == "interrupted" and d, 60,
+                        "the reconciler to mark the study interrupted")
+        assert "resume" in lost["error"]
+        wait_for(lambda: not ray_work(service_dir), 60, "the lost driver's trials to die with it")
+
+        resumed = api.post(f"/studies/{study_id}/resume")
+        assert resumed.status_code == 200 and resumed.json()["status"] == "running"
+        assert resumed.json()["attempts"] == 2
+        assert api.post(f"/studies/{study_id}/resume").status_code == 409  # already running
+        wait_for(lambda: len(ray_work(service_dir)) >= 2, 180, "a trial process beside the resumed driver")
+
+        cancelled = api.post(f"/studies/{study_id}/cancel")
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        wait_for(lambda: not ray_work(service_dir), 30, "every trial and the driver to stop after cancel")
+        time.sleep(4)
+        assert not ray_work(service_dir), "Ray work came back after cancel"
+        assert api.get(f"/studies/{study_id}").json()["status"] == "cancelled"
+        assert api.post(f"/studies/{study_id}/cancel").status_code == 409
+
+    client = MlflowClient(tracking_uri=mlflow_server[0])
+    experiment = client.get_experiment_by_name("tiny-cancel").experiment_id
+    runs = client.search_runs([experiment], filter_string=f"tags.study_id = '{study_id}'", max_results=1000)
+    assert runs and all(r.info.status != "RUNNING" for r in runs), "the cancelled study left MLflow runs open"
+    assert any(r.data.tags.get("status") == "cancelled" for r in runs)
