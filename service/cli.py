@@ -68,20 +68,22 @@ def cmd_coord_check(args: argparse.Namespace) -> int:
     from workers.coord_check import coord_data
 
     widths = _widths(args.widths)
-    hp = {"paradigm": args.paradigm, **_parse_set(args.set)}
+    pt = args.model == "pt"  # only PT has head-selection paradigms
+    hp = {**({"paradigm": args.paradigm} if pt else {}), **_parse_set(args.set)}
     df = coord_data(model=args.model, parametrization=args.parametrization, widths=widths, steps=args.steps,
                     lr=args.lr, seeds=args.seeds, model_hp=hp)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"coord_{args.model}_{args.parametrization}_{args.paradigm}"
+    variant = f"{args.parametrization}_{args.paradigm}" if pt else args.parametrization
+    stem = f"coord_{args.model}_{variant}"
     df.to_csv(out / f"{stem}.csv", index=False)
     plot_coord(df, out / f"{stem}.png")
     slopes = coord_slopes(df)
     judged = tuple(range(1, args.steps))
     # with r ∝ width the random initial part of the 1/r head logits vanishes as r^-1/2 (μP allows it)
-    may_vanish = ("head_logits",) if args.paradigm == "rank" else ()
+    may_vanish = ("head_logits",) if pt and args.paradigm == "rank" else ()
     verdict = coord_verdict(slopes, steps=judged, parametrization=args.parametrization, may_vanish=may_vanish)
-    table = Table(title=f"log2-slope of rms vs width · {args.model} · {args.parametrization} · {args.paradigm}")
+    table = Table(title=f"log2-slope of rms vs width · {args.model} · {variant.replace('_', ' · ')}")
     table.add_column("activation")
     for step in sorted(slopes.step.unique()):
         table.add_column(f"step {step}", justify="right")
@@ -263,9 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     c = sub.add_parser("coord-check", help="μP coordinate check: activation scale vs width")
-    c.add_argument("--model", default="pt")
+    c.add_argument("--model", default="pt", help="pt | bert | ut")
     c.add_argument("--parametrization", choices=["mup", "standard"], default="mup")
-    c.add_argument("--paradigm", choices=["channels", "rank"], default="channels")
+    c.add_argument("--paradigm", choices=["channels", "rank"], default="channels", help="PT only")
     c.add_argument("--widths", default="32,64,128,256")
     c.add_argument("--steps", type=int, default=4, help="steps recorded; step 0 is init, 1.. are judged")
     c.add_argument("--lr", type=float, default=1e-2)

@@ -75,7 +75,7 @@ def width_error(arch: Arch, base_width: int, width: int, where: str) -> str | No
     for name in scaled:
         base = getattr(arch, name)
         if (base * width) % base_width:
-            step = math.lcm(*(base_width // math.gcd(getattr(arch, n), base_width) for n in scaled))
+            step = width_step(arch, base_width)
             return (f"{where}={width} is incompatible with tune.base_width={base_width}: model.arch.{name}="
                     f"{base} would scale to {base * width / base_width:g}, not an integer; use widths that "
                     f"are multiples of {step}, or change model.arch.{name}")
@@ -100,8 +100,8 @@ class BertArch(_EncoderArch):
     tie_decoder: bool = Field(True, description="decoder weight = token embedding (BERT)")
     mlm_transform: bool = Field(True, description="BERT's dense + GELU + LN before the decoder")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on embeddings, attention and sublayers")
-    zero_query: bool = Field(False, description="μP option: query projection initialised at zero")
-    zero_readout: bool = Field(False, description="μP option: an untied decoder initialised at zero")
+    zero_query: bool = Field(False, description="init option (mup's for μP): query projection at zero")
+    zero_readout: bool = Field(False, description="init option (mup's for μP): an untied decoder at zero")
 
 
 class UTArch(_EncoderArch):
@@ -116,8 +116,8 @@ class UTArch(_EncoderArch):
     tie_decoder: bool = Field(True, description="decoder weight = token embedding")
     mlm_transform: bool = Field(True, description="BERT's dense + GELU + LN before the decoder")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on embeddings, attention and sublayers")
-    zero_query: bool = Field(False, description="μP option: query projection initialised at zero")
-    zero_readout: bool = Field(False, description="μP option: an untied decoder initialised at zero")
+    zero_query: bool = Field(False, description="init option (mup's for μP): query projection at zero")
+    zero_readout: bool = Field(False, description="init option (mup's for μP): decoder and halting unit at zero")
 
 
 ARCHS: dict[str, type[BaseModel]] = {"pt": PTArch, "bert": BertArch, "ut": UTArch}

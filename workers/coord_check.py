@@ -19,11 +19,14 @@ from workers.models.pt import mlm_loss
 from workers.train import TrialConfig, load_data, make_optimizer
 
 # Small models per family. PT: h = 2, r = 8 at the base width, widened by the paradigm. BERT and UT:
-# heads of 16 dims (2 heads at width 32, 16 at 256), positions for the check's 32-token sequences.
+# heads of 16 dims (2 heads at width 32, 16 at 256), positions for the check's 32-token sequences, and
+# init_std 0.15 at the base width 32 (≈ 0.85/√32, the order of BERT's 0.02 ≈ 0.55/√768 relative to fan-in;
+# with 0.02 the random part is so small at d0 = 32 that the attention logits of the first updates shrink
+# with width at these widths: slopes to −0.6 under μP, measured in docs/LOG.md).
 FAMILY_HP: dict[str, dict] = {
     "pt": {"n_channels": 2, "rank": 8, "n_iter": 3, "gamma": 3},
-    "bert": {"n_layers": 2, "head_dim": 16, "max_len": 32},
-    "ut": {"n_steps": 3, "head_dim": 16, "max_len": 32},
+    "bert": {"n_layers": 2, "head_dim": 16, "max_len": 32, "init_std": 0.15},
+    "ut": {"n_steps": 3, "head_dim": 16, "max_len": 32, "init_std": 0.15},
 }
 DEFAULT_HP = FAMILY_HP["pt"]
 DEFAULT_DATA = DataConfig(max_tokens=200_000, seq_len=32)

@@ -10,10 +10,7 @@ from workers.coord_check import coord_data
 from workers.models import build_model
 
 WIDTHS = (32, 64, 128, 256)
-LR = 1e-2  # the PT check's base learning rate
-# init_std 0.15 at base width 32 is ≈ 0.85/√32: BERT's fan-in-relative init (0.02 ≈ 0.55/√768) of the same order;
-# with 0.02 the random part is so small that finite-width noise in the first updates dominates (see the reply/LOG)
-COORD_HP = {"init_std": 0.15}
+LR = 1e-2  # the PT check's base learning rate; the models are `workers.coord_check.FAMILY_HP`'s (init_std 0.15)
 SMALL = {"vocab_size": 50, "width": 48, "head_dim": 16, "max_len": 16}
 
 
@@ -117,7 +114,7 @@ def test_mup_groups_and_lrs_match_mup_set_base_shapes(name):
 
 def _slopes(name, parametrization, **hp):
     df = coord_data(model=name, parametrization=parametrization, widths=WIDTHS, steps=4, lr=LR, seeds=2,
-                    model_hp={**COORD_HP, **hp})
+                    model_hp=hp)
     return coord_slopes(df)
 
 

@@ -74,9 +74,9 @@ class BertConfig:
     init_std: float = 0.02  # standard: every weight; μP: embeddings, the readout, hidden ones at base_width
     output_mult: float = 1.0  # multiplies the logits (μP: output_mult · d0/d)
     attn_mult: float = 1.0  # multiplies the attention logits
-    # μP options (mup's recommendations; off by default)
+    # init options (mup's recommendations for μP; off by default)
     zero_query: bool = False  # initialise the query projection at zero
-    zero_readout: bool = False  # initialise an untied decoder at zero
+    zero_readout: bool = False  # initialise the readouts at zero (an untied decoder; UT's ACT halting unit)
 
     def __post_init__(self) -> None:
         check_common(self, "BertConfig")
@@ -160,7 +160,7 @@ class MLMHead(nn.Module):
 class Encoder(nn.Module):
     """What BERT and UT share: parameter groups, μP init and lr multipliers, the readout and its scale."""
 
-    cfg: BertConfig
+    cfg: BertConfig  # or `UTConfig`: the fields used here are common to both
 
     def _group(self) -> None:
         """Sort every parameter into input / hidden / output / bias (the table in the module docstring)."""
@@ -184,21 +184,18 @@ class Encoder(nn.Module):
             p.normal_(0.0, std)
         hidden_std = std
         if cfg.parametrization == "mup":
-            # --- μP: init (hidden std ∝ 1/√fan_in, anchored at base_width; zero query / readout options) ---
+            # --- μP: init (hidden std ∝ 1/√fan_in, anchored at base_width) ---
             hidden_std = std / math.sqrt(cfg.width_mult)
             # --- end μP ---
         for p in self.groups["hidden"]:
             p.normal_(0.0, hidden_std)
-        if cfg.parametrization == "mup":
-            # --- μP: options ---
-            if cfg.zero_query:
-                for module in self.modules():
-                    if isinstance(module, Layer):
-                        module.q.weight.zero_()
-            if cfg.zero_readout:
-                for p in self.groups["output"]:
-                    p.zero_()
-            # --- end μP ---
+        if cfg.zero_query:  # mup's recommended options, honoured under either parametrization
+            for module in self.modules():
+                if isinstance(module, Layer):
+                    module.q.weight.zero_()
+        if cfg.zero_readout:
+            for p in self.groups["output"]:
+                p.zero_()
 
     def lr_multipliers(self) -> dict[str, float]:
         """Per-group factors on the base learning rate (μP: hidden ∝ 1/width_mult, as mup's MuAdamW)."""

@@ -46,9 +46,9 @@ class UTConfig:
     init_std: float = 0.02
     output_mult: float = 1.0
     attn_mult: float = 1.0
-    # μP options
-    zero_query: bool = False
-    zero_readout: bool = False
+    # init options (mup's recommendations for μP)
+    zero_query: bool = False  # initialise the query projection at zero
+    zero_readout: bool = False  # initialise the readouts at zero (an untied decoder, the halting unit)
 
     def __post_init__(self) -> None:
         check_common(self, "UTConfig")
