@@ -17,6 +17,18 @@ def isolated_data_dir(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def study_data_dir(isolated_data_dir, ray_session):
+    """PTCTL_DATA_DIR set to the isolated data dir before Ray starts, so its workers inherit it."""
+    old = os.environ.get("PTCTL_DATA_DIR")
+    os.environ["PTCTL_DATA_DIR"] = str(isolated_data_dir)
+    yield isolated_data_dir
+    if old is None:
+        os.environ.pop("PTCTL_DATA_DIR")
+    else:
+        os.environ["PTCTL_DATA_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 from pydantic import ValidationError
 
@@ -13,20 +11,10 @@ from studies.budget import param_count, train_flops, width_for_budget
 from studies.plan import compare_stages, compare_sub_spec, compare_trials, compare_widths
 from studies.space import BASELINE_HPARAMS, BaselineSpace, SearchSpace
 from studies.spec import StudySpec
+from tests.studies._dicts import with_changes
 from tests.studies._mirror import dataclass_defaults
 
 MINIMAL = {"name": "demo", "tune": {"base_width": 16, "asha": {"grace_steps": 10}}, "transfer": {"widths": [32, 64]}}
-
-
-def with_changes(base: dict, **changes: object) -> dict:
-    data = copy.deepcopy(base)
-    for path, value in changes.items():
-        *parents, leaf = path.split(".")
-        node = data
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return data
 
 
 def error_of(data: dict) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
@@ -14,6 +13,7 @@ from pydantic import ValidationError
 import studies
 from studies.space import HPARAMS
 from studies.spec import CATALOG_DIR, StudySpec, VerifySpec
+from tests.studies._dicts import with_changes
 from tests.studies._mirror import dataclass_defaults
 
 CATALOG = sorted(CATALOG_DIR.glob("*.yaml"))
@@ -24,14 +24,7 @@ HP = {"lr": 3e-3, "w_H": 2.0, "w_topic": 0.5, "w_unary": 1.5, "w_dep": 0.75, "w_
 
 def spec_dict(**changes: object) -> dict:
     """MINIMAL with dotted-path changes, e.g. spec_dict(**{"verify.delta": 0.3})."""
-    data = copy.deepcopy(MINIMAL)
-    for path, value in changes.items():
-        *parents, leaf = path.split(".")
-        node = data
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return data
+    return with_changes(MINIMAL, **changes)
 
 
 def error_of(data: dict) -> str:

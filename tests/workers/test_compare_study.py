@@ -1,6 +1,5 @@
 """A tiny compare study end to end: 3 families × 2 budgets through real Ray Tune and MLflow on SQLite."""
 
-import os
 
 import pandas as pd
 import pytest
@@ -13,14 +12,8 @@ BUDGETS = [25_000, 55_000]  # widths meeting both within 2% at a 500-word vocabu
 
 
 @pytest.fixture(scope="module")
-def data_dir(isolated_data_dir, ray_session):
-    old = os.environ.get("PTCTL_DATA_DIR")
-    os.environ["PTCTL_DATA_DIR"] = str(isolated_data_dir)  # before ray.init: the workers inherit it
-    yield isolated_data_dir
-    if old is None:
-        os.environ.pop("PTCTL_DATA_DIR")
-    else:
-        os.environ["PTCTL_DATA_DIR"] = old
+def data_dir(study_data_dir):
+    return study_data_dir
 
 
 def tiny_compare() -> StudySpec:

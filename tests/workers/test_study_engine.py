@@ -18,14 +18,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def data_dir(isolated_data_dir, ray_session):
-    old = os.environ.get("PTCTL_DATA_DIR")
-    os.environ["PTCTL_DATA_DIR"] = str(isolated_data_dir)  # before ray.init: the workers inherit it
-    yield isolated_data_dir
-    if old is None:
-        os.environ.pop("PTCTL_DATA_DIR")
-    else:
-        os.environ["PTCTL_DATA_DIR"] = old
+def data_dir(study_data_dir):
+    return study_data_dir
 
 
 def _runs(study_id: str, experiment: str):
