@@ -132,6 +132,7 @@ class StudyDriver:
         callback = MlflowTrials(self.spec, self.study_id, phase, self._phase_run(phase), self.tracker.uri)
         callback.notify = lambda info: self.emit("trial_done", info)
         table = run_phase(self.spec, phase, self.dir / "ray", callback, planned)
+        self.tracker.prune_trials(self.study_id, phase, set(table.trial_id))
         table.to_csv(self.art / f"{phase}_trials.csv", index=False)
         return table
 
@@ -211,6 +212,7 @@ class StudyDriver:
                 callback = MlflowTrials(sub, self.study_id, "tune", self._phase_run("compare"), self.tracker.uri, tags)
                 callback.notify = lambda info: self.emit("trial_done", info)
                 table = run_phase(sub, "tune", self.dir / "ray" / "compare-tune" / name, callback)
+                self.tracker.prune_trials(self.study_id, "compare", set(table.trial_id), stage=tags["stage"])
                 table.assign(**{k: v for k, v in tags.items() if k != "phase"}).to_csv(path, index=False)
                 done[name] = {"best_hparams": best_hparams(sub, table), "width": stage["width"]}
                 self._save()

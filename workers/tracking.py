@@ -85,6 +85,24 @@ class Tracker:
         query = f"tags.study_id = '{study_id}' and tags.kind = '{kind}'"
         return list(self.client.search_runs([self.experiment_id], filter_string=query, max_results=5000))
 
+    def prune_trials(self, study_id: str, phase: str, keep: set[str], stage: str | None = None) -> list[str]:
+        """Soft-delete this phase's (and `stage` tag's) trial runs whose trial is not in `keep` (its trial table).
+
+        A driver killed mid-phase leaves runs of trials that Tune had started but not yet
+        checkpointed; the restored experiment runs them again under new trial ids. Their runs are
+        tagged `status=abandoned` and deleted (MLflow keeps them in its deleted view).
+        """
+        pruned = []
+        for run in self.runs(study_id, "trial"):
+            tags = run.data.tags
+            if tags.get("phase") == phase and tags.get("stage") == stage and tags.get("trial_key") not in keep:
+                self.set_tags(run.info.run_id, {"status": "abandoned"})
+                self.client.delete_run(run.info.run_id)
+                pruned.append(tags.get("trial_key"))
+        if pruned:
+            log.info("%s/%s: deleted %d abandoned trial runs %s", study_id, phase, len(pruned), pruned)
+        return pruned
+
     # ---------------------------------------------------------------- logging
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])

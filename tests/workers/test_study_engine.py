@@ -134,20 +134,23 @@ from studies.spec import StudySpec
 from workers.driver import run_study
 data = load_catalog("tiny").as_dict()
 data["verify"] = None
-data["tune"]["seed"] = 1  # not the e2e study's tune phase, which would be reused
+data["tune"].update(seed=1, num_trials=8)  # not the e2e study's tune phase, which would be reused
 run_study(StudySpec.model_validate(data), "resume")
 """
+RESUME_TRIALS = 8
 
 
 def test_killed_driver_resumes_without_duplicates(data_dir):
     env = {**os.environ, "PTCTL_DATA_DIR": str(data_dir), "RAY_ADDRESS": ""}
-    tune_dir = data_dir / "studies" / "resume" / "ray" / "tune"
+    from workers.tracking import Tracker
+
+    tracker = Tracker("tiny", f"sqlite:///{data_dir / 'mlflow.db'}")
     log = open(data_dir / "resume-driver.log", "w")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-c", DRIVER], env=env, start_new_session=True, stdout=log, stderr=log)
     deadline = time.time() + 240
     while time.time() < deadline:  # kill it once some tune trials have finished and others run
-        done = [p for p in tune_dir.glob("*/result.json") if '"status": "completed"' in p.read_text()]
-        if len(done) >= 2:
+        runs = tracker.runs("resume", "trial") if (data_dir / "mlflow.db").exists() else []
+        if sum(r.data.tags.get("status") in ("completed", "stopped") for r in runs) >= 2:
             break
         time.sleep(0.5)
     else:
@@ -165,6 +168,7 @@ def test_killed_driver_resumes_without_duplicates(data_dir):
     trials = pd.read_csv(data_dir / "studies" / "resume" / "artifacts" / "trials.csv")
     runs = _runs("resume", spec.experiment_name())
     tune_runs = [r for r in runs["trial"] if r.data.tags["phase"] == "tune"]
-    assert len(trials[trials.phase == "tune"]) == spec.tune.num_trials
-    assert len(tune_runs) == len({r.data.tags["trial_key"] for r in tune_runs}) == spec.tune.num_trials
+    assert len(trials[trials.phase == "tune"]) == RESUME_TRIALS
+    assert len(tune_runs) == len({r.data.tags["trial_key"] for r in tune_runs}) == RESUME_TRIALS
+    assert all(r.data.tags["status"] in ("completed", "stopped", "diverged") for r in tune_runs)
     assert len(runs["study"]) == 1 and len(runs["phase"]) == 2
