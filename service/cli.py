@@ -101,16 +101,36 @@ def cmd_coord_check(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-def _load_spec(path: str):
+def _validated(data: dict, source: str = "the study spec"):
+    """A `StudySpec` from plain data; a ValidationError becomes one line per field path."""
     from pydantic import ValidationError
 
     from studies.spec import StudySpec
 
     try:
-        return StudySpec.from_yaml(Path(path))
+        return StudySpec.model_validate(data)
     except ValidationError as exc:
-        raise UsageError(f"{path} is not a valid study spec:\n" + "\n".join(
+        raise UsageError(f"{source} is not a valid study spec:\n" + "\n".join(
             f"  {'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors())) from None
+
+
+def _load_spec(path: str):
+    import yaml
+
+    if not Path(path).is_file():
+        raise UsageError(f"no spec file {path}; give a study spec YAML (catalog: studies/catalog/*.yaml)")
+    return _validated(yaml.safe_load(Path(path).read_text(encoding="utf-8")), path)
+
+
+def _study_file(study: str, name: str) -> Path:
+    """`artifacts/<name>` of a study in the data directory, or an error listing the known studies."""
+    from workers.driver import studies_dir
+
+    path = studies_dir() / study / "artifacts" / name
+    if not path.exists():
+        known = sorted(p.name for p in studies_dir().glob("*") if p.is_dir())
+        raise UsageError(f"no {name} for study {study!r} in {studies_dir()} (known studies: {known}); run it first")
+    return path
 
 
 def _run_with_progress(spec, study_id: str | None = None):
@@ -190,13 +210,7 @@ def cmd_transfer(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Run the local-optimality check around a finished study's centre (its tune and transfer are reused)."""
-    from workers.driver import studies_dir
-
-    path = studies_dir() / args.study / "artifacts" / "spec.yaml"
-    if not path.exists():
-        known = sorted(p.name for p in studies_dir().glob("*") if p.is_dir())
-        raise UsageError(f"no study {args.study!r} in {studies_dir()} (known studies: {known})")
-    spec = _load_spec(str(path))
+    spec = _load_spec(str(_study_file(args.study, "spec.yaml")))
     overrides = {k: v for k, v in {"n_samples": args.samples, "delta": args.delta, "width": args.width,
                                    "sampling": args.sampling, "centre_seeds": args.centre_seeds}.items()
                  if v is not None}
@@ -210,17 +224,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _validated(data: dict):
-    from pydantic import ValidationError
-
-    from studies.spec import StudySpec
-
-    try:
-        return StudySpec.model_validate(data)
-    except ValidationError as exc:
-        raise UsageError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
-
-
 def cmd_study_run(args: argparse.Namespace) -> int:
     spec = _load_spec(args.file)
     state = _run_with_progress(spec, args.study_id)
@@ -231,12 +234,7 @@ def cmd_study_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from rich.markdown import Markdown
 
-    from workers.driver import studies_dir
-
-    path = studies_dir() / args.study / "artifacts" / "report.md"
-    if not path.exists():
-        known = sorted(p.name for p in studies_dir().glob("*") if p.is_dir())
-        raise UsageError(f"no report for study {args.study!r} (known studies: {known}); run it first")
+    path = _study_file(args.study, "report.md")
     console.print(Markdown(path.read_text()) if args.render else path.read_text())
     return 0
 

@@ -50,7 +50,7 @@ def test_transfer_to_a_narrower_width(run):
 
 def test_report_of_unknown_study(run):
     code, out = run("report", "nope")
-    assert code == 2 and "no report for study 'nope'" in out
+    assert code == 2 and "no report.md for study 'nope'" in out
 
 
 def test_bad_set_value(run):
