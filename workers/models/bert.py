@@ -56,8 +56,20 @@ def check_common(cfg, name: str) -> None:
             raise ValueError(f"{name}.{field}={getattr(cfg, field)}: must be > 0")
 
 
+class Widths:
+    """Derived sizes shared by the encoder configs (fields `width`, `base_width`, `head_dim`)."""
+
+    @property
+    def width_mult(self) -> float:
+        return self.width / self.base_width
+
+    @property
+    def n_heads(self) -> int:
+        return n_heads_for(self.width, self.head_dim)
+
+
 @dataclass(frozen=True)
-class BertConfig:
+class BertConfig(Widths):
     vocab_size: int
     width: int = 128  # d_model
     base_width: int = 128  # d0: the μP base (width_mult = width / base_width); unused by "standard"
@@ -82,14 +94,6 @@ class BertConfig:
         check_common(self, "BertConfig")
         if self.n_layers < 1:
             raise ValueError(f"BertConfig.n_layers={self.n_layers}: must be a positive integer")
-
-    @property
-    def width_mult(self) -> float:
-        return self.width / self.base_width
-
-    @property
-    def n_heads(self) -> int:
-        return n_heads_for(self.width, self.head_dim)
 
 
 class Layer(nn.Module):

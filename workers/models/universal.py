@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from workers.models.bert import Encoder, Layer, MLMHead, check_common, n_heads_for
+from workers.models.bert import Encoder, Layer, MLMHead, Widths, check_common
 
 TIMINGS = ("sinusoidal", "learned")
 
 
 @dataclass(frozen=True)
-class UTConfig:
+class UTConfig(Widths):
     vocab_size: int
     width: int = 128  # d_model
     base_width: int = 128  # d0: the μP base; unused by "standard"
@@ -59,14 +59,6 @@ class UTConfig:
         if not 0.0 < self.act_threshold <= 1.0 or self.act_penalty < 0:
             raise ValueError(f"UTConfig.act_threshold={self.act_threshold} must be in (0, 1] and "
                              f"act_penalty={self.act_penalty} >= 0")
-
-    @property
-    def width_mult(self) -> float:
-        return self.width / self.base_width
-
-    @property
-    def n_heads(self) -> int:
-        return n_heads_for(self.width, self.head_dim)
 
 
 def sinusoid(length: int, d: int) -> torch.Tensor:
