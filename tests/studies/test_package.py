@@ -68,7 +68,7 @@ def test_allowed_values_match_the_workers():
             assert set(get_args(fields[name].annotation)) == set(allowed), name
     data = DataSpecModel.model_fields
     for name, const in (("source", "SOURCES"), ("tokenizer", "TOKENIZERS"), ("packing", "PACKINGS"),
-                        ("mask_mode", "MASK_MODES")):
+                        ("mask_mode", "MASK_MODES"), ("objective", "OBJECTIVES")):
         assert set(get_args(data[name].annotation)) == set(module_constant("workers/data.py", const)), name
     assert set(get_args(TrainSpec.model_fields["schedule"].annotation)) == set(
         module_constant("workers/train.py", "SCHEDULES"))

@@ -398,11 +398,14 @@ def test_cache_key_changes_with_every_field_and_source_file(tmp_path):
     base = DataConfig(source="hf", path=str(tmp_path / "a"))
     changes = dict(source="text", path=str(tmp_path / "b"), hf_config="sub", hf_split="validation",
                    text_field="body", tokenizer="wordpiece", vocab_size=5000, seq_len=128, packing="lines",
-                   mask_rate=0.3, mask_mode="80-10-10", eval_fraction=0.1, max_eval_sequences=64,
-                   max_tokens=1000, seed=1)
-    assert set(changes) == {f.name for f in fields(DataConfig)}
+                   objective="clm", mask_rate=0.3, mask_mode="80-10-10", eval_fraction=0.1, max_eval_sequences=64,
+                   max_tokens=1000, stream_val_every=20, seed=1)
+    assert set(changes) | {"streaming"} == {f.name for f in fields(DataConfig)}
     keys = {cache_key(base)} | {cache_key(replace(base, **{name: value})) for name, value in changes.items()}
     assert len(keys) == len(changes) + 1
+    (tmp_path / "a" / "x.jsonl").write_text('{"text": "some text"}\n')
+    jsonl = replace(base, source="jsonl")
+    assert len({cache_key(jsonl), cache_key(replace(jsonl, streaming=True))} - keys) == 2
     text_cfg = DataConfig(source="text", path=str(tmp_path / "a"))
     before = cache_key(text_cfg)
     assert cache_key(text_cfg) == before
