@@ -43,11 +43,13 @@ def _widths(text: str) -> tuple[int, ...]:
 # ---------------------------------------------------------------------------------------------
 def cmd_train(args: argparse.Namespace) -> int:
     from workers.data import DataConfig
+    from workers.models import objective_of
     from workers.train import TrialConfig, train_trial
 
     hp = {"width": args.width, "base_width": args.base_width or args.width,
           "parametrization": args.parametrization, **_parse_set(args.set)}
-    data = DataConfig(source=args.source, path=args.path, max_tokens=args.max_tokens, seq_len=args.seq_len)
+    data = DataConfig(source=args.source, path=args.path, max_tokens=args.max_tokens, seq_len=args.seq_len,
+                      objective=objective_of(args.model), streaming=args.streaming)
     cfg = TrialConfig(model=args.model, model_hp=hp, data=data, steps=args.steps, lr=args.lr,
                       batch_size=args.batch_size, eval_every=args.eval_every, seed=args.seed, device=args.device)
 
@@ -66,6 +68,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_coord_check(args: argparse.Namespace) -> int:
     from analysis.coord import coord_slopes, coord_verdict, plot_coord
     from workers.coord_check import coord_data
+    from workers.models import READOUT
 
     widths = _widths(args.widths)
     pt = args.model == "pt"  # only PT has head-selection paradigms
@@ -82,7 +85,8 @@ def cmd_coord_check(args: argparse.Namespace) -> int:
     judged = tuple(range(1, args.steps))
     # with r ∝ width the random initial part of the 1/r head logits vanishes as r^-1/2 (μP allows it)
     may_vanish = ("head_logits",) if pt and args.paradigm == "rank" else ()
-    verdict = coord_verdict(slopes, steps=judged, parametrization=args.parametrization, may_vanish=may_vanish)
+    verdict = coord_verdict(slopes, steps=judged, parametrization=args.parametrization, may_vanish=may_vanish,
+                            output_name=READOUT[args.model])
     table = Table(title=f"log2-slope of rms vs width · {args.model} · {variant.replace('_', ' · ')}")
     table.add_column("activation")
     for step in sorted(slopes.step.unique()):
@@ -245,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train one model directly (no Ray, no MLflow)")
-    t.add_argument("--model", default="pt")
+    t.add_argument("--model", default="pt", help="pt | bert | ut | tauformer")
     t.add_argument("--width", type=int, default=64)
     t.add_argument("--base-width", type=int, default=None, help="μP base width (default: --width)")
     t.add_argument("--parametrization", choices=["mup", "standard"], default="mup")
@@ -257,13 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--source", default="shakespeare", help="shakespeare | text | jsonl | hf")
     t.add_argument("--path", default=None, help="file, folder, glob or dataset name for --source")
     t.add_argument("--max-tokens", type=int, default=None)
+    t.add_argument("--streaming", action="store_true", help="jsonl: stream the files instead of loading them")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default="auto")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model hyperparameter")
     t.set_defaults(func=cmd_train)
 
     c = sub.add_parser("coord-check", help="μP coordinate check: activation scale vs width")
-    c.add_argument("--model", default="pt", help="pt | bert | ut")
+    c.add_argument("--model", default="pt", help="pt | bert | ut | tauformer")
     c.add_argument("--parametrization", choices=["mup", "standard"], default="mup")
     c.add_argument("--paradigm", choices=["channels", "rank"], default="channels", help="PT only")
     c.add_argument("--widths", default="32,64,128,256")

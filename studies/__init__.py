@@ -10,7 +10,16 @@ fastapi), so the CLI and the API validate a spec without starting anything.
 from pathlib import Path
 
 from studies.budget import forward_flops, param_count, train_flops, width_for_budget
-from studies.space import BASELINE_HPARAMS, HPARAMS, INFORMATION_WEIGHTS, BaselineSpace, Range, SearchSpace
+from studies.space import (
+    BASELINE_HPARAMS,
+    HPARAMS,
+    INFORMATION_WEIGHTS,
+    TAU_HPARAMS,
+    BaselineSpace,
+    Range,
+    SearchSpace,
+    TauSpace,
+)
 from studies.spec import (
     CATALOG_DIR,
     MODEL_FAMILIES,
@@ -23,6 +32,7 @@ from studies.spec import (
     PTArch,
     ResourcesSpec,
     StudySpec,
+    TauArch,
     TrackingSpec,
     TrainSpec,
     TransferSpec,
@@ -58,6 +68,7 @@ __all__ = [
     "HPARAMS",
     "INFORMATION_WEIGHTS",
     "MODEL_FAMILIES",
+    "TAU_HPARAMS",
     "AshaSpec",
     "BaselineSpace",
     "BaselineSpec",
@@ -70,6 +81,8 @@ __all__ = [
     "ResourcesSpec",
     "SearchSpace",
     "StudySpec",
+    "TauArch",
+    "TauSpace",
     "TrackingSpec",
     "TrainSpec",
     "TransferSpec",

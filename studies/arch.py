@@ -2,8 +2,9 @@
 
 Each arch mirrors its worker dataclass without importing it (`studies` imports no torch): `PTArch` ↔
 `workers.models.pt.PTConfig`, `BertArch` ↔ `workers.models.bert.BertConfig`, `UTArch` ↔
-`workers.models.universal.UTConfig`, each minus `vocab_size` (from `data`), `width`, `base_width` (from the
-phase and `tune`), `parametrization` (from `model`) and the family's hparams (from `space`).
+`workers.models.universal.UTConfig`, `TauArch` ↔ `workers.models.tauformer.TauConfig`, each minus
+`vocab_size` (from `data`), `width`, `base_width` (from the phase and `tune`), `parametrization` (from
+`model`) and the family's hparams (from `space`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-ModelFamily = Literal["pt", "bert", "ut"]
-MODEL_FAMILIES: tuple[str, ...] = get_args(ModelFamily)  # later: tauformer
+ModelFamily = Literal["pt", "bert", "ut", "tauformer"]
+MODEL_FAMILIES: tuple[str, ...] = get_args(ModelFamily)
 Parametrization = Literal["mup", "standard"]
+FAMILY_OBJECTIVE = {"pt": "mlm", "bert": "mlm", "ut": "mlm", "tauformer": "clm"}
+"""The data objective each family trains with (`workers.models.objective_of`): masked or next tokens."""
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -61,13 +64,19 @@ class PTArch(BaseModel):
 
 
 def width_error(arch: Arch, base_width: int, width: int, where: str) -> str | None:
-    """Why `width` cannot be built from `arch` tuned at `base_width` (None when it can; BERT and UT: any width).
+    """Why `width` cannot be built from `arch` tuned at `base_width` (None when it can; BERT and UT: any width;
+    TauGPT: multiples of head_dim · kv_group).
 
     `PTConfig`'s rule: the size the paradigm widens (n_channels for 'channels', rank for 'rank')
     and, with topics, n_topics are given at base_width and must scale to an integer n·width/base_width.
     """
     if width < 1:
         return f"{where}={width} must be a positive integer"
+    if isinstance(arch, TauArch):
+        step = arch.head_dim * arch.kv_group
+        return None if width % step == 0 else (
+            f"{where}={width} is not a multiple of model.arch.head_dim · kv_group = {step} (TauGPT widens by "
+            f"whole heads): use a multiple of {step}")
     if not isinstance(arch, PTArch):
         return None
     scaled = ("n_channels" if arch.paradigm == "channels" else "rank",)
@@ -120,12 +129,55 @@ class UTArch(_EncoderArch):
     zero_readout: bool = Field(False, description="init option (mup's for μP): decoder and halting unit at zero")
 
 
-ARCHS: dict[str, type[BaseModel]] = {"pt": PTArch, "bert": BertArch, "ut": UTArch}
-Arch = PTArch | BertArch | UTArch
+class TauArch(BaseModel):
+    """TauGPT's fixed architecture (`TauConfig`'s fields but the derived ones and the hparams init_std,
+    output_mult and temperature). Width grows by heads at a fixed head_dim (Tauformer spec §7.1)."""
+
+    model_config = _STRICT
+
+    n_layers: PosInt = Field(2, description="Transformer blocks")
+    head_dim: PosInt = Field(32, description="D, fixed: also the Laplacian's size; heads = width / head_dim")
+    kv_group: PosInt = Field(1, description="query heads per kv head (1: MHA); width must be a multiple of "
+                                            "head_dim · kv_group")
+    max_len: PosInt = Field(1024, description="RoPE rows: the longest sequence (prompt plus generated tokens)")
+    attention: Literal["tau", "dot", "uniform"] = Field(
+        "tau", description="'tau' (taumode), 'dot' (the dot-product twin) or 'uniform' (causal mean)")
+    laplacian: Literal["chain", "knn", "file"] = Field(
+        "chain", description="'chain' (path graph), 'knn' (feature-kNN of an (N, F) embedding .npy) or 'file'")
+    laplacian_path: str | None = Field(None, description="the .npy read by laplacian 'knn' or 'file'")
+    laplacian_rotate: bool = Field(False, description="use a random orthogonal conjugate of L (same spectrum)")
+    tau_mode: Literal["calibrate", "fixed"] = Field(
+        "calibrate", description="τ = median E of block-0 keys on the first batch, or the fixed `tau`")
+    tau: float = Field(1.0, gt=0, description="τ when fixed, and before the first calibration")
+    recalibrate_every: NonNegInt = Field(0, description="steps between τ recalibrations (0: only at step 0)")
+    recalibrate_ema: float = Field(0.0, ge=0, lt=1, description="recalibration: τ ← ema·τ + (1 − ema)·median")
+    learn_temperature: bool = Field(True, description="the per-head temperature is learned (exp(s_h))")
+    qkv_clamp: float = Field(5.0, ge=0, description="clamp q, k, v to ±qkv_clamp (0: off)")
+    logit_clamp: float = Field(50.0, ge=0, description="clamp the LM logits to ±logit_clamp (0: off)")
+    rope_base: float = Field(10000.0, gt=0, description="RoPE base")
+    embed_std: float = Field(1.0, gt=0, description="std of the token embedding")
+    zero_proj: bool = Field(False, description="initialise the residual output projections at zero")
+    laplacian_seed: NonNegInt = Field(0, description="seeds laplacian_rotate and the knn clustering")
+
+    @model_validator(mode="after")
+    def _path_with_file(self) -> TauArch:
+        if (self.laplacian_path is None) != (self.laplacian == "chain"):
+            raise ValueError(f"model.arch.laplacian_path must be set for laplacian {self.laplacian!r} and only then "
+                             "(a .npy file: an (N, F) embedding matrix for 'knn', a (D, D) Laplacian for 'file')")
+        if self.head_dim % 2:
+            raise ValueError(f"model.arch.head_dim={self.head_dim} must be even (RoPE pairs channel i with i + D/2)")
+        return self
+
+
+ARCHS: dict[str, type[BaseModel]] = {"pt": PTArch, "bert": BertArch, "ut": UTArch, "tauformer": TauArch}
+Arch = PTArch | BertArch | UTArch | TauArch
 
 
 def width_step(arch: Arch, base_width: int) -> int:
-    """Widths `arch` builds at are the multiples of this (PT: its scaled sizes must stay integers; else 1)."""
+    """Widths `arch` builds at are the multiples of this (PT: its scaled sizes must stay integers; TauGPT:
+    whole kv groups of heads; else 1)."""
+    if isinstance(arch, TauArch):
+        return arch.head_dim * arch.kv_group
     if not isinstance(arch, PTArch):
         return 1
     scaled = ("n_channels" if arch.paradigm == "channels" else "rank",)
@@ -157,7 +209,7 @@ class ModelSpec(BaseModel):
     family: ModelFamily = Field("pt", description=f"the model family, one of {list(MODEL_FAMILIES)}")
     parametrization: Parametrization = Field("mup", description="'mup' (μP) or 'standard'")
     arch: Arch = Field(None, validate_default=True,  # type: ignore[assignment]  (None: the family's defaults)
-                       description="the fixed architecture: PTArch, BertArch or UTArch by family")
+                       description="the fixed architecture: PTArch, BertArch, UTArch or TauArch by family")
 
     @field_validator("arch", mode="wrap")
     @classmethod

@@ -1,5 +1,6 @@
 """Search spaces: PT's seven transferred hparams (`lr` plus the six information weights), and the
-baselines' (BERT, UT): `lr`, `init_std`, `output_mult`, `attn_mult` (mup's usual knobs).
+baselines' (BERT, UT): `lr`, `init_std`, `output_mult`, `attn_mult` (mup's usual knobs), and TauGPT's:
+`lr`, `init_std`, `output_mult`, `temperature`.
 
 Each hparam has a `Range` (bounds, log or linear, and the default value it takes when it is not
 searched); `SearchSpace.frozen` lists the hparams held at their default instead of being tuned.
@@ -17,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from analysis import HPARAMS
 
-__all__ = ["BASELINE_HPARAMS", "HPARAMS", "INFORMATION_WEIGHTS", "BaselineSpace", "Range", "SearchSpace",
+__all__ = ["BASELINE_HPARAMS", "HPARAMS", "INFORMATION_WEIGHTS", "TAU_HPARAMS", "BaselineSpace", "Range",
+           "SearchSpace", "TauSpace",
            "check_hparam_names", "space_class", "validate_space"]
 
 INFORMATION_WEIGHTS: tuple[str, ...] = tuple(h for h in HPARAMS if h != "lr")
@@ -25,6 +27,9 @@ INFORMATION_WEIGHTS: tuple[str, ...] = tuple(h for h in HPARAMS if h != "lr")
 
 BASELINE_HPARAMS: tuple[str, ...] = ("lr", "init_std", "output_mult", "attn_mult")
 """The BERT and UT hparams: `lr` and the three multipliers of `workers/models/bert.py`."""
+
+TAU_HPARAMS: tuple[str, ...] = ("lr", "init_std", "output_mult", "temperature")
+"""The TauGPT hparams: `lr`, the init std, the readout multiplier and the initial attention temperature."""
 
 
 def check_hparam_names(names: Any, where: str, valid: tuple[str, ...] = HPARAMS) -> None:
@@ -176,7 +181,33 @@ class BaselineSpace(_Space):
     frozen: list[str] = Field(default_factory=list, description="hparams held at their default, e.g. [attn_mult]")
 
 
-SPACES: dict[str, type[_Space]] = {"pt": SearchSpace, "bert": BaselineSpace, "ut": BaselineSpace}
+class TauSpace(_Space):
+    """The TauGPT space (`workers/models/tauformer.py`): lr, the init std, the output multiplier and the
+    initial attention temperature.
+
+    Defaults: lr 3e-3 (Adam, small GPTs; the 30M post used 5e-4 at width 384), init_std 0.5 (the reference's
+    Kaiming-uniform gain), output_mult 1, temperature 0.03 (Tauformer spec §3.2: ≈ the λ spread at init).
+    """
+
+    HPARAMS: ClassVar[tuple[str, ...]] = TAU_HPARAMS
+    lr: Range = Field(
+        default_factory=lambda: Range(low=1e-4, high=3e-2, log=True, default=3e-3),
+        description="base learning rate of AdamW (μP scales the hidden group's by base_width/width)",
+    )
+    init_std: Range = Field(
+        default_factory=lambda: Range(low=0.1, high=2.0, log=True, default=0.5),
+        description="matrix init std × √fan_in (the reference's Kaiming gain 0.5)")
+    output_mult: Range = Field(
+        default_factory=lambda: Range(low=0.1, high=10.0, log=True, default=1.0),
+        description="multiplier of the LM logits (μP: output_mult · base_width/width)")
+    temperature: Range = Field(
+        default_factory=lambda: Range(low=0.005, high=0.5, log=True, default=0.03),
+        description="initial per-head temperature of the λ logits −|λq − λk|/T (learned from there by default)")
+    frozen: list[str] = Field(default_factory=list, description="hparams held at their default, e.g. [temperature]")
+
+
+SPACES: dict[str, type[_Space]] = {"pt": SearchSpace, "bert": BaselineSpace, "ut": BaselineSpace,
+                                   "tauformer": TauSpace}
 
 
 def space_class(family: str) -> type[_Space]:

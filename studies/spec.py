@@ -26,21 +26,23 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from analysis import PHASES, min_samples
 from studies.arch import (
+    FAMILY_OBJECTIVE,
     MODEL_FAMILIES,
     BertArch,
     ModelFamily,
     ModelSpec,
     Parametrization,
     PTArch,
+    TauArch,
     UTArch,
     width_error,
 )
 from studies.compare import BaselineSpec, CompareSpec
-from studies.space import BaselineSpace, SearchSpace, validate_space
+from studies.space import BaselineSpace, SearchSpace, TauSpace, validate_space
 
 __all__ = ["CATALOG_DIR", "MODEL_FAMILIES", "AshaSpec", "BaselineSpec", "BertArch", "CompareSpec", "DataSpec",
            "ModelFamily", "ModelSpec", "PTArch", "Parametrization", "ResourcesSpec", "StudySpec", "TrackingSpec",
-           "TrainSpec", "TransferSpec", "TuneSpec", "UTArch", "ValidateSpec", "VerifySpec", "width_error"]
+           "TauArch", "TrainSpec", "TransferSpec", "TuneSpec", "UTArch", "ValidateSpec", "VerifySpec", "width_error"]
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -105,6 +107,9 @@ class TrainSpec(BaseModel):
     warmup_steps: NonNegInt = Field(10, description="linear warmup steps")
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="the lr after warmup")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr / peak lr (cosine, linear)")
+    plateau_patience: NonNegInt = Field(
+        0, description="evals without a new best eval loss before the lr is scaled by plateau_factor; 0: off")
+    plateau_factor: float = Field(0.5, gt=0, lt=1, description="the plateau's lr scale (TauGPT post: halvings)")
     grad_clip: float = Field(5.0, ge=0, description="gradient-norm clip (PT paper: 5); 0 disables")
     t_l2: float = Field(0.0, ge=0, description="coefficient of the unsquared ‖T‖_F penalty (PT paper: 5e-4)")
     eval_every: PosInt = Field(50, description="steps between evaluations (ASHA sees these)")
@@ -265,8 +270,8 @@ class StudySpec(BaseModel):
     model: ModelSpec = Field(default_factory=ModelSpec, description="family, parametrization, architecture")
     data: DataSpec = Field(default_factory=DataSpec, description="the MLM data")
     train: TrainSpec = Field(default_factory=TrainSpec, description="the training budget of one trial")
-    space: SearchSpace | BaselineSpace = Field(  # type: ignore[assignment]  (None: the family's default space)
-        None, validate_default=True, description="the search space: PT's 7 hparams, or BERT's/UT's 4")
+    space: SearchSpace | BaselineSpace | TauSpace = Field(  # type: ignore[assignment]  (None: the family's)
+        None, validate_default=True, description="the search space: PT's 7 hparams, BERT's/UT's 4, TauGPT's 4")
     tune: TuneSpec = Field(description="the tune phase (compare: the study's model at its proxy width)")
     transfer: TransferSpec | None = Field(None, description="the transfer phase; null: a tune-only study")
     verify: VerifySpec | None = Field(default_factory=VerifySpec, description="verify phase; null skips it")
@@ -287,6 +292,18 @@ class StudySpec(BaseModel):
     def _compare_skips_verify(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("compare") is not None and "verify" not in data:
             data = {**data, "verify": None}  # a compare study has no verify phase unless one is asked for
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _objective_of_family(cls, data: Any) -> Any:
+        """An omitted `data.objective` is the family's (TauGPT: clm); a given one is checked after validation."""
+        if not isinstance(data, dict):
+            return data
+        model, section = data.get("model"), data.get("data")
+        family = model.get("family", "pt") if isinstance(model, dict) else getattr(model, "family", "pt")
+        if (section is None or isinstance(section, dict)) and "objective" not in (section or {}):
+            data = {**data, "data": {**(section or {}), "objective": FAMILY_OBJECTIVE.get(family, "mlm")}}
         return data
 
     @model_validator(mode="after")
@@ -331,13 +348,19 @@ class StudySpec(BaseModel):
         return self
 
     def _family_problems(self) -> list[str]:
-        """Per-family checks: encoders need position rows for every token."""
+        """Per-family checks: position rows for every token, the family's data objective."""
         models = [("model", self.model)]
         models += [(f"compare.baselines[{i}].model", b.model) for i, b in enumerate(self.compare.baselines)] \
             if self.compare is not None else []
-        return [f"{where}.arch.max_len={m.arch.max_len} is below data.seq_len={self.data.seq_len}: set max_len to "
-                f"{self.data.seq_len}" for where, m in models
-                if not isinstance(m.arch, PTArch) and m.arch.max_len < self.data.seq_len]
+        problems = [f"{where}.arch.max_len={m.arch.max_len} is below data.seq_len={self.data.seq_len}: set max_len "
+                    f"to {self.data.seq_len}" for where, m in models
+                    if not isinstance(m.arch, PTArch) and m.arch.max_len < self.data.seq_len]
+        objective = FAMILY_OBJECTIVE[self.model.family]
+        if self.data.objective != objective:
+            problems.append(f"data.objective={self.data.objective!r} does not fit model.family "
+                            f"{self.model.family!r}, which trains with {objective!r}: set data.objective: "
+                            f"{objective} (or leave it out)")
+        return problems
 
     # ----------------------------------------------------------------------------- io
     @classmethod

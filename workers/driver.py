@@ -308,7 +308,7 @@ class StudyDriver:
                          widths={f: info["widths"] for f, info in
                                  self.state.phases.get("compare", {}).get("widths", {}).items()})
         text = render_report(study=study, tables=tables, certificate=Certificate(**cert) if cert else None,
-                             lr_drift=LRDrift(**drift) if drift else None, plots=plots)
+                             lr_drift=LRDrift(**drift) if drift else None, plots=plots, hparams=spec.space.HPARAMS)
         path = self.art / "report.md"
         path.write_text(text)
         self.tracker.log_artifacts(self.state.runs["study"], [path, self.art / "trials.csv"])

@@ -55,6 +55,7 @@ def planned_trial(spec: StudySpec, phase: str, config: dict[str, Any], trial_id:
             "seed": spec.tune.seed, "hparams": hparams, "is_centre": False}
 
 
+METRIC_PREFIXES = ("lr_", "train_loss", "eval_loss", "stream_val_loss", "tokens", "tau.")  # logged per step
 COMPARE_KEYS = ("family", "budget", "role", "tuned_at", "train_flops")  # compare trials' extra table columns
 
 
@@ -121,9 +122,11 @@ class MlflowTrials(tune.Callback):
         self._run(trial)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        row = {k: v for k, v in result.items()
-               if k == "step" or k.startswith(("lr_", "train_loss", "eval_loss", "tokens"))}
+        row = {k: v for k, v in result.items() if k == "step" or k.startswith(METRIC_PREFIXES)}
         self.tracker.log_metrics(self._run(trial), [row])
+        collapsed = sorted(k.rsplit(".", 1)[1] for k, v in row.items() if k.startswith("tau.collapse.") and v)
+        if collapsed:  # TauGPT's collapse warning (analysis.taumode), also visible in the runs table
+            self.tracker.set_tags(self._run(trial), {"taumode_collapse": f"step {row['step']}: {', '.join(collapsed)}"})
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         last = trial.last_result or {}

@@ -8,20 +8,24 @@ A diverging run (NaN/inf loss) ends with status "diverged"; it never raises.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+import pandas as pd
 import torch
 
+from analysis.taumode import collapse_warning
 from workers.data import Batch, DataConfig, MLMData, prepare
 from workers.models import build_model
 from workers.models.pt import mlm_loss
 
 Progress = Callable[[dict[str, Any]], None]
 SCHEDULES = ("cosine", "linear", "constant")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,8 @@ class TrialConfig:
     warmup_steps: int = 10
     schedule: str = "cosine"  # after warmup: "cosine" | "linear" (to min_lr_ratio) | "constant"
     min_lr_ratio: float = 0.1
+    plateau_patience: int = 0  # halve (× plateau_factor) the lr after this many evals without a new best; 0: off
+    plateau_factor: float = 0.5
     grad_clip: float = 5.0  # PT paper; 0 disables
     t_l2: float = 0.0  # coefficient of the unsquared ‖T‖_F penalty (PT paper: 5e-4)
     eval_every: int = 50
@@ -54,6 +60,9 @@ class TrialConfig:
                 raise ValueError(f"TrialConfig.{name}={getattr(self, name)}: must be >= 1")
         if not self.lr > 0:
             raise ValueError(f"TrialConfig.lr={self.lr}: must be > 0")
+        if self.plateau_patience < 0 or not 0 < self.plateau_factor < 1:
+            raise ValueError(f"TrialConfig: plateau_patience={self.plateau_patience} must be >= 0 and "
+                             f"plateau_factor={self.plateau_factor} in (0, 1)")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialConfig:
@@ -139,7 +148,8 @@ def evaluate(model: torch.nn.Module, data: MLMData, cfg: TrialConfig, device: to
 
 
 def _batch_loss(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
-    """MLM loss, decoding only the masked positions (the |V|-wide head dominates the step otherwise)."""
+    """Mean loss per scored position (MLM: the masked ones; causal LM: every next token), decoding only those
+    (the |V|-wide head dominates the step otherwise)."""
     labels = batch.labels.to(device)
     select = labels != -100
     logits = model(batch.input_ids.to(device), batch.attention_mask.to(device), select=select)
@@ -152,22 +162,33 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
     data = load_data(cfg.data)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, vocab_size=data.vocab_size, **cfg.model_hp).to(device)
+    objective = getattr(model, "objective", "mlm")
+    if objective != cfg.data.objective:
+        raise ValueError(f"model {cfg.model!r} trains with objective {objective!r} but data.objective is "
+                         f"{cfg.data.objective!r}: set data.objective to {objective!r}")
     params = sum(p.numel() for p in model.parameters())
     opt = make_optimizer(model, cfg)
     base_lrs = [g["lr"] for g in opt.param_groups]
     batches = data.train_batches(cfg.batch_size, seed=cfg.seed)
+    calibrate = getattr(model, "calibrate", None)  # TauGPT: τ from the first batch (and periodically)
+    monitor_ids = (data.eval_batches(cfg.batch_size)[0].input_ids.to(device)  # fixed: comparable over steps
+                   if hasattr(model, "monitor") else None)
+    monitored: list[dict[str, float]] = []
 
     history: list[dict[str, Any]] = []
     best = math.inf
     eval_loss = math.nan
     loss_value = math.nan
     tokens = 0
+    plateau_scale, stale = 1.0, 0
     start = time.perf_counter()
     for step in range(1, cfg.steps + 1):
-        factor = lr_factor(step - 1, cfg)
+        factor = lr_factor(step - 1, cfg) * plateau_scale
         for group, base in zip(opt.param_groups, base_lrs, strict=True):
             group["lr"] = base * factor
         batch = next(batches)
+        if calibrate is not None:
+            calibrate(batch.input_ids.to(device), step - 1)
         loss = _batch_loss(model, batch, device)
         if cfg.t_l2 > 0 and hasattr(model, "t_norm"):
             loss = loss + cfg.t_l2 * model.t_norm()
@@ -190,18 +211,56 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
             if not math.isfinite(eval_loss) or eval_loss > cfg.max_loss:
                 return _result("diverged", math.nan, best, loss_value, step, tokens, start, params, history,
                                f"eval loss became {eval_loss} at step {step}")
+            stale = 0 if eval_loss < best else stale + 1
             best = min(best, eval_loss)
+            if cfg.plateau_patience and stale >= cfg.plateau_patience:
+                plateau_scale, stale = plateau_scale * cfg.plateau_factor, 0
         if evaluated or step % cfg.log_every == 0:
             elapsed = time.perf_counter() - start
             row: dict[str, Any] = {"step": step, "train_loss": loss_value, "tokens": tokens,
                                    "tokens_per_s": tokens / elapsed}
             row.update({f"lr_{g['name']}": g["lr"] for g in opt.param_groups})
+            if cfg.plateau_patience:
+                row["lr_scale"] = plateau_scale
             if evaluated:
                 row["eval_loss"] = eval_loss
+                row.update(_stream_val(model, batches, device))
+                if monitor_ids is not None:
+                    row.update(_monitor(model, monitor_ids, step, monitored))
             history.append(row)
             if progress is not None:
                 progress(row)
     return _result("completed", eval_loss, best, loss_value, cfg.steps, tokens, start, params, history)
+
+
+@torch.no_grad()
+def _stream_val(model: torch.nn.Module, batches, device: torch.device) -> dict[str, float]:
+    """`stream_val_loss`: the loss on the train batches the stream diverted since the last eval (data's
+    `stream_val_every`, the TauGPT post's validation), beside the fixed held-out set's `eval_loss`."""
+    diverted = batches.take_diverted()
+    if not diverted:
+        return {}
+    model.eval()
+    total = sum(float(_batch_loss(model, b, device)) * b.n_masked for b in diverted)
+    model.train()
+    return {"stream_val_loss": total / max(1, sum(b.n_masked for b in diverted))}
+
+
+def _monitor(model: torch.nn.Module, input_ids: torch.Tensor, step: int, monitored: list[dict[str, float]]
+             ) -> dict[str, float]:
+    """The model's monitoring statistics on a fixed batch, with `tau.collapse.<layer>` flags (0/1) from
+    `analysis.taumode.collapse_warning` over the monitors so far; a warning is logged once per layer."""
+    stats = {"step": step, **model.monitor(input_ids)}
+    monitored.append(stats)
+    verdict = collapse_warning(pd.DataFrame(monitored))
+    flagged = {f.layer for f in verdict.flags if f.step == step}
+    layers = sorted({k.rsplit(".", 1)[1] for k in stats if k.startswith("tau.E_k.p50.")})
+    newly = sorted(flagged - {f.layer for f in verdict.flags if f.step < step})
+    if newly:
+        logger.warning("step %d, %s: median E_k fell while its p05–p95 spread shrank (%s)", step, ", ".join(newly),
+                       verdict.verdict)
+    return {**{k: v for k, v in stats.items() if k != "step"},
+            **{f"tau.collapse.{layer}": float(layer in flagged) for layer in layers}}
 
 
 def _result(status, eval_loss, best, train_loss, steps, tokens, start, params, history, message=""):

@@ -7,7 +7,7 @@ from typing import get_args
 import pytest
 
 import studies
-from studies.arch import BertArch, UTArch
+from studies.arch import BertArch, TauArch, UTArch
 from studies.spec import DataSpec as DataSpecModel
 from studies.spec import PTArch, TrainSpec
 from tests.studies._mirror import dataclass_defaults, local_constant, module_constant
@@ -16,6 +16,7 @@ FORBIDDEN = {"torch", "ray", "mlflow", "fastapi", "workers", "service"}
 NOT_IN_ARCH = {"vocab_size", "width", "base_width", "parametrization", "w_H", "w_topic", "w_unary", "w_dep",
                "w_head", "w_topic_z"}
 NOT_IN_TRAIN = {"model", "model_hp", "data", "lr", "seed"}
+NOT_IN_TAU_ARCH = {"vocab_size", "width", "base_width", "parametrization", "init_std", "output_mult", "temperature"}
 NOT_IN_ENCODER_ARCH = {"vocab_size", "width", "base_width", "parametrization", "init_std", "output_mult", "attn_mult"}
 
 
@@ -52,8 +53,9 @@ def _defaults(model) -> dict[str, object]:
         (TrainSpec, "workers/train.py", "TrialConfig", NOT_IN_TRAIN),
         (BertArch, "workers/models/bert.py", "BertConfig", NOT_IN_ENCODER_ARCH),
         (UTArch, "workers/models/universal.py", "UTConfig", NOT_IN_ENCODER_ARCH),
+        (TauArch, "workers/models/tauformer.py", "TauConfig", NOT_IN_TAU_ARCH),
     ],
-    ids=["PTArch", "DataSpec", "TrainSpec", "BertArch", "UTArch"],
+    ids=["PTArch", "DataSpec", "TrainSpec", "BertArch", "UTArch", "TauArch"],
 )
 def test_sections_mirror_the_worker_dataclasses(model, relpath, cls, left_out):
     worker = {k: v for k, v in dataclass_defaults(relpath, cls).items() if k not in left_out}
@@ -77,3 +79,6 @@ def test_allowed_values_match_the_workers():
                                                                                             "NORMS"))
     assert set(get_args(UTArch.model_fields["timing"].annotation)) == set(
         module_constant("workers/models/universal.py", "TIMINGS"))
+    for name, const in (("attention", "ATTENTIONS"), ("laplacian", "LAPLACIANS"), ("tau_mode", "TAU_MODES")):
+        allowed = module_constant("workers/models/tauformer.py", const)
+        assert set(get_args(TauArch.model_fields[name].annotation)) == set(allowed), name

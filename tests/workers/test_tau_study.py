@@ -1,0 +1,52 @@
+"""The tiny TauGPT study end to end through the engine: real Ray Tune (TPE + ASHA), real MLflow on SQLite."""
+
+from collections import Counter
+
+import pandas as pd
+import pytest
+
+from studies import load_catalog
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tau_study(study_data_dir):
+    from workers.driver import run_study
+
+    spec = load_catalog("tiny_tau")
+    state = run_study(spec, "tau-e2e")
+    return spec, state, study_data_dir / "studies" / "tau-e2e"
+
+
+def test_tune_transfer_verify_finish_and_carry_the_winner(tau_study):
+    spec, state, folder = tau_study
+    assert state.status == "succeeded"
+    assert [p for p, s in state.phases.items() if s["status"] == "done"] == ["tune", "transfer", "verify"]
+    trials = pd.read_csv(folder / "artifacts" / "trials.csv")
+    assert Counter(trials.phase) == {"tune": spec.tune.num_trials, "transfer": 1,
+                                     "verify": spec.verify.n_samples + spec.verify.centre_seeds}
+    best = state.phases["tune"]["best_hparams"]
+    assert set(best) == {"lr", "init_std", "output_mult", "temperature"}
+    transfer = trials[trials.phase == "transfer"].iloc[0]
+    assert transfer.width == 32 and transfer.temperature == pytest.approx(best["temperature"])
+    assert transfer.status == "completed" and transfer.eval_loss < 7.6  # below ln(2000): it learned
+    report = (folder / "artifacts" / "report.md").read_text()
+    assert "temperature" in report  # the family's hparams head the tune table
+
+
+def test_trials_log_taumode_monitoring_to_mlflow(tau_study):
+    from workers.tracking import Tracker
+
+    spec, _, _ = tau_study
+    tracker = Tracker(spec.experiment_name())
+    (run,) = [r for r in tracker.runs("tau-e2e", "trial") if r.data.tags.get("phase") == "transfer"]
+    metrics = run.data.metrics
+    for name in ("tau.E_k.p05.layer0", "tau.E_k.p50.layer0", "tau.E_k.p95.layer0", "tau.lambda_q.p50.layer0",
+                 "tau.entropy.layer0", "tau.temperature.mean", "tau.tau", "tau.collapse.layer0",
+                 "stream_val_loss", "eval_loss"):
+        assert name in metrics, name
+    history = tracker.client.get_metric_history(run.info.run_id, "tau.E_k.p50.layer0")
+    assert [m.step for m in history] == [10, 20, 30]
+    assert metrics["tau.tau"] > 0 and metrics["tau.collapse.layer0"] in (0.0, 1.0)
+    assert run.data.params["model"] == "tauformer"

@@ -1,0 +1,442 @@
+"""TauGPT (Tauformer): a causal GPT whose attention scores keys by a Laplacian "taumode" scalar.
+
+Per head vector x (D = head_dim, after RoPE): E = xᵀLx / (xᵀx + ε) ≥ 0, λ = E / (E + τ) ∈ [0, 1), and the
+logit of query i on key j is −|λq_i − λk_j| / T_h (Tauformer spec §3–§4). L is a fixed D×D feature-graph
+Laplacian shared by every layer and head (`workers/laplacian.py`); τ is calibrated as the median E of
+block 0's keys on a batch (`calibrate`); T_h is a learnable per-head temperature exp(s_h). E, λ and the
+logits are computed in fp32. `attention` selects the kernel: "tau", its dot-product twin "dot"
+(softmax(q·k/√D), spec §5.3 baseline a) or "uniform" (logits ≡ 0: causal mean, baseline b).
+
+Block (nanochat-like, spec §4): x + attn(rms(x)), then x + mlp(rms(x)); parameter-free RMSNorms; bias-free
+projections clamped to ±qkv_clamp; RoPE (half-split) and a parameter-free QK RMSNorm; ReLU² MLP C → 4C → C;
+a final RMSNorm and an untied lm_head, logits clamped to ±logit_clamp.
+
+Width is n_embd = n_heads · head_dim: it grows by heads at a fixed head_dim (= the Laplacian size), so L,
+τ, the temperature and the whole attention kernel are width-invariant (spec §7.1). μP (spec §7, Adam),
+inside `# --- μP ---` blocks:
+
+  input  (wte)                                   std embed_std             lr × 1
+  hidden (c_q, c_k, c_v, c_proj, fc, mlp_proj)   std init_std/√fan_in      lr × d0/d
+  output (lm_head)                               std init_std/√fan_in      lr × 1, read out output_mult · d0/d
+  vector (log_temp: the per-head temperature)    log(temperature)          lr × 1
+  buffers: L, τ, the RoPE tables (no grad)
+
+Standard: the same init (the reference's Kaiming gain 0.5 ≈ init_std 0.5), one lr, logits output_mult · xWᵀ.
+The λ logit needs no 1/D factor under μP: λ is bounded and its gradient is already Θ(1/D) (spec §7.1).
+
+`generate` decodes with a `KVCache` that stores (V, λk) per layer for "tau" (K and V for "dot"): λk depends
+only on the key token and its absolute position, so the cache is exact (spec §6).
+Shapes: B batch, T length, C width, H heads, G kv heads, D head_dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workers.laplacian import chain_laplacian, knn_laplacian, load_laplacian, rotated
+
+ATTENTIONS = ("tau", "dot", "uniform")
+LAPLACIANS = ("chain", "knn", "file")
+TAU_MODES = ("calibrate", "fixed")
+EPS = 1e-6
+MASKED = -1e9  # the reference fills future positions with −1e9, not −inf
+QUANTILES = (0.05, 0.5, 0.95)
+
+
+@dataclass(frozen=True)
+class TauConfig:
+    vocab_size: int
+    width: int = 128  # n_embd = n_heads · head_dim
+    base_width: int = 128  # d0: the μP base; unused by "standard"
+    n_layers: int = 2
+    head_dim: int = 32  # D: fixed; also the Laplacian's size
+    kv_group: int = 1  # query heads per kv head (1: MHA; n_heads: MQA)
+    max_len: int = 1024  # RoPE table rows: the longest sequence, prompt plus generated tokens
+    attention: str = "tau"  # "tau" | "dot" (the dot-product twin) | "uniform" (causal mean)
+    laplacian: str = "chain"  # "chain" | "knn" (from an (N, F) embedding .npy) | "file" (a (D, D) .npy)
+    laplacian_path: str | None = None  # the .npy read by "knn" and "file"
+    laplacian_rotate: bool = False  # use UᵀLU, a random orthogonal conjugate (same spectrum; spec §2.6 control)
+    tau_mode: str = "calibrate"  # "calibrate": τ = median E of block-0 keys on a batch | "fixed": τ = tau
+    tau: float = 1.0  # τ when fixed, and before the first calibration
+    recalibrate_every: int = 0  # steps between recalibrations (0: calibrate once, at step 0)
+    recalibrate_ema: float = 0.0  # recalibration: τ ← ema · τ + (1 − ema) · median
+    learn_temperature: bool = True  # the per-head temperature is a parameter (spec §3.2) or fixed
+    qkv_clamp: float = 5.0  # clamp q, k, v to ±qkv_clamp (reference: 5; 0: off)
+    logit_clamp: float = 50.0  # clamp the LM logits to ±logit_clamp (reference: 50; 0: off)
+    rope_base: float = 10000.0
+    embed_std: float = 1.0  # std of wte
+    zero_proj: bool = False  # initialise the residual output projections (c_proj, mlp_proj) at zero
+    parametrization: str = "standard"  # "standard" | "mup"
+    laplacian_seed: int = 0  # seeds the rotation (laplacian_rotate) and the knn clustering
+    # hparams (searched by the tune phase)
+    init_std: float = 0.5  # matrices: std = init_std / √fan_in (reference: Kaiming-uniform gain 0.5)
+    output_mult: float = 1.0  # multiplies the logits (μP: output_mult · d0/d)
+    temperature: float = 0.03  # initial T_h (spec §3.2: ≈ the init λ spread at D = 64)
+
+    def __post_init__(self) -> None:
+        name = "TauConfig"
+        choices = {"attention": ATTENTIONS, "laplacian": LAPLACIANS, "tau_mode": TAU_MODES,
+                   "parametrization": ("standard", "mup")}
+        for field, valid in choices.items():
+            if getattr(self, field) not in valid:
+                raise ValueError(f"{name}.{field}={getattr(self, field)!r}: choose one of {list(valid)}")
+        for field in ("vocab_size", "width", "base_width", "n_layers", "head_dim", "kv_group", "max_len"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"{name}.{field}={getattr(self, field)}: must be a positive integer")
+        if self.head_dim % 2:
+            raise ValueError(f"{name}.head_dim={self.head_dim}: must be even (RoPE pairs channel i with i + D/2)")
+        for field in ("width", "base_width"):
+            if getattr(self, field) % (self.head_dim * self.kv_group):
+                raise ValueError(f"{name}.{field}={getattr(self, field)}: must be a multiple of head_dim · kv_group"
+                                 f" = {self.head_dim * self.kv_group} (width grows by whole kv groups of heads)")
+        if (self.laplacian_path is None) != (self.laplacian == "chain"):
+            raise ValueError(f"{name}.laplacian_path={self.laplacian_path!r}: give a .npy file with laplacian "
+                             f"'knn' or 'file', and none with 'chain'")
+        for field in ("tau", "temperature", "init_std", "output_mult", "embed_std", "rope_base"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"{name}.{field}={getattr(self, field)}: must be > 0")
+        if self.recalibrate_every < 0 or not 0 <= self.recalibrate_ema < 1:
+            raise ValueError(f"{name}: recalibrate_every={self.recalibrate_every} must be >= 0 and "
+                             f"recalibrate_ema={self.recalibrate_ema} in [0, 1)")
+
+    @property
+    def n_heads(self) -> int:
+        return self.width // self.head_dim
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.n_heads // self.kv_group
+
+    @property
+    def width_mult(self) -> float:
+        return self.width / self.base_width
+
+
+def rms(x: torch.Tensor) -> torch.Tensor:
+    """Parameter-free RMSNorm over the last dimension (ε = 1e-6)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
+
+
+def taumode(x: torch.Tensor, lap: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E, λ) of head vectors x (…, D) in fp32: E = xᵀLx / (xᵀx + ε) clamped at 0, λ = E / (E + τ)."""
+    x = x.float()
+    energy = (((x @ lap) * x).sum(-1) / (x.pow(2).sum(-1) + EPS)).clamp_min(0.0)  # (…)
+    return energy, energy / (energy + tau.clamp_min(EPS))
+
+
+def rope_tables(length: int, dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (length, D/2) for the half-split convention: pair i has frequency base^(−2i/D)."""
+    freqs = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (D/2,)
+    angles = torch.arange(length, dtype=torch.float64)[:, None] * freqs  # (length, D/2)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (i, i + D/2) of x (B, H, T, D) by the angles in cos/sin (T, D/2)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+
+
+def _quantiles(values: torch.Tensor) -> list[float]:
+    return torch.quantile(values.detach().float().flatten()[:1_000_000], torch.tensor(QUANTILES)).tolist()
+
+
+class KVCache:
+    """Preallocated per-layer decode cache: (V, λk) for "tau" attention, (K, V) for "dot" and "uniform".
+
+    V (and K) are stored in `dtype`; λk in fp32 always (spec §3.3: bf16 λ would add O(0.1) logit noise).
+    """
+
+    def __init__(self, cfg: TauConfig, batch: int, length: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        if length > cfg.max_len:
+            raise ValueError(f"cache length {length} exceeds max_len={cfg.max_len}: raise max_len")
+        shape = (cfg.n_layers, batch, cfg.n_kv_heads, length, cfg.head_dim)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (layers, B, G, T, D)
+        if cfg.attention == "tau":
+            self.lam = torch.zeros(shape[:-1], dtype=torch.float32, device=device)  # (layers, B, G, T)
+            self.k = None
+        else:
+            self.k, self.lam = torch.zeros(shape, dtype=dtype, device=device), None
+        self.length, self.pos = length, 0  # pos: tokens cached so far (the next token's absolute position)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.k, self.v, self.lam) if t is not None]
+
+    def nbytes(self, tokens: int | None = None) -> int:
+        """Bytes held for `tokens` cached positions (default: all positions cached so far)."""
+        tokens = self.pos if tokens is None else tokens
+        return sum(t.element_size() * t[..., :tokens, :].numel() if t.dim() == 5 else
+                   t.element_size() * t[..., :tokens].numel() for t in self.tensors())
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TauConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        C, D, H, G = cfg.width, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+        self.c_q, self.c_k = nn.Linear(C, H * D, bias=False), nn.Linear(C, G * D, bias=False)
+        self.c_v, self.c_proj = nn.Linear(C, G * D, bias=False), nn.Linear(H * D, C, bias=False)
+
+    def heads(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, H, T, D), k and v (B, G, T, D): projected, clamped, RoPE'd and QK-normed (v: projected only)."""
+        B, T, _ = x.shape
+        D, clamp = self.cfg.head_dim, self.cfg.qkv_clamp
+        q, k, v = ((proj(x).clamp(-clamp, clamp) if clamp > 0 else proj(x)).view(B, T, -1, D).transpose(1, 2)
+                   for proj in (self.c_q, self.c_k, self.c_v))
+        return rms(apply_rope(q, *rope)), rms(apply_rope(k, *rope)), v
+
+    def forward(self, x: torch.Tensor, model: TauGPT, layer: int, pos: int, cache: KVCache | None,
+                trace: dict | None, stats: dict | None) -> torch.Tensor:
+        cfg = self.cfg
+        B, T, _ = x.shape
+        q, k, v = self.heads(x, model.rope(pos, T))
+        lam_q = lam_k = None
+        if cfg.attention == "tau":
+            e_q, lam_q = taumode(q, model.laplacian, model.tau)  # (B, H, T)
+            e_k, lam_k = taumode(k, model.laplacian, model.tau)  # (B, G, T): before the kv-group expansion
+            if stats is not None:
+                for tag, value in (("E_q", e_q), ("E_k", e_k), ("lambda_q", lam_q), ("lambda_k", lam_k)):
+                    stats[f"{tag}.layer{layer}"] = value
+            if trace is not None:
+                trace[f"lambda_q.layer{layer}"], trace[f"lambda_k.layer{layer}"] = lam_q, lam_k
+        if cache is not None:  # append this chunk, then attend over everything cached
+            end = pos + T
+            cache.v[layer, :, :, pos:end] = v
+            if cache.lam is not None:
+                cache.lam[layer, :, :, pos:end] = lam_k
+                lam_k = cache.lam[layer, :, :, :end]
+            else:
+                cache.k[layer, :, :, pos:end] = k
+                k = cache.k[layer, :, :, :end]
+            v = cache.v[layer, :, :, :end]
+        group = cfg.kv_group
+        v = v.repeat_interleave(group, 1)  # (B, H, Tk, D)
+        Tk = v.shape[2]
+        if cfg.attention == "tau":
+            lam_k = lam_k.repeat_interleave(group, 1)  # (B, H, Tk)
+            temp = model.temperature().view(1, -1, 1, 1)  # (1, H, 1, 1)
+            logits = -(lam_q[..., :, None] - lam_k[..., None, :]).abs() / temp  # (B, H, T, Tk), fp32
+        elif cfg.attention == "dot":
+            k = k.repeat_interleave(group, 1)
+            logits = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(cfg.head_dim)
+        else:
+            logits = torch.zeros(B, cfg.n_heads, T, Tk, device=x.device)
+        future = torch.ones(T, Tk, dtype=torch.bool, device=x.device).triu(Tk - T + 1)  # diagonal offset Tk − T
+        logits = logits.masked_fill(future, MASKED)
+        att = torch.softmax(logits - logits.amax(-1, keepdim=True), -1)  # (B, H, T, Tk)
+        if stats is not None:
+            visible = torch.arange(Tk - T, Tk, device=x.device) + 1.0  # keys each query row sees
+            entropy = -(att * att.clamp_min(1e-30).log()).sum(-1)  # (B, H, T)
+            stats[f"entropy.layer{layer}"] = (entropy[..., visible > 1] / visible[visible > 1].log()).detach()
+        if trace is not None:
+            trace[f"attn_logits.layer{layer}"] = logits.masked_select(~future)
+        y = (att @ v.to(att.dtype)).to(x.dtype).transpose(1, 2).reshape(B, T, -1)  # (B, T, H·D)
+        return self.c_proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TauConfig) -> None:
+        super().__init__()
+        self.attn = Attention(cfg)
+        self.fc = nn.Linear(cfg.width, 4 * cfg.width, bias=False)
+        self.mlp_proj = nn.Linear(4 * cfg.width, cfg.width, bias=False)
+
+    def forward(self, x, model, layer, pos, cache, trace, stats) -> torch.Tensor:
+        a = self.attn(rms(x), model, layer, pos, cache, trace, stats)
+        x = x + a
+        f = self.mlp_proj(F.relu(self.fc(rms(x))).square())  # ReLU²
+        x = x + f
+        if trace is not None:
+            trace[f"attn_out.layer{layer}"], trace[f"mlp_out.layer{layer}"], trace[f"hidden.layer{layer}"] = a, f, x
+        return x
+
+
+class TauGPT(nn.Module):
+    """`forward(input_ids)` returns next-token logits (B, T, V); `select` (B, T) decodes only those positions.
+
+    `attention_mask` is accepted for the model contract and unused: attention is causal, and right-padding
+    comes after every real token, so no real token sees it.
+    """
+
+    objective = "clm"
+
+    def __init__(self, cfg: TauConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        C, D, H = cfg.width, cfg.head_dim, cfg.n_heads
+        self.wte = nn.Embedding(cfg.vocab_size, C)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.lm_head = nn.Linear(C, cfg.vocab_size, bias=False)  # untied
+        log_temp = torch.full((H,), math.log(cfg.temperature))
+        if cfg.learn_temperature and cfg.attention == "tau":
+            self.log_temp = nn.Parameter(log_temp)  # s_h: T_h = exp(s_h)
+        else:
+            self.register_buffer("log_temp", log_temp)
+        self.register_buffer("laplacian", self._laplacian())  # (D, D), shared by every layer and head
+        self.register_buffer("tau", torch.tensor(float(cfg.tau)))
+        self.register_buffer("calibrations", torch.tensor(0))  # how often τ was calibrated
+        cos, sin = rope_tables(cfg.max_len + 1, D, cfg.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.groups = {"input": [self.wte.weight], "hidden": list(self.blocks.parameters()),
+                       "output": [self.lm_head.weight],
+                       "bias": [self.log_temp] if isinstance(self.log_temp, nn.Parameter) else []}
+        self._init()
+
+    def _laplacian(self) -> torch.Tensor:
+        cfg = self.cfg
+        if cfg.laplacian == "chain":
+            lap = chain_laplacian(cfg.head_dim)
+        elif cfg.laplacian == "file":
+            lap = load_laplacian(cfg.laplacian_path, cfg.head_dim)
+        else:
+            lap = knn_laplacian(np.load(cfg.laplacian_path), cfg.head_dim, seed=cfg.laplacian_seed)
+        return rotated(lap, cfg.laplacian_seed) if cfg.laplacian_rotate else lap
+
+    @torch.no_grad()
+    def _init(self) -> None:
+        cfg = self.cfg
+        self.wte.weight.normal_(0.0, cfg.embed_std)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                # Both parametrizations: std ∝ 1/√fan_in. Under μP this is the hidden rule (anchored by
+                # construction, no base needed); the readout's is mup's MuReadout init with its d0/d multiplier.
+                module.weight.normal_(0.0, cfg.init_std / math.sqrt(module.in_features))
+        if cfg.zero_proj:
+            for block in self.blocks:
+                block.attn.c_proj.weight.zero_()
+                block.mlp_proj.weight.zero_()
+
+    def lr_multipliers(self) -> dict[str, float]:
+        if self.cfg.parametrization != "mup":
+            return {"input": 1.0, "hidden": 1.0, "output": 1.0, "bias": 1.0}
+        # --- μP: Adam learning rates, hidden ∝ d0/d; input, output (read out × d0/d), temperature unscaled ---
+        return {"input": 1.0, "hidden": 1.0 / self.cfg.width_mult, "output": 1.0, "bias": 1.0}
+        # --- end μP ---
+
+    def readout_mult(self) -> float:
+        cfg = self.cfg
+        if cfg.parametrization == "mup":
+            # --- μP: readout output_mult · d0/d (mup's MuReadout) ---
+            return cfg.output_mult / cfg.width_mult
+            # --- end μP ---
+        return cfg.output_mult
+
+    def temperature(self) -> torch.Tensor:
+        """T_h (H,) in fp32."""
+        return self.log_temp.float().exp().clamp_min(EPS)
+
+    def rope(self, pos: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if pos + length > self.cfg.max_len:
+            raise ValueError(f"position {pos + length} exceeds max_len={self.cfg.max_len}: raise max_len")
+        return self.rope_cos[pos:pos + length], self.rope_sin[pos:pos + length]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (B, T)
+        attention_mask: torch.Tensor | None = None,  # unused (see the class docstring)
+        trace: dict[str, torch.Tensor] | None = None,  # filled with intermediates when given
+        select: torch.Tensor | None = None,  # (B, T) bool: decode only these positions
+        stats: dict[str, torch.Tensor] | None = None,  # filled with E, λ and attention entropies per layer
+        cache: KVCache | None = None,  # decode: append to the cache and attend over it
+    ) -> torch.Tensor:
+        pos = cache.pos if cache is not None else 0
+        x = self.wte(input_ids)  # (B, T, C)
+        if trace is not None:
+            trace["embed"] = x
+        for i, block in enumerate(self.blocks):
+            x = block(x, self, i, pos, cache, trace, stats)
+        if cache is not None:
+            cache.pos += input_ids.shape[1]
+        x = rms(x)
+        x = x if select is None else x[select]
+        logits = F.linear(x * self.readout_mult(), self.lm_head.weight)  # (B, T, V) | (N, V)
+        if self.cfg.logit_clamp > 0:
+            logits = logits.clamp(-self.cfg.logit_clamp, self.cfg.logit_clamp)
+        if trace is not None:
+            trace["lm_logits"] = logits
+        return logits
+
+    # ------------------------------------------------------------------ τ calibration and monitoring
+    @torch.no_grad()
+    def block0_key_energies(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """E of block 0's post-RoPE key vectors on `input_ids`, flattened."""
+        x = rms(self.wte(input_ids))
+        _, k, _ = self.blocks[0].attn.heads(x, self.rope(0, input_ids.shape[1]))
+        return taumode(k, self.laplacian, self.tau)[0].flatten()
+
+    @torch.no_grad()
+    def calibrate(self, input_ids: torch.Tensor, step: int) -> float | None:
+        """Set τ from `input_ids` when due: at step 0 and every `recalibrate_every` steps; returns the new τ.
+
+        The first calibration sets τ to the median E of block 0's keys (median λ = 0.5 on that batch); later
+        ones move τ to ema · τ + (1 − ema) · median. "fixed" τ is never calibrated.
+        """
+        cfg = self.cfg
+        due = step == 0 or (cfg.recalibrate_every > 0 and step % cfg.recalibrate_every == 0)
+        if cfg.tau_mode != "calibrate" or cfg.attention != "tau" or not due:
+            return None
+        median = float(self.block0_key_energies(input_ids).median().clamp_min(EPS))
+        ema = cfg.recalibrate_ema if int(self.calibrations) > 0 else 0.0
+        self.tau.fill_(ema * float(self.tau) + (1 - ema) * median)
+        self.calibrations += 1
+        return float(self.tau)
+
+    @torch.no_grad()
+    def monitor(self, input_ids: torch.Tensor) -> dict[str, float]:
+        """Per-layer taumode statistics on `input_ids` (spec §3.1, §5.3), flat metric names.
+
+        `tau.E_k.p50.layer0` etc. for E and λ of Q and K (p05, p50, p95), `tau.entropy.layer0` (mean attention
+        entropy / ln(visible keys)), `tau.temperature.{min,mean,max}` and `tau.tau`.
+        """
+        stats: dict[str, torch.Tensor] = {}
+        self(input_ids, stats=stats)
+        out: dict[str, float] = {}
+        for key, value in stats.items():
+            tag, layer = key.split(".")
+            if tag == "entropy":
+                out[f"tau.entropy.{layer}"] = float(value.float().mean()) if value.numel() else math.nan
+            else:
+                for q, v in zip(("p05", "p50", "p95"), _quantiles(value), strict=True):
+                    out[f"tau.{tag}.{q}.{layer}"] = v
+        if self.cfg.attention != "tau":
+            return out
+        temps = self.temperature()
+        out.update({"tau.temperature.min": float(temps.min()), "tau.temperature.mean": float(temps.mean()),
+                    "tau.temperature.max": float(temps.max()), "tau.tau": float(self.tau)})
+        return out
+
+    # ------------------------------------------------------------------ generation
+    def new_cache(self, batch: int, length: int, dtype: torch.dtype = torch.float32) -> KVCache:
+        return KVCache(self.cfg, batch, length, dtype, self.wte.weight.device)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, use_cache: bool = True,
+                 softcap: float = 15.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy decoding of `max_new_tokens` after `input_ids` (B, T0); returns (tokens, step logits).
+
+        Logits pass a tanh softcap (reference: 15; 0: none) before the argmax. With `use_cache` the prompt is
+        prefilled once and each step feeds one token; without, each step re-runs the full sequence.
+        Step logits: (B, max_new_tokens, V), the logits each new token was chosen from.
+        """
+        tokens, steps = input_ids, []
+        cache = self.new_cache(input_ids.shape[0], input_ids.shape[1] + max_new_tokens) if use_cache else None
+        feed = tokens
+        for _ in range(max_new_tokens):
+            logits = self(feed, cache=cache)[:, -1]  # (B, V)
+            if softcap > 0:
+                logits = softcap * torch.tanh(logits / softcap)
+            steps.append(logits)
+            nxt = logits.argmax(-1, keepdim=True)
+            tokens = torch.cat([tokens, nxt], 1)
+            feed = nxt if use_cache else tokens
+        return tokens, torch.stack(steps, 1)
