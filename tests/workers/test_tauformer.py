@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from analysis.coord import coord_slopes, coord_verdict
+from studies.arch import FAMILY_OBJECTIVE
 from workers.coord_check import coord_data
 from workers.laplacian import chain_laplacian, check_laplacian, knn_laplacian, load_laplacian, rotated
-from studies.arch import FAMILY_OBJECTIVE
 from workers.models import MODELS, READOUT, build_model, objective_of
 from workers.models.tauformer import KVCache, apply_rope, rope_tables, taumode
 
