@@ -431,8 +431,12 @@ class StudySpec(BaseModel):
         return self.resources.tracking.experiment or self.name
 
     def inert_hparams(self) -> list[str]:
-        """Searched hparams the architecture ignores (topic weights with topic 'none'): worth a warning."""
-        if not isinstance(self.model.arch, PTArch):
+        """Searched hparams the architecture ignores (PT: topic weights with topic 'none'; TauGPT: temperature
+        without taumode attention): worth a warning."""
+        arch = self.model.arch
+        if isinstance(arch, TauArch):
+            return ["temperature"] if arch.attention != "tau" and "temperature" in self.space.searched() else []
+        if not isinstance(arch, PTArch):
             return []
         inert = {"w_topic", "w_topic_z"} if self.model.arch.topic == "none" else set()
         inert |= {"w_head"} if self.model.arch.block_msg else set()

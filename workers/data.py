@@ -219,10 +219,17 @@ def _local_files(path: str, suffix: str) -> list[Path]:
 
 
 def _field(record: dict, cfg: DataConfig, where: str) -> str:
+    """The text of a record; a list of strings (e.g. {"text": [id, title, description]}) is joined by spaces."""
     if cfg.text_field not in record:
         raise ValueError(f"DataConfig.text_field={cfg.text_field!r}: not in {where}, which has "
                          f"{sorted(record)}")
-    return record[cfg.text_field]
+    value = record[cfg.text_field]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return " ".join(value)
+    if not isinstance(value, str):
+        raise ValueError(f"DataConfig.text_field={cfg.text_field!r}: in {where} it holds a "
+                         f"{type(value).__name__}, not text or a list of strings")
+    return value
 
 
 def _read_hf(cfg: DataConfig) -> Iterator[str]:

@@ -183,7 +183,8 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
     plateau_scale, stale = 1.0, 0
     start = time.perf_counter()
     for step in range(1, cfg.steps + 1):
-        factor = lr_factor(step - 1, cfg) * plateau_scale
+        step_scale = plateau_scale  # the plateau's scale on this step's lr (an eval below may lower the next)
+        factor = lr_factor(step - 1, cfg) * step_scale
         for group, base in zip(opt.param_groups, base_lrs, strict=True):
             group["lr"] = base * factor
         batch = next(batches)
@@ -221,7 +222,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
                                    "tokens_per_s": tokens / elapsed}
             row.update({f"lr_{g['name']}": g["lr"] for g in opt.param_groups})
             if cfg.plateau_patience:
-                row["lr_scale"] = plateau_scale
+                row["lr_scale"] = step_scale
             if evaluated:
                 row["eval_loss"] = eval_loss
                 row.update(_stream_val(model, batches, device))

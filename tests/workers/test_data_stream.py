@@ -272,3 +272,15 @@ def test_train_batches_divert_to_validation(tmp_path, streaming):
 def test_bad_stream_config_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=rf"^DataConfig\.{field}=.*: .*e\.g\."):
         DataConfig(**kwargs)
+
+
+def test_a_list_text_field_is_joined_and_other_types_are_refused(tmp_path):
+    """The TauGPT post's rows: {"text": [cve_id, title, description]}."""
+    from workers.data import load_documents
+
+    path = tmp_path / "cve.jsonl"
+    path.write_text(json.dumps({"text": ["CVE-1", "overflow", "in the parser"]}) + "\n")
+    assert load_documents(DataConfig(source="jsonl", path=str(path))) == ["CVE-1 overflow in the parser"]
+    path.write_text(json.dumps({"text": {"id": 1}}) + "\n")
+    with pytest.raises(ValueError, match="holds a dict, not text or a list of strings"):
+        load_documents(DataConfig(source="jsonl", path=str(path)))

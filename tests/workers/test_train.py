@@ -74,3 +74,44 @@ def test_200_steps_on_builtin_corpus_lowers_eval_loss():
     assert result.status == "completed"
     # the untrained model is near ln|V|; 200 steps must take off more than a nat
     assert result.eval_loss < first - 1.0, (first, result.eval_loss)
+
+
+CLM = DataConfig(max_tokens=150_000, seq_len=32, objective="clm", stream_val_every=4)
+TAU = {"width": 32, "base_width": 16, "head_dim": 8, "n_layers": 1, "max_len": 32, "parametrization": "mup"}
+
+
+def _tau(**kw):
+    return _cfg(**{"model": "tauformer", "model_hp": TAU, "data": CLM, "lr": 3e-3, "steps": 40, **kw})
+
+
+def test_taugpt_trains_next_tokens_with_calibrated_tau_monitoring_and_stream_validation():
+    rows = []
+    result = train_trial(_tau(), progress=rows.append)
+    assert result.status == "completed"
+    evals = [r for r in rows if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [10, 20, 30, 40]
+    assert evals[-1]["eval_loss"] < evals[0]["eval_loss"] - 0.5  # it learns next tokens
+    first = evals[0]
+    assert first["tau.tau"] > 0 and 0 < first["tau.entropy.layer0"] < 1
+    assert first["tau.E_k.p05.layer0"] <= first["tau.E_k.p50.layer0"] <= first["tau.E_k.p95.layer0"]
+    assert first["tau.collapse.layer0"] in (0.0, 1.0)
+    assert all(r["tau.tau"] == first["tau.tau"] for r in evals)  # calibrated once, at step 0
+    assert all(math.isfinite(r["stream_val_loss"]) for r in evals)  # every 4th batch was held back
+    assert result.tokens == 40 * 16 * 32  # diverted batches are not trained on, nor counted
+
+
+def test_the_model_objective_must_match_the_data():
+    with pytest.raises(ValueError, match="set data.objective to 'clm'"):
+        train_trial(_tau(data=DATA))
+    with pytest.raises(ValueError, match="set data.objective to 'mlm'"):
+        train_trial(_cfg(data=CLM))
+
+
+def test_plateau_halves_the_lr_after_patience_evals_without_a_new_best():
+    rows = []
+    train_trial(_cfg(lr=1e-12, warmup_steps=1, schedule="constant", eval_every=5, log_every=5,
+                     plateau_patience=1), progress=rows.append)
+    # eval losses never improve (lr ≈ 0 leaves the weights unchanged): the scale halves after every eval but
+    # the first, taking effect from the next step
+    assert [r["lr_scale"] for r in rows] == [1.0, 1.0, 0.5, 0.25]
+    assert rows[-1]["lr_input"] == pytest.approx(1e-12 * 0.25, rel=1e-9, abs=0)
