@@ -139,7 +139,7 @@ def worker(spec: dict) -> dict:
             loss = F.cross_entropy(model(inputs).flatten(0, 1), labels)
             loss.backward()
             opt.step()
-            return float(loss)
+            return float(loss.detach())
 
         for _ in range(warmup):
             step()

@@ -284,8 +284,9 @@ class StudySpec(BaseModel):
     @field_validator("space", mode="wrap")
     @classmethod
     def _space_of_family(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
-        model = info.data.get("model")
-        return validate_space(value, model.family if model is not None else "pt")
+        if "model" not in info.data:  # the model section failed: its error is the one to report
+            return value
+        return validate_space(value, info.data["model"].family)
 
     @model_validator(mode="before")
     @classmethod

@@ -18,6 +18,7 @@ from studies import load_catalog
 from tests.service.conftest import FakeExecutor
 
 TINY = load_catalog("tiny").as_dict()
+TINY_TAU = load_catalog("tiny_tau").as_dict()
 LIMIT = 20_000
 
 
@@ -66,8 +67,8 @@ def test_malformed_bodies_are_4xx_with_a_useful_message(api, body, content_type,
     assert response.status_code == code and message in json.dumps(response.json()), response.text
 
 
-def _invalid(path: tuple, value):
-    data = copy.deepcopy(TINY)
+def _invalid(path: tuple, value, spec: dict = TINY):
+    data = copy.deepcopy(spec)
     node = data
     for key in path[:-1]:
         node = node[key]
@@ -80,6 +81,10 @@ def _invalid(path: tuple, value):
     (_invalid(("train", "unknown_knob"), 1), ["body", "train", "unknown_knob"], "Extra inputs"),
     (_invalid(("transfer", "widths"), [8]), ["body"], "must be > tune.base_width"),
     ({k: v for k, v in TINY.items() if k != "tune"}, ["body", "tune"], "Field required"),
+    (_invalid(("model", "arch", "attention"), "flash", TINY_TAU), ["body", "model", "arch", "attention"],
+     "'tau', 'dot' or 'uniform'"),
+    (_invalid(("transfer", "widths"), [36], TINY_TAU), ["body"], "multiple of model.arch.head_dim · kv_group"),
+    (_invalid(("data", "objective"), "mlm", TINY_TAU), ["body"], "set data.objective: clm"),
 ])
 def test_invalid_specs_are_422_with_the_field_path(api, data, loc, words):
     response = _post(api, json.dumps(data))
