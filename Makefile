@@ -17,3 +17,4 @@ test: install
 
 bench: install
 	$(PY) benchmarks/bench_pt.py --device cpu
+	$(PY) benchmarks/bench_tau.py --device cpu

@@ -22,13 +22,15 @@ and dot. The table gives the median over `--repeats` with [min–max], and tau/d
 after the model, the inputs, τ's calibration and the warm-up exist (training: AdamW's state exists,
 gradients are freed). It counts what the measured section allocates:
   train   gradients, activations saved for backward, temporaries of forward, backward and AdamW;
-  decode  the cache (preallocated for prompt + new tokens) plus the prefill's and steps' activations.
+  decode  the cache (allocated in the section, for prompt + new tokens: torch zero-fills it, so every
+          page is resident) plus the prefill's and the steps' activations.
 CUDA: `max_memory_allocated` (after `reset_peak_memory_stats`) minus `memory_allocated` at the start.
-CPU: anonymous resident memory (/proc/self/statm resident − shared, so file-backed pages such as
-library code are not counted), sampled every ~1 ms by a background thread, peak minus the value at the
-start. Before the start, freed warm-up memory is handed back to the OS (`malloc_trim(0)`), so memory
-the section reuses from the warm-up counts too. The CPU number includes allocator fragmentation, and
-a spike shorter than the sampling interval can be missed.
+CPU: the kernel's exact peak resident set, no sampling. At the start, freed warm-up memory is handed
+back to the OS (`malloc_trim(0)`), so memory the section reuses from the warm-up counts too; then the
+peak (VmHWM) is reset to the current resident set (`/proc/self/clear_refs` ← 5). The number is VmHWM
+at the end minus VmHWM at the start: it also counts glibc heap fragmentation and any file-backed pages
+(library code) first touched in the section, which are few after the warm-up. (A thread sampling
+/proc/self/statm every 1 ms was tried instead: through the GIL it cost 10–25% of decode tokens/s.)
 
     python3 benchmarks/bench_tau.py --repeats 3 --json /tmp/bench_tau_cpu.json
     python3 benchmarks/bench_tau.py --preset 30m --device cuda --repeats 5
@@ -48,7 +50,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -66,10 +67,9 @@ PRESETS = {"30m": {"n_layers": 6, "width": 384, "head_dim": 64, "seq_len": 1024,
 # --------------------------------------------------------------------------------------------
 # worker: one (mode, attention) in its own process
 # --------------------------------------------------------------------------------------------
-def _anon_rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        resident, shared = (int(v) for v in f.read().split()[1:3])
-    return (resident - shared) * os.sysconf("SC_PAGE_SIZE")
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith(key + ":"))  # kB
 
 
 @contextlib.contextmanager
@@ -87,23 +87,12 @@ def peak_growth(dev):
         out["bytes"] = torch.cuda.max_memory_allocated() - base
         return
     gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    base = peak = _anon_rss_bytes()
-    stop = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not stop.wait(1e-3):
-            peak = max(peak, _anon_rss_bytes())
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        yield out
-    finally:
-        stop.set()
-        sampler.join()
-    out["bytes"] = max(peak, _anon_rss_bytes()) - base
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed warm-up memory back, so reusing it counts
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak resident set (VmHWM) to the current one
+    base = _status_bytes("VmHWM")
+    yield out
+    out["bytes"] = _status_bytes("VmHWM") - base
 
 
 def worker(spec: dict) -> dict:

@@ -3,6 +3,11 @@
 `train_trial(config) -> TrialResult` is pure torch (no Ray, no MLflow): the Ray layer passes a
 `progress` callback that receives a metrics dict at every logged step.
 A diverging run (NaN/inf loss) ends with status "diverged"; it never raises.
+
+The model's `objective` ("mlm" or "clm") must match the data's. A model with `calibrate` (TauGPT) sets τ
+from the first training batch; one with `monitor` adds its statistics (TauGPT: `tau.*`, with collapse
+flags) to every evaluation's row, computed on a fixed held-out batch. Batches the data stream diverts
+(`data.stream_val_every`) give `stream_val_loss`.
 """
 
 from __future__ import annotations
