@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from workers.data import DataConfig, Tokenizer
+    from workers.data import DataConfig
+    from workers.tokenizer import Tokenizer
 
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<mask>")
 PAD_ID, UNK_ID, MASK_ID = 0, 1, 2

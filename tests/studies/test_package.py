@@ -69,9 +69,10 @@ def test_allowed_values_match_the_workers():
         if name != "parametrization":
             assert set(get_args(fields[name].annotation)) == set(allowed), name
     data = DataSpecModel.model_fields
-    for name, const in (("source", "SOURCES"), ("tokenizer", "TOKENIZERS"), ("packing", "PACKINGS"),
-                        ("mask_mode", "MASK_MODES"), ("objective", "OBJECTIVES")):
+    for name, const in (("source", "SOURCES"), ("packing", "PACKINGS"), ("mask_mode", "MASK_MODES"),
+                        ("objective", "OBJECTIVES")):
         assert set(get_args(data[name].annotation)) == set(module_constant("workers/data.py", const)), name
+    assert set(get_args(data["tokenizer"].annotation)) == set(module_constant("workers/tokenizer.py", "TOKENIZERS"))
     assert set(get_args(TrainSpec.model_fields["schedule"].annotation)) == set(
         module_constant("workers/train.py", "SCHEDULES"))
     for arch in (BertArch, UTArch):
