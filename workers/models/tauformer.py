@@ -5,7 +5,8 @@ logit of query i on key j is −|λq_i − λk_j| / T_h (Tauformer spec §3–§
 Laplacian shared by every layer and head (`workers/laplacian.py`); τ is calibrated as the median E of
 block 0's keys on a batch (`calibrate`); T_h is a learnable per-head temperature exp(s_h). E, λ and the
 logits are computed in fp32. `attention` selects the kernel: "tau", its dot-product twin "dot"
-(softmax(q·k/√D), spec §5.3 baseline a) or "uniform" (logits ≡ 0: causal mean, baseline b).
+(softmax(q·k/√D), spec §5.3 baseline a; PyTorch's fused `scaled_dot_product_attention` unless logits are
+traced or monitored) or "uniform" (logits ≡ 0: causal mean, baseline b).
 
 Block (nanochat-like, spec §4): x + attn(rms(x)), then x + mlp(rms(x)); parameter-free RMSNorms; bias-free
 projections clamped to ±qkv_clamp; RoPE (half-split) and a parameter-free QK RMSNorm; ReLU² MLP C → 4C → C;
@@ -218,9 +219,13 @@ class Attention(nn.Module):
                 cache.k[layer, :, :, pos:end] = k
                 k = cache.k[layer, :, :, :end]
             v = cache.v[layer, :, :, :end]
-        group = cfg.kv_group
+        group, Tk = cfg.kv_group, v.shape[2]
+        future = torch.ones(T, Tk, dtype=torch.bool, device=x.device).triu(Tk - T + 1)  # diagonal offset Tk − T
+        if cfg.attention == "dot" and trace is None and stats is None:  # the fused kernel (no logits needed)
+            y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=None if T == 1 else ~future,
+                                               scale=1 / math.sqrt(cfg.head_dim), enable_gqa=group > 1)
+            return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
         v = v.repeat_interleave(group, 1)  # (B, H, Tk, D)
-        Tk = v.shape[2]
         if cfg.attention == "tau":
             lam_k = lam_k.repeat_interleave(group, 1)  # (B, H, Tk)
             temp = model.temperature().view(1, -1, 1, 1)  # (1, H, 1, 1)
@@ -230,7 +235,6 @@ class Attention(nn.Module):
             logits = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(cfg.head_dim)
         else:
             logits = torch.zeros(B, cfg.n_heads, T, Tk, device=x.device)
-        future = torch.ones(T, Tk, dtype=torch.bool, device=x.device).triu(Tk - T + 1)  # diagonal offset Tk − T
         logits = logits.masked_fill(future, MASKED)
         att = torch.softmax(logits - logits.amax(-1, keepdim=True), -1)  # (B, H, T, Tk)
         if stats is not None:
