@@ -50,3 +50,26 @@ def test_trials_log_taumode_monitoring_to_mlflow(tau_study):
     assert [m.step for m in history] == [10, 20, 30]
     assert metrics["tau.tau"] > 0 and metrics["tau.collapse.layer0"] in (0.0, 1.0)
     assert run.data.params["model"] == "tauformer"
+
+
+def test_a_collapse_flag_in_a_trial_result_tags_its_mlflow_run(tmp_path):
+    """The callback's own logic, fed one result by hand (a real SQLite MLflow, no Ray run)."""
+    from types import SimpleNamespace
+
+    from workers.ray_runner import MlflowTrials
+    from workers.tracking import Tracker
+
+    spec = load_catalog("tiny_tau")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(spec.experiment_name(), uri)  # the experiment the callback writes to
+    phase_run = tracker.phase_run("s1", "tune", tracker.study_run("s1", {}))
+    callback = MlflowTrials(spec, "s1", "tune", phase_run, uri)
+    trial = SimpleNamespace(trial_id="t1", config={"lr": 3e-3})
+    callback.on_trial_result(0, [], trial, {"step": 10, "eval_loss": 6.0, "tau.collapse.layer0": 0.0})
+    (run,) = tracker.runs("s1", "trial")
+    assert "taumode_collapse" not in run.data.tags and run.data.metrics["tau.collapse.layer0"] == 0.0
+    callback.on_trial_result(0, [], trial, {"step": 20, "eval_loss": 5.9, "tau.collapse.layer0": 1.0,
+                                            "tau.collapse.layer1": 0.0, "done": False})
+    (run,) = tracker.runs("s1", "trial")
+    assert run.data.tags["taumode_collapse"] == "step 20: layer0"
+    assert "done" not in run.data.metrics  # only the training metrics are logged
