@@ -29,8 +29,8 @@ CPU: the kernel's exact peak resident set, no sampling. At the start, freed warm
 back to the OS (`malloc_trim(0)`), so memory the section reuses from the warm-up counts too; then the
 peak (VmHWM) is reset to the current resident set (`/proc/self/clear_refs` ← 5). The number is VmHWM
 at the end minus VmHWM at the start: it also counts glibc heap fragmentation and any file-backed pages
-(library code) first touched in the section, which are few after the warm-up. (A thread sampling
-/proc/self/statm every 1 ms was tried instead: through the GIL it cost 10–25% of decode tokens/s.)
+(library code) first touched in the section, which are few after the warm-up. (Sampling /proc/self/statm
+from a thread every 1 ms would cost 10–25% of decode tokens/s through the GIL.)
 
     python3 benchmarks/bench_tau.py --repeats 3 --json /tmp/bench_tau_cpu.json
     python3 benchmarks/bench_tau.py --preset 30m --device cuda --repeats 5

@@ -146,6 +146,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def _quantiles(values: torch.Tensor) -> list[float]:
+    """p05, p50, p95 of `values` (of the first 10⁶ values: `torch.quantile` takes at most 2²⁴)."""
     return torch.quantile(values.detach().float().flatten()[:1_000_000], torch.tensor(QUANTILES)).tolist()
 
 
@@ -166,7 +167,7 @@ class KVCache:
             self.k = None
         else:
             self.k, self.lam = torch.zeros(shape, dtype=dtype, device=device), None
-        self.length, self.pos = length, 0  # pos: tokens cached so far (the next token's absolute position)
+        self.pos = 0  # tokens cached so far: the next token's absolute position
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.k, self.v, self.lam) if t is not None]
