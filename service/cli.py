@@ -193,6 +193,30 @@ def _print_summary(spec, state) -> None:
                   f"`mlflow ui --backend-store-uri {tracker.uri}`)")
 
 
+def cmd_laplacian(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from workers.laplacian import chain_laplacian, describe, knn_laplacian
+
+    if args.embeddings and not Path(args.embeddings).is_file():
+        raise UsageError(f"no embeddings file {args.embeddings}: give an (N, F) matrix saved with numpy.save")
+    if args.embeddings:
+        lap = knn_laplacian(np.load(args.embeddings), args.dim, n_clusters=args.clusters, topk=args.topk,
+                            eps=args.eps, sigma=args.sigma, p=args.power, seed=args.seed)
+    else:
+        lap = chain_laplacian(args.dim)
+    table = Table(title=f"{'feature-kNN' if args.embeddings else 'chain'} Laplacian, {args.dim}×{args.dim}")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    for key, value in describe(lap).items():
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+    if args.out:
+        np.save(args.out, lap.numpy())
+        console.print(f"wrote {args.out}: use it with model.arch.laplacian: file, laplacian_path: {args.out}")
+    return 0
+
+
 def cmd_transfer(args: argparse.Namespace) -> int:
     spec = _load_spec(args.spec)
     update: dict = {"tune": spec.tune.model_copy(update={"base_width": args.from_width,
@@ -278,6 +302,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default="coord_check")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model hyperparameter")
     c.set_defaults(func=cmd_coord_check)
+
+    lp = sub.add_parser("laplacian", help="build TauGPT's feature Laplacian (chain, or feature-kNN of embeddings)")
+    lp.add_argument("embeddings", nargs="?", help="an (N, F) .npy item-embedding matrix; omitted: the chain")
+    lp.add_argument("--dim", type=int, required=True, help="the model's head_dim")
+    lp.add_argument("--out", help="save the (dim, dim) matrix here (.npy)")
+    lp.add_argument("--clusters", type=int, default=179, help="k-means centroids the features are described by")
+    lp.add_argument("--topk", type=int, default=15, help="cosine-nearest candidate features per feature")
+    lp.add_argument("--eps", type=float, default=1.31, help="largest kept cosine distance")
+    lp.add_argument("--sigma", type=float, default=0.535, help="edge weight 1 / (1 + (d/σ)^p)")
+    lp.add_argument("--power", type=float, default=1.8, help="p of the edge weight")
+    lp.add_argument("--seed", type=int, default=0)
+    lp.set_defaults(func=cmd_laplacian)
 
     tr = sub.add_parser("transfer", help="tune at --from-width, train --to widths zero-shot, optionally verify")
     tr.add_argument("--from-width", type=int, required=True, help="the base width the hparams are tuned at")

@@ -30,10 +30,10 @@ def chain_laplacian(dim: int) -> torch.Tensor:
     weights = torch.zeros(dim, dim, dtype=torch.float64)
     idx = torch.arange(dim - 1)
     weights[idx, idx + 1] = weights[idx + 1, idx] = 1.0
-    return _from_weights(weights)
+    return from_weights(weights)
 
 
-def _from_weights(weights: torch.Tensor) -> torch.Tensor:
+def from_weights(weights: torch.Tensor) -> torch.Tensor:
     """L = Deg − W for a symmetric non-negative adjacency W (zero diagonal), as float32."""
     weights = weights.clone()
     weights.fill_diagonal_(0.0)
@@ -41,15 +41,20 @@ def _from_weights(weights: torch.Tensor) -> torch.Tensor:
 
 
 def _kmeans(x: np.ndarray, k: int, seed: int, iters: int = 20) -> np.ndarray:
-    """Lloyd's k-means on the rows of x (seeded k-means++-free init: k distinct random rows)."""
+    """Lloyd's k-means on the rows of x, initialised at k distinct random rows (seeded).
+
+    Distances go through ‖x‖² − 2x·c + ‖c‖², an (N, k) matrix: no (N, k, F) intermediate.
+    """
     rng = np.random.default_rng(seed)
     centres = x[rng.choice(len(x), size=k, replace=False)].copy()
+    norms = (x ** 2).sum(1, keepdims=True)
     for _ in range(iters):
-        nearest = ((x[:, None, :] - centres[None]) ** 2).sum(-1).argmin(1)
-        for j in range(k):
-            members = x[nearest == j]
-            if len(members):
-                centres[j] = members.mean(0)
+        nearest = (norms - 2 * x @ centres.T + (centres ** 2).sum(1)).argmin(1)
+        counts = np.bincount(nearest, minlength=k)
+        sums = np.zeros_like(centres)
+        np.add.at(sums, nearest, x)
+        filled = counts > 0
+        centres[filled] = sums[filled] / counts[filled, None]
     return centres
 
 
@@ -90,7 +95,7 @@ def knn_laplacian(embeddings: np.ndarray, dim: int, *, n_clusters: int = KNN_CLU
         w = np.where(score >= cut, w, 0.0)
     weights = np.zeros((dim, dim))
     np.put_along_axis(weights, candidates, w, axis=1)
-    return _from_weights(torch.from_numpy(np.maximum(weights, weights.T)))
+    return from_weights(torch.from_numpy(np.maximum(weights, weights.T)))
 
 
 def check_laplacian(lap: torch.Tensor, dim: int, where: str) -> torch.Tensor:
@@ -122,3 +127,17 @@ def rotated(lap: torch.Tensor, seed: int) -> torch.Tensor:
     q, r = torch.linalg.qr(torch.randn(lap.shape, generator=gen, dtype=torch.float64))
     u = q * torch.sign(torch.diagonal(r))  # Haar-distributed
     return (u.T @ lap.double() @ u).float()
+
+
+def describe(lap: torch.Tensor) -> dict[str, float]:
+    """What spec §2.4 reports of a Laplacian: edges, degrees, the spectrum, trace/D, connected components."""
+    lap = lap.double()
+    off = lap - torch.diag(lap.diagonal())
+    neighbours = (off < 0).sum(1)
+    eig = torch.linalg.eigvalsh(lap)
+    return {"dim": lap.shape[0], "edges": int((off < 0).sum()) // 2,
+            "neighbours_min": int(neighbours.min()), "neighbours_median": float(neighbours.double().median()),
+            "neighbours_max": int(neighbours.max()), "degree_min": float(lap.diagonal().min()),
+            "degree_max": float(lap.diagonal().max()), "eig_min": float(eig[0]), "eig_max": float(eig[-1]),
+            "trace_over_dim": float(lap.trace()) / lap.shape[0],
+            "components": int((eig.abs() < 1e-8 * max(1.0, float(eig[-1]))).sum())}

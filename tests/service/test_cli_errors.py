@@ -61,3 +61,19 @@ def test_bad_set_value(run):
 def test_unknown_model_hparam(run):
     code, out = run("train", "--steps", "1", "--set", "bogus=1", "--max-tokens", "20000")
     assert code == 2 and "bogus" in out and "valid ones" in out
+
+
+def test_laplacian_builds_a_usable_file_and_names_a_missing_input(run, tmp_path):
+    np = pytest.importorskip("numpy")
+    from workers.laplacian import load_laplacian
+
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "emb.npy", rng.normal(size=(500, 24)) @ rng.normal(size=(24, 24)))
+    code, out = run("laplacian", str(tmp_path / "emb.npy"), "--dim", "16", "--clusters", "40",
+                    "--out", str(tmp_path / "L.npy"))
+    assert code == 0 and "components" in out and "laplacian: file" in out
+    assert load_laplacian(str(tmp_path / "L.npy"), 16).shape == (16, 16)  # a checked Laplacian
+    code, out = run("laplacian", str(tmp_path / "missing.npy"), "--dim", "16")
+    assert code == 2 and "no embeddings file" in out and "numpy.save" in out and "Traceback" not in out
+    code, out = run("laplacian", str(tmp_path / "emb.npy"), "--dim", "32")
+    assert code == 2 and "fewer than the Laplacian size 32" in out

@@ -11,7 +11,15 @@ import torch
 from analysis.coord import coord_slopes, coord_verdict
 from studies.arch import FAMILY_OBJECTIVE
 from workers.coord_check import coord_data
-from workers.laplacian import chain_laplacian, check_laplacian, knn_laplacian, load_laplacian, rotated
+from workers.laplacian import (
+    chain_laplacian,
+    check_laplacian,
+    describe,
+    from_weights,
+    knn_laplacian,
+    load_laplacian,
+    rotated,
+)
 from workers.models import MODELS, READOUT, build_model, objective_of
 from workers.models.tauformer import KVCache, apply_rope, rope_tables, taumode
 
@@ -262,3 +270,13 @@ def test_every_family_declares_its_objective_and_readout_as_studies_expects():
     assert set(READOUT) == set(MODELS)
     with pytest.raises(ValueError, match="choose one of"):
         objective_of("gpt5")
+
+
+def test_describe_counts_edges_degrees_and_connected_components():
+    chain = describe(chain_laplacian(12))
+    assert (chain["edges"], chain["neighbours_min"], chain["neighbours_max"], chain["components"]) == (11, 1, 2, 1)
+    assert chain["trace_over_dim"] == pytest.approx(2 * 11 / 12)
+    two_pieces = torch.zeros(6, 6, dtype=torch.float64)
+    two_pieces[0, 1] = two_pieces[1, 0] = two_pieces[3, 4] = two_pieces[4, 3] = two_pieces[4, 5] = two_pieces[5, 4] = 1
+    split = describe(from_weights(two_pieces))
+    assert split["edges"] == 3 and split["components"] == 3  # {0, 1}, {2} alone, {3, 4, 5}
