@@ -115,3 +115,19 @@ def test_plateau_halves_the_lr_after_patience_evals_without_a_new_best():
     # the first, taking effect from the next step
     assert [r["lr_scale"] for r in rows] == [1.0, 1.0, 0.5, 0.25]
     assert rows[-1]["lr_input"] == pytest.approx(1e-12 * 0.25, rel=1e-9, abs=0)
+
+
+def test_taugpt_trains_from_a_streamed_jsonl_corpus(tmp_path, monkeypatch):
+    import json
+
+    from workers.data import shakespeare_texts
+
+    lines = [line for text in shakespeare_texts()[:2] for line in text.splitlines() if line.strip()]
+    monkeypatch.setenv("PTCTL_DATA_DIR", str(tmp_path / "home"))  # after reading the shared download
+    corpus = tmp_path / "train.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": [f"id-{i}", line]}) for i, line in enumerate(lines)))
+    data = DataConfig(source="jsonl", path=str(corpus), streaming=True, objective="clm", seq_len=32,
+                      vocab_size=2000, stream_val_every=5, max_eval_sequences=16)
+    result = train_trial(_tau(data=data, steps=20, eval_every=10))
+    assert result.status == "completed" and result.eval_loss < math.log(2000)
+    assert {"stream_val_loss", "tau.tau", "tau.entropy.layer0"} <= set(result.history[-1])
