@@ -198,9 +198,9 @@ def cmd_laplacian(args: argparse.Namespace) -> int:
 
     from workers.laplacian import chain_laplacian, describe, knn_laplacian
 
-    if args.embeddings and not Path(args.embeddings).is_file():
-        raise UsageError(f"no embeddings file {args.embeddings}: give an (N, F) matrix saved with numpy.save")
     if args.embeddings:
+        if not Path(args.embeddings).is_file():
+            raise UsageError(f"no embeddings file {args.embeddings}: give an (N, F) matrix saved with numpy.save")
         lap = knn_laplacian(np.load(args.embeddings), args.dim, n_clusters=args.clusters, topk=args.topk,
                             eps=args.eps, sigma=args.sigma, p=args.power, seed=args.seed)
     else:

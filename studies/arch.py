@@ -73,7 +73,7 @@ def width_error(arch: Arch, base_width: int, width: int, where: str) -> str | No
     if width < 1:
         return f"{where}={width} must be a positive integer"
     if isinstance(arch, TauArch):
-        step = arch.head_dim * arch.kv_group
+        step = width_step(arch, base_width)
         return None if width % step == 0 else (
             f"{where}={width} is not a multiple of model.arch.head_dim · kv_group = {step} (TauGPT widens by "
             f"whole heads): use a multiple of {step}")

@@ -25,7 +25,7 @@ import torch
 
 from analysis.taumode import collapse_warning
 from workers.data import Batch, DataConfig, MLMData, prepare
-from workers.models import build_model
+from workers.models import build_model, objective_of
 from workers.models.pt import mlm_loss
 
 Progress = Callable[[dict[str, Any]], None]
@@ -140,12 +140,17 @@ def lr_factor(step: int, cfg: TrialConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
 
 
-@torch.no_grad()
 def evaluate(model: torch.nn.Module, data: MLMData, cfg: TrialConfig, device: torch.device) -> float:
-    """Mean loss per masked token over the fixed held-out batches."""
+    """Mean loss per scored token over the fixed held-out batches."""
+    return mean_loss(model, data.eval_batches(cfg.batch_size)[: cfg.eval_batches], device)
+
+
+@torch.no_grad()
+def mean_loss(model: torch.nn.Module, batches: list[Batch], device: torch.device) -> float:
+    """Mean loss per scored token over `batches`, in eval mode."""
     model.eval()
     total, count = 0.0, 0
-    for batch in data.eval_batches(cfg.batch_size)[: cfg.eval_batches]:
+    for batch in batches:
         total += float(_batch_loss(model, batch, device)) * batch.n_masked
         count += batch.n_masked
     model.train()
@@ -163,14 +168,14 @@ def _batch_loss(model: torch.nn.Module, batch: Batch, device: torch.device) -> t
 
 def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None = None) -> TrialResult:
     cfg = config if isinstance(config, TrialConfig) else TrialConfig.from_dict(config)
+    objective = objective_of(cfg.model)
+    if objective != cfg.data.objective:
+        raise ValueError(f"model {cfg.model!r} trains with objective {objective!r} but data.objective is "
+                         f"{cfg.data.objective!r}: set data.objective to {objective!r}")
     device = resolve_device(cfg.device)
     data = load_data(cfg.data)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, vocab_size=data.vocab_size, **cfg.model_hp).to(device)
-    objective = getattr(model, "objective", "mlm")
-    if objective != cfg.data.objective:
-        raise ValueError(f"model {cfg.model!r} trains with objective {objective!r} but data.objective is "
-                         f"{cfg.data.objective!r}: set data.objective to {objective!r}")
     params = sum(p.numel() for p in model.parameters())
     opt = make_optimizer(model, cfg)
     base_lrs = [g["lr"] for g in opt.param_groups]
@@ -239,17 +244,11 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
     return _result("completed", eval_loss, best, loss_value, cfg.steps, tokens, start, params, history)
 
 
-@torch.no_grad()
 def _stream_val(model: torch.nn.Module, batches, device: torch.device) -> dict[str, float]:
     """`stream_val_loss`: the loss on the train batches the stream diverted since the last eval (data's
     `stream_val_every`, the TauGPT post's validation), beside the fixed held-out set's `eval_loss`."""
     diverted = batches.take_diverted()
-    if not diverted:
-        return {}
-    model.eval()
-    total = sum(float(_batch_loss(model, b, device)) * b.n_masked for b in diverted)
-    model.train()
-    return {"stream_val_loss": total / max(1, sum(b.n_masked for b in diverted))}
+    return {"stream_val_loss": mean_loss(model, diverted, device)} if diverted else {}
 
 
 def _monitor(model: torch.nn.Module, input_ids: torch.Tensor, step: int, monitored: list[dict[str, float]]
