@@ -1,6 +1,7 @@
 """The FastAPI application: `create_app(settings)`; `ptctl serve` runs it under uvicorn.
 
-Start-up (lifespan): migrate the store (Alembic, to head) → connect to Ray (the embedded head or
+Start-up (lifespan): migrate the store (Alembic, to head) → create and migrate the MLflow store (so
+studies started together do not race to do it) → connect to Ray (the embedded head or
 `RAY_ADDRESS`; a failure is logged and retried on the next request that needs Ray, and `/readyz`
 reports it) → reconcile studies left `running` by an earlier API process → start the reconciler
 thread. Shutting down stops only that thread: drivers and the Ray head keep running.
@@ -22,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api import router
 from service.control import Control, DriverRunning, ExecutionUnavailable, Executor, Reconciler
-from service.progress import MlflowView
+from service.progress import MlflowView, redact_uri
 from service.settings import Settings
 from service.store import IdempotencyConflict, IllegalTransition, NotFound, Store
 from studies.spec import StudySpec
@@ -101,7 +102,12 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         store.migrate()
-        import workers.tracking  # noqa: F401  (MLflow and torch load here, not in the first request)
+        from workers.tracking import prepare_store  # MLflow and torch load here, not in the first request
+
+        try:
+            prepare_store(settings.tracking_uri)
+        except Exception:  # an MLflow server that is down: serve anyway, /readyz tells
+            log.exception("the MLflow store %s could not be prepared", redact_uri(settings.tracking_uri))
 
         try:
             executor.connect()

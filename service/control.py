@@ -1,11 +1,15 @@
 """The control plane's verbs, independent of HTTP: submit, cancel, resume, reconcile.
 
-Ordering keeps the store and Ray consistent whichever step fails:
-- submit/resume: create the named driver actor (idle) → store `running` → tell the actor to run.
-  The reconciler only judges `running` studies, and those always have an actor by then; if the
-  store refuses `running` (a concurrent cancel or resume won), the new actor is killed.
+Ordering keeps the store and Ray consistent whichever step fails (the states: `studies/status.py`):
+- submit/resume: create the named driver actor (idle) → store `running`, only from the status this
+  request saw (`pending` for a submit, the resumable status for a resume) → tell the actor to run
+  under the new attempt number. The reconciler only judges `running` studies, and those always have
+  an actor by then; if the store refuses `running` (a concurrent cancel or resume won), the new actor
+  is killed. The driver itself checks that its attempt is still the current one before it trains.
 - cancel: store `cancelled` first (it decides races with the driver's own last write), then kill
-  the driver (its Tune trials die with it), then close the MLflow runs it left open.
+  the driver (its Tune trials die with it), then close the MLflow runs it left open. A cancel that
+  lands between a submit's insert and its actor start still wins: the submit's move to `running`
+  expects `pending` and fails, and its actor is killed.
 - reconcile (API start-up, then every `PTCTL_RECONCILE_S`): a `running` study without a live
   driver actor becomes `interrupted` (resumable); at start-up a `pending` study older than a minute
   (the API died between storing and starting it) becomes `failed` (resumable too).
@@ -17,12 +21,14 @@ import datetime as dt
 import logging
 import secrets
 import threading
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Protocol
 
 from service.progress import MlflowView, read_state
-from service.store import RESUMABLE, IllegalTransition, Store, Study
+from service.store import IllegalTransition, Store, Study
 from studies.spec import StudySpec
+from studies.status import RESUMABLE, StudyStatus
 
 log = logging.getLogger(__name__)
 LOST = "its driver is gone (Ray restarted or the actor died): POST /studies/{id}/resume continues it"
@@ -34,8 +40,9 @@ class Executor(Protocol):
     def connect(self) -> None: ...
     def alive(self, study_id: str) -> bool: ...
     def start(self, study_id: str) -> Any: ...
-    def launch(self, handle: Any, spec: dict[str, Any], study_id: str) -> None: ...
+    def launch(self, handle: Any, spec: dict[str, Any], study_id: str, attempt: int) -> None: ...
     def stop(self, study_id: str) -> bool: ...
+    def lost(self) -> str | None: ...
     def check(self) -> str: ...
 
 
@@ -57,17 +64,19 @@ class Control:
         study_id = f"{spec.name}-{secrets.token_hex(4)}"
         study, created = self.store.create(study_id, spec.as_dict(), spec.content_hash(), idempotency_key)
         if created:
-            self._start(study)
+            with suppress(IllegalTransition):  # cancelled before its driver started: the cancel stands
+                self._start(study)
         return self.store.get(study.id), created
 
     def resume(self, study_id: str) -> Study:
         study = self.store.get(study_id)
         if study.status not in RESUMABLE:
-            raise IllegalTransition(study_id, study.status, "running")
+            raise IllegalTransition(study_id, study.status, StudyStatus.RUNNING, RESUMABLE)
         self._start(study)
         return self.store.get(study_id)
 
     def _start(self, study: Study) -> None:
+        """Create the driver, move `study.status` → running (only from the status read), launch it."""
         try:
             handle = self.executor.start(study.id)
         except DriverRunning:
@@ -75,18 +84,19 @@ class Control:
         except Exception as exc:
             log.exception("could not start the driver of %s", study.id)
             message = f"could not start the study's driver on Ray ({type(exc).__name__}: {exc})"
-            if study.status == "pending":
-                self.store.transition(study.id, "failed", error=message)
+            if study.status == StudyStatus.PENDING:
+                with suppress(IllegalTransition):  # cancelled meanwhile
+                    self.store.transition(study.id, StudyStatus.FAILED, error=message, expect=[StudyStatus.PENDING])
             raise ExecutionUnavailable(f"{message}; check GET /readyz, then POST /studies/{study.id}/resume") from exc
         try:
-            self.store.transition(study.id, "running")
+            running = self.store.transition(study.id, StudyStatus.RUNNING, expect=[study.status])
         except IllegalTransition:
             self.executor.stop(study.id)
             raise
-        self.executor.launch(handle, study.spec, study.id)
+        self.executor.launch(handle, study.spec, study.id, running.attempts)
 
     def cancel(self, study_id: str) -> Study:
-        study = self.store.transition(study_id, "cancelled", error="cancelled by request")
+        study = self.store.transition(study_id, StudyStatus.CANCELLED, error="cancelled by request")
         try:
             self.executor.stop(study_id)
         except Exception:  # the status stands; a driver that survived is reported by the reconciler's logs
@@ -99,21 +109,24 @@ class Control:
         return study
 
     def reconcile(self, startup: bool = False) -> list[str]:
-        """Mark studies whose driver is gone; returns their ids."""
-        lost = []
-        for study_id in self.store.ids_with_status("running"):
-            if not self.executor.alive(study_id):
+        """Mark studies whose driver is gone (every running one when Ray itself is gone); returns their ids."""
+        lost, gone = [], self.executor.lost()
+        for study_id in self.store.ids_with_status(StudyStatus.RUNNING):
+            if gone or not self.executor.alive(study_id):
+                error = f"{gone}: POST /studies/{study_id}/resume continues it on a new one" if gone \
+                    else LOST.format(id=study_id)
                 try:
-                    self.store.transition(study_id, "interrupted", error=LOST.format(id=study_id))
+                    self.store.transition(study_id, StudyStatus.INTERRUPTED, error=error)
                     lost.append(study_id)
                 except IllegalTransition:  # it finished while we looked
                     pass
         if startup:
             cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
-            stale, _ = self.store.list(status="pending", limit=1000)
+            stale, _ = self.store.list(status=StudyStatus.PENDING, limit=1000)
             for study in stale:
                 if study.created_at < cutoff and not self.executor.alive(study.id):
-                    self.store.transition(study.id, "failed", error="the API stopped before starting its driver: "
+                    self.store.transition(study.id, StudyStatus.FAILED, expect=[StudyStatus.PENDING],
+                                          error="the API stopped before starting its driver: "
                                           f"POST /studies/{study.id}/resume starts it")
                     lost.append(study.id)
         if lost:

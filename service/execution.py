@@ -1,7 +1,7 @@
 """Study execution on Ray: one detached, named driver actor per study. The service never trains.
 
     StudyDriverActor.options(name="ptctl-driver-<study id>", namespace="ptctl", lifetime="detached",
-                             num_cpus=0).remote()  →  .run(spec, study_id, database_url)
+                             num_cpus=0).remote()  →  .run(spec, study_id, database_url, attempt)
 
 `run` calls `workers.driver.run_study` in the actor process; the Tune trials it spawns are actors
 owned by it, so `ray.kill(driver)` takes them down too (checked by the cancel test). Being detached,
@@ -9,7 +9,10 @@ the driver outlives the API process: a restarted API finds it again by name (`al
 
 Status reporting: the actor writes to the study store itself (same SQLAlchemy URL, handed to `run`):
 the current phase and its planned trial count at each phase start, `succeeded` at the end, `failed`
-with the error (type and message) if the driver raises. The API writes `running`, `cancelled` and
+with the error (type and message) if the driver raises. Every write is fenced by the attempt the
+driver was launched for, and before it trains the driver checks that this attempt is still the
+study's current one (`Store.is_current`): a driver whose study was cancelled or resumed meanwhile
+exits without training and without making a single MLflow run. The API writes `running`, `cancelled` and
 `interrupted` (a study whose driver actor is gone; see `reconcile`). Status changes are conditional
 updates (`store.py`), so a cancel racing the driver's last write ends in exactly one of the two.
 
@@ -23,8 +26,11 @@ same path on the API and every Ray node (docker-compose.yml mounts one volume at
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
+from contextlib import contextmanager
 from typing import Any
 
 import ray
@@ -45,29 +51,46 @@ def actor_name(study_id: str) -> str:
 class StudyDriverActor:
     """Runs one study to its end in a Ray worker process, reporting to the store."""
 
-    def run(self, spec: dict[str, Any], study_id: str, database_url: str) -> str:
+    def run(self, spec: dict[str, Any], study_id: str, database_url: str, attempt: int) -> str:
         from service.store import IllegalTransition, Store
         from studies.spec import StudySpec
+        from studies.status import StudyStatus
         from workers.driver import run_study
 
         store = Store(database_url)
+        if not store.is_current(study_id, attempt):  # cancelled or resumed again before this driver ran
+            log.warning("study %s is no longer running under attempt %d: not starting", study_id, attempt)
+            ray.actor.exit_actor()
 
         def on_event(kind: str, data: dict[str, Any]) -> None:
             if kind == "phase_start":
-                store.set_phase(study_id, data["phase"], data["trials"])
+                store.set_phase(study_id, data["phase"], data["trials"], attempt=attempt)
 
         try:
             run_study(StudySpec.model_validate(spec), study_id, on_event)
-            outcome, error = "succeeded", None
+            outcome, error = StudyStatus.SUCCEEDED, None
         except Exception as exc:  # the study failed, not the actor: record why, then exit
             log.exception("study %s failed", study_id)
-            outcome, error = "failed", f"{type(exc).__name__}: {exc}"[:2000]
+            outcome, error = StudyStatus.FAILED, f"{type(exc).__name__}: {exc}"[:2000]
         try:
-            store.transition(study_id, outcome, error=error)
+            store.transition(study_id, outcome, error=error, expect=[StudyStatus.RUNNING], attempt=attempt)
         except IllegalTransition as exc:  # cancelled meanwhile: the cancel stands
             log.warning("not recording %s: %s", outcome, exc)
         ray.actor.exit_actor()
         return outcome  # not reached: exit_actor raises
+
+
+@contextmanager
+def _keep_signal_handlers():
+    """`ray.init` in the main thread replaces the SIGTERM handler with `sys.exit`, which would raise inside
+    uvicorn's loop (a traceback instead of a graceful stop): put uvicorn's handlers back."""
+    main = threading.current_thread() is threading.main_thread()
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 class RayExecutor:
@@ -75,7 +98,8 @@ class RayExecutor:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._failing_since: float | None = None
 
     def connect(self) -> None:
         with self._lock:
@@ -88,8 +112,9 @@ class RayExecutor:
                 # Ray reads RAY_AUTH_MODE when it is imported; re-read it (as Ray's own _enable_token_auth does)
                 ray._raylet.Config.initialize("")
                 address = head.address
-            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING,
-                     configure_logging=False)
+            with _keep_signal_handlers():
+                ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING,
+                         configure_logging=False)
             log.info("connected to Ray at %s", address)
 
     def _handle(self, study_id: str):
@@ -105,7 +130,8 @@ class RayExecutor:
     def start(self, study_id: str):
         """Create the study's (idle) driver actor; `launch` sets it running. Raises `DriverRunning`."""
         self.connect()
-        env = {"PTCTL_DATA_DIR": str(self.settings.data_dir), "MLFLOW_TRACKING_URI": self.settings.tracking_uri}
+        env = {"PTCTL_DATA_DIR": str(self.settings.data_dir), "MLFLOW_TRACKING_URI": self.settings.tracking_uri,
+               **{k: os.environ[k] for k in ("PTCTL_ARTIFACT_ROOT",) if os.environ.get(k)}}
         options = dict(name=actor_name(study_id), namespace=NAMESPACE, lifetime="detached",
                        runtime_env={"env_vars": env})
         for _ in range(20):  # a just-killed actor may hold its name for a moment
@@ -117,8 +143,8 @@ class RayExecutor:
                 time.sleep(0.5)
         raise DriverRunning(f"the driver name of study {study_id} is still taken; retry in a few seconds")
 
-    def launch(self, handle, spec: dict[str, Any], study_id: str) -> None:
-        handle.run.remote(spec, study_id, self.settings.db_url)
+    def launch(self, handle, spec: dict[str, Any], study_id: str, attempt: int) -> None:
+        handle.run.remote(spec, study_id, self.settings.db_url, attempt)
 
     def stop(self, study_id: str) -> bool:
         """Kill the study's driver (and so its Tune trials); False if it had none."""
@@ -128,6 +154,36 @@ class RayExecutor:
             return False
         ray.kill(handle, no_restart=True)
         return True
+
+    def lost(self) -> str | None:
+        """Why Ray is gone, taking every driver with it (None while it is there). The embedded head is judged
+        by its processes, without a Ray call (a call to a dead head blocks); a cluster by `ray.nodes()`,
+        failing for longer than `PTCTL_RAY_LOST_S`. A lost connection is dropped, so the next `connect`
+        starts (embedded) or joins (cluster) afresh."""
+        with self._lock:
+            if not ray.is_initialized():
+                return None
+            if self.settings.ray_address is None:
+                reason = None if ray_head.running(self.settings.data_dir) else "the embedded Ray head stopped"
+            else:
+                reason = self._cluster_unreachable()
+            if reason is not None:
+                log.error("%s: dropping the connection; studies that were running are interrupted", reason)
+                ray.shutdown()
+            return reason
+
+    def _cluster_unreachable(self) -> str | None:
+        try:
+            ray.nodes()
+            self._failing_since = None
+            return None
+        except Exception as exc:
+            now = time.monotonic()
+            self._failing_since = self._failing_since or now
+            if now - self._failing_since < self.settings.ray_lost_s:
+                return None
+            return f"the Ray cluster at {self.settings.ray_address} has been unreachable for " \
+                   f"{now - self._failing_since:.0f} s ({type(exc).__name__})"
 
     def check(self) -> str:
         """A one-line readiness detail; raises if Ray is unreachable."""

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -142,9 +143,8 @@ def _start(data_dir: Path, num_cpus: int) -> Head:
     tmp, token = temp_dir(data_dir), token_path(data_dir)
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "ray_current_cluster").unlink(missing_ok=True)
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_AUTH_TOKEN", None)
-    env.pop("RAY_ADDRESS", None)
+    env = {**head_env(os.environ), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
+           "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port=0", f"--num-cpus={num_cpus}",
            "--disable-usage-stats", "--include-dashboard=false",
            f"--temp-dir={tmp}", f"--dashboard-port={_free_port()}",
@@ -166,6 +166,16 @@ def _start(data_dir: Path, num_cpus: int) -> Head:
     _record(data_dir).write_text(json.dumps(asdict(head)))
     log.info("embedded Ray head up at %s (process group %d, %d CPUs)", head.address, head.pgid, num_cpus)
     return head
+
+
+def head_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment the head (and so every Ray worker it spawns) gets: the API's, less the API's own
+    settings (tokens, database URL: workers are handed what they need explicitly) and Ray's address/token."""
+    dropped = {"RAY_AUTH_TOKEN", "RAY_ADDRESS"}
+    return {k: v for k, v in environ.items() if k not in dropped and (not k.startswith("PTCTL_") or k in PASSED)}
+
+
+PASSED = frozenset({"PTCTL_DATA_DIR", "PTCTL_ARTIFACT_ROOT"})  # the ptctl settings Ray's workers may see
 
 
 def _kill_group(pgid: int, grace_s: float = 5.0) -> None:

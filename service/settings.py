@@ -10,6 +10,8 @@
 | `PTCTL_MAX_BODY_BYTES` | 1 MB | larger request bodies get 413 |
 | `PTCTL_RAY_NUM_CPUS` | all cores | CPUs of the embedded Ray head |
 | `PTCTL_RECONCILE_S` | 10 | seconds between checks that running studies still have a live driver |
+| `PTCTL_RAY_LOST_S` | 60 | a `RAY_ADDRESS` cluster unreachable this long is lost: its studies become `interrupted` |
+| `PTCTL_ARTIFACT_ROOT` | `<data dir>/mlartifacts` | MLflow artifacts of experiments on a database store (no server) |
 | `RAY_ADDRESS` | none | join this Ray cluster instead of starting the embedded head |
 | `MLFLOW_TRACKING_URI` | `sqlite:///<data dir>/mlflow.db` | where studies log |
 
@@ -47,6 +49,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1_000_000, gt=0)
     ray_num_cpus: int | None = Field(None, gt=0)
     reconcile_s: float = Field(10.0, gt=0)
+    ray_lost_s: float = Field(60.0, gt=0, description="a Ray cluster unreachable this long is lost")
     ray_address: str | None = Field(None, validation_alias=AliasChoices("RAY_ADDRESS", "PTCTL_RAY_ADDRESS"))
     mlflow_tracking_uri: str | None = Field(
         None, validation_alias=AliasChoices("MLFLOW_TRACKING_URI", "PTCTL_MLFLOW_TRACKING_URI"))

@@ -2,13 +2,10 @@
 
 The schema is owned by Alembic (`service/migrations/`); `Store.migrate()` upgrades to head and is
 called at API start-up. Every write is one transaction. A status change is a conditional UPDATE
-(`... WHERE status IN (allowed sources)`), so two writers racing (the API cancelling while the
-driver actor reports success) cannot both win, on either database:
-
-    pending ──▶ running ──▶ succeeded | failed | cancelled
-       │           └──────▶ interrupted          (driver lost: Ray restarted, actor died)
-       └──▶ failed | cancelled                   (could not start / cancelled before start)
-    interrupted | failed | cancelled ──▶ running (resume)      interrupted ──▶ cancelled
+(`... WHERE status IN (allowed sources)`, the rules of `studies/status.py`), so two writers racing (the
+API cancelling while the driver actor reports success) cannot both win, on either database. A caller
+may narrow the sources to the status it saw (`expect`), and a driver fences its writes with its
+attempt number (`attempt`): a driver of an earlier attempt can no longer write.
 
 Both the API process and the driver actors (which report `succeeded`/`failed` and the current phase)
 write here; SQLite runs in WAL mode with a busy timeout so they can.
@@ -17,6 +14,7 @@ write here; SQLite runs in WAL mode with a busy timeout so they can.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,16 +23,7 @@ from sqlalchemy import JSON, DateTime, Integer, String, Text, create_engine, eve
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-STATUSES = ("pending", "running", "succeeded", "failed", "cancelled", "interrupted")
-TERMINAL = ("succeeded", "failed", "cancelled")
-RESUMABLE = ("interrupted", "failed", "cancelled")
-TRANSITIONS: dict[str, tuple[str, ...]] = {  # target → the statuses it may come from
-    "running": ("pending", *RESUMABLE),
-    "succeeded": ("running",),
-    "failed": ("pending", "running"),
-    "cancelled": ("pending", "running", "interrupted"),
-    "interrupted": ("running",),
-}
+from studies.status import TRANSITIONS, StudyStatus
 
 
 class Base(DeclarativeBase):
@@ -90,9 +79,9 @@ class NotFound(LookupError):
 class IllegalTransition(Exception):
     """The study's status does not allow the requested change (HTTP 409)."""
 
-    def __init__(self, study_id: str, current: str, target: str) -> None:
-        allowed = TRANSITIONS[target]
-        super().__init__(f"study {study_id} is {current}; only a study that is {' or '.join(allowed)} "
+    def __init__(self, study_id: str, current: str, target: str, allowed: Iterable[str] | None = None) -> None:
+        allowed = sorted(TRANSITIONS[StudyStatus(target)] if allowed is None else allowed)
+        super().__init__(f"study {study_id} is {current}; only a study that is {' or '.join(allowed) or '—'} "
                          f"can become {target}")
         self.current = current
 
@@ -167,7 +156,7 @@ class Store:
             if existing is not None:
                 return self._replay(existing, spec_hash), False
         now = _now()
-        row = StudyRow(id=study_id, name=spec["name"], spec=spec, spec_hash=spec_hash, status="pending",
+        row = StudyRow(id=study_id, name=spec["name"], spec=spec, spec_hash=spec_hash, status=str(StudyStatus.PENDING),
                        phase=None, planned={}, error=None, idempotency_key=idempotency_key, attempts=0,
                        created_at=now, updated_at=now)
         try:
@@ -194,28 +183,49 @@ class Store:
                                       "send a new key for a new study")
         return existing
 
-    def transition(self, study_id: str, target: str, error: str | None = None) -> Study:
-        """Move to `target` if the current status allows it (atomically); else `IllegalTransition`."""
-        values: dict[str, Any] = {"status": target, "updated_at": _now(), "error": error}
-        if target == "running":
+    def transition(self, study_id: str, target: StudyStatus, error: str | None = None, *,
+                   expect: Iterable[StudyStatus] | None = None, attempt: int | None = None) -> Study:
+        """Move to `target` if the current status allows it (atomically); else `IllegalTransition`.
+
+        `expect` narrows the allowed sources to the statuses the caller saw (a resume of a cancelled study
+        must not revive it after someone else moved it on); `attempt` fences a driver's writes to its own
+        attempt (a driver of an earlier attempt cannot write).
+        """
+        allowed = TRANSITIONS[StudyStatus(target)]
+        if expect is not None:
+            allowed = allowed & frozenset(StudyStatus(e) for e in expect)
+        values: dict[str, Any] = {"status": str(target), "updated_at": _now(), "error": error}
+        if target == StudyStatus.RUNNING:
             values["attempts"] = StudyRow.attempts + 1
-        if target == "succeeded":
+        if target == StudyStatus.SUCCEEDED:
             values["phase"] = None
-        stmt = (update(StudyRow).where(StudyRow.id == study_id, StudyRow.status.in_(TRANSITIONS[target]))
-                .values(**values))
+        stmt = update(StudyRow).where(StudyRow.id == study_id, StudyRow.status.in_([str(a) for a in allowed]))
+        if attempt is not None:
+            stmt = stmt.where(StudyRow.attempts == attempt)
         with Session(self.engine) as s, s.begin():
-            changed = s.execute(stmt).rowcount
+            changed = s.execute(stmt.values(**values)).rowcount
         study = self.get(study_id)
         if not changed:
-            raise IllegalTransition(study_id, study.status, target)
+            if attempt is not None and study.attempts != attempt:
+                raise IllegalTransition(study_id, f"{study.status} under attempt {study.attempts} (not {attempt})",
+                                        target, allowed)
+            raise IllegalTransition(study_id, study.status, target, allowed)
         return study
 
-    def set_phase(self, study_id: str, phase: str, trials: int) -> None:
-        """The driver started `phase` with `trials` planned trials."""
+    def is_current(self, study_id: str, attempt: int) -> bool:
+        """True while the study is `running` under `attempt`: what a driver checks before it trains."""
+        study = self.get(study_id)
+        return study.status == StudyStatus.RUNNING and study.attempts == attempt
+
+    def set_phase(self, study_id: str, phase: str, trials: int, attempt: int | None = None) -> None:
+        """The driver (of `attempt`, when given) started `phase` with `trials` planned trials."""
         with Session(self.engine) as s, s.begin():
             row = s.get(StudyRow, study_id)
             if row is None:
                 raise NotFound(study_id)
+            if attempt is not None and row.attempts != attempt:
+                raise IllegalTransition(study_id, f"{row.status} under attempt {row.attempts} (not {attempt})",
+                                        "running", [])
             row.phase, row.planned, row.updated_at = phase, {**row.planned, phase: trials}, _now()
 
 

@@ -4,6 +4,12 @@ Hierarchy (design.md): one experiment per study name; a study run (tag kind=stud
 phase (kind=phase), a grandchild per trial (kind=trial), nested with `mlflow.parentRunId`.
 Every run is found-or-created by its tags, so a resumed study never makes a second run for the
 same study, phase or trial. Only the study driver's process writes (SQLite allows one writer).
+
+Artifacts: an MLflow server stores them where it was told (`--artifacts-destination`); a database store
+(the embedded SQLite default) would put them in `./mlruns` of whatever directory the process started
+in, so experiments ptctl creates there get `artifact_root()` instead: `$PTCTL_ARTIFACT_ROOT`, else
+`<data dir>/mlartifacts`. `prepare_store` creates and migrates a database store once, before
+concurrent drivers would race to do it (the service calls it at start-up).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 
 from workers.paths import data_dir
 
@@ -29,6 +36,23 @@ MAX_PARAM = 6000  # MLflow's limit on a param value
 def default_tracking_uri() -> str:
     """`MLFLOW_TRACKING_URI` if set, else SQLite in the data directory (MLflow ≥3.13 refuses ./mlruns)."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{data_dir() / 'mlflow.db'}"
+
+
+def artifact_root() -> Path:
+    """Where experiments created on a database store keep their artifacts."""
+    return Path(os.environ.get("PTCTL_ARTIFACT_ROOT") or data_dir() / "mlartifacts").expanduser().absolute()
+
+
+def _is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://", "databricks"))
+
+
+def prepare_store(tracking_uri: str | None = None) -> str:
+    """Create and migrate the tracking store now (a database store: its schema), so that studies
+    started together do not race to do it; returns the URI."""
+    uri = tracking_uri or default_tracking_uri()
+    MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    return uri
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -49,8 +73,21 @@ class Tracker:
     def __init__(self, experiment: str, tracking_uri: str | None = None) -> None:
         self.uri = tracking_uri or default_tracking_uri()
         self.client = MlflowClient(tracking_uri=self.uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        self.experiment_id = self._experiment(experiment)
+
+    def _experiment(self, name: str) -> str:
+        """The experiment's id, created if needed (two drivers creating it at once: one wins, both use it)."""
+        found = self.client.get_experiment_by_name(name)
+        if found:
+            return found.experiment_id
+        location = None if _is_server(self.uri) else (artifact_root() / name).as_uri()
+        try:
+            return self.client.create_experiment(name, artifact_location=location)
+        except MlflowException:
+            found = self.client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return found.experiment_id
 
     # ---------------------------------------------------------------- runs
     def _find(self, tags: dict[str, str]) -> str | None:

@@ -55,13 +55,16 @@ class FakeExecutor:
         self.live.add(study_id)
         return study_id
 
-    def launch(self, handle, spec, study_id: str) -> None:
+    def launch(self, handle, spec, study_id: str, attempt: int) -> None:
         self.launched.append(study_id)
 
     def stop(self, study_id: str) -> bool:
         was = study_id in self.live
         self.live.discard(study_id)
         return was
+
+    def lost(self) -> str | None:
+        return None
 
     def check(self) -> str:
         return "fake executor"

@@ -140,3 +140,26 @@ def test_list_filters_and_pages(store):
     running, total = store.list(status="running")
     assert total == 2 and {s.id for s in running} == {"p1", "p3"}
     assert set(store.ids_with_status("running")) == {"p1", "p3"}
+
+
+def test_expect_narrows_the_sources_to_what_the_caller_saw(store):
+    """A submit saw `pending`: once a cancel moved the study on, its move to running must fail."""
+    store.create("x", SPEC, "h")
+    store.transition("x", "cancelled", error="cancelled by request")
+    with pytest.raises(IllegalTransition, match="is cancelled"):
+        store.transition("x", "running", expect=["pending"])
+    assert store.get("x").status == "cancelled" and store.get("x").attempts == 0
+
+
+def test_a_driver_writes_only_under_its_own_attempt(store):
+    store.create("a", SPEC, "h")
+    first = store.transition("a", "running").attempts
+    assert store.is_current("a", first)
+    store.transition("a", "cancelled")
+    store.transition("a", "running", expect=["cancelled"])  # resumed: attempt 2
+    assert not store.is_current("a", first) and store.is_current("a", first + 1)
+    with pytest.raises(IllegalTransition, match="attempt 2"):
+        store.transition("a", "succeeded", attempt=first)  # the stale driver's last word is refused
+    with pytest.raises(IllegalTransition):
+        store.set_phase("a", "tune", 3, attempt=first)
+    assert store.get("a").status == "running" and store.get("a").phase is None
