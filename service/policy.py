@@ -14,6 +14,9 @@ the URI with the service's rights, so a remote spec is held to the operator's se
   symlinked directory out of a root is caught here). Outside-root paths are refused before anything
   is looked up, so the check tells a client nothing about files it may not read.
 - hub datasets: refused unless `PTCTL_ALLOW_HF_HUB=true` (the workers would download from the network).
+  A hub name that looks like a local data file (`x.jsonl`) is refused either way. (`datasets` prefers a
+  local folder of the same name, relative to the worker's working directory: with the hub allowed, run
+  the workers from a directory that holds nothing else.)
 - tracking URI: omitted (the service's own) or equal, after normalisation, to the service's own or one
   listed in `PTCTL_TRACKING_URIS` (`*`: any).
 
