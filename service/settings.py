@@ -56,7 +56,7 @@ class Settings(BaseSettings):
         None, validation_alias=AliasChoices("MLFLOW_TRACKING_URI", "PTCTL_MLFLOW_TRACKING_URI"))
     # what a remote spec may name (service/policy.py); the local CLI is not bound by these
     data_roots: Annotated[list[Path] | None, NoDecode] = Field(
-        None, description="directories remote specs may read; None: the data directory")
+        None, description="directories remote specs may read; None: the data directory (corpora/ included)")
     allow_hf_hub: bool = False
     tracking_uris: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="tracking URIs remote specs may choose besides the service's own")
