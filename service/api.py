@@ -24,6 +24,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, 
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
+from service import policy
 from service.auth import Admin, Read
 from service.control import Control
 from service.progress import phase_progress, read_state, redact_uri, trial_table
@@ -118,6 +119,7 @@ async def submit(request: Request, response: Response,
                  idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> StudySummary:
     """Validate a `StudySpec` (JSON, or YAML with `Content-Type: application/yaml`), store it, start it."""
     spec = parse_spec(await request.body(), request.headers.get("content-type", ""))
+    await run_in_threadpool(policy.enforce, spec, _settings(request))  # what a remote spec may name (422)
     study, created = await run_in_threadpool(_control(request).submit, spec, idempotency_key)
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/studies/{study.id}"
@@ -194,6 +196,7 @@ def cancel(request: Request, study_id: str) -> StudySummary:
              responses={404: {}, 409: {}, 503: {}})
 def resume(request: Request, study_id: str) -> StudySummary:
     """Start a new driver on the same study id: finished phases and trials are not run again."""
+    policy.enforce(_control(request).store.get(study_id).spec, _settings(request), where=("spec",))  # as of now
     return summary(_control(request).resume(study_id))
 
 

@@ -52,6 +52,7 @@ class StudyDriverActor:
     """Runs one study to its end in a Ray worker process, reporting to the store."""
 
     def run(self, spec: dict[str, Any], study_id: str, database_url: str, attempt: int) -> str:
+        from service.policy import public_error
         from service.store import IllegalTransition, Store
         from studies.spec import StudySpec
         from studies.status import StudyStatus
@@ -71,7 +72,7 @@ class StudyDriverActor:
             outcome, error = StudyStatus.SUCCEEDED, None
         except Exception as exc:  # the study failed, not the actor: record why, then exit
             log.exception("study %s failed", study_id)
-            outcome, error = StudyStatus.FAILED, f"{type(exc).__name__}: {exc}"[:2000]
+            outcome, error = StudyStatus.FAILED, public_error(exc)  # no text a remote server sent
         try:
             store.transition(study_id, outcome, error=error, expect=[StudyStatus.RUNNING], attempt=attempt)
         except IllegalTransition as exc:  # cancelled meanwhile: the cancel stands

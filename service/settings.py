@@ -14,6 +14,9 @@
 | `PTCTL_ARTIFACT_ROOT` | `<data dir>/mlartifacts` | MLflow artifacts of experiments on a database store (no server) |
 | `RAY_ADDRESS` | none | join this Ray cluster instead of starting the embedded head |
 | `MLFLOW_TRACKING_URI` | `sqlite:///<data dir>/mlflow.db` | where studies log |
+| `PTCTL_DATA_ROOTS` | the data dir | directories a remote spec may read data from (`os.pathsep`- or comma-separated) |
+| `PTCTL_ALLOW_HF_HUB` | false | let a remote spec name a Hugging Face hub dataset (the workers download it) |
+| `PTCTL_TRACKING_URIS` | none | tracking URIs a remote spec may choose besides the service's own (`*`: any) |
 
 Secrets (`PTCTL_API_TOKENS`) are `SecretStr`: they never appear in a repr, a log line or a response;
 their format is checked by `tokens()` (not by a validator, whose error would echo the raw value).
@@ -23,11 +26,12 @@ This module imports only pydantic, so the CLI client loads it without Ray, MLflo
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from workers.paths import data_dir
 
@@ -53,6 +57,32 @@ class Settings(BaseSettings):
     ray_address: str | None = Field(None, validation_alias=AliasChoices("RAY_ADDRESS", "PTCTL_RAY_ADDRESS"))
     mlflow_tracking_uri: str | None = Field(
         None, validation_alias=AliasChoices("MLFLOW_TRACKING_URI", "PTCTL_MLFLOW_TRACKING_URI"))
+    # what a remote spec may name (service/policy.py); the local CLI is not bound by these
+    data_roots: Annotated[list[Path] | None, NoDecode] = Field(
+        None, description="directories remote specs may read; None: the data directory (corpora/ included)")
+    allow_hf_hub: bool = False
+    tracking_uris: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="tracking URIs remote specs may choose besides the service's own")
+
+    @field_validator("data_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: object) -> object:
+        """`/a:/b` or `/a,/b`; empty: the default."""
+        if not isinstance(value, str):
+            return value
+        roots = [p.strip() for p in value.replace(os.pathsep, ",").split(",") if p.strip()]
+        return roots or None
+
+    @field_validator("data_roots")
+    @classmethod
+    def _absolute_roots(cls, value: list[Path] | None) -> list[Path] | None:
+        return None if value is None else [p.expanduser().absolute() for p in value]
+
+    @field_validator("tracking_uris", mode="before")
+    @classmethod
+    def _split_uris(cls, value: object) -> object:
+        """`uri1,uri2` (commas only: ':' is part of a URI)."""
+        return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
 
     @field_validator("ray_address", "mlflow_tracking_uri", "database_url", "api_tokens", mode="before")
     @classmethod

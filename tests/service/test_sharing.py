@@ -1,0 +1,188 @@
+"""A service several people share: a real `ptctl serve` on a fresh data directory with the embedded
+SQLite MLflow store and its own embedded Ray head (not the session's server: these tests kill things).
+
+In order: first studies submitted together on a fresh store all run; submit-then-cancel races and
+cancel/resume storms always end as the last answered request says; no Ray process sees the API's
+tokens; losing the Ray head interrupts a study and resume finishes it; SIGTERM stops the API cleanly
+while its drivers keep running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from service import ray_head
+from studies import load_catalog
+from tests.conftest import DEFAULT_DATA
+from tests.service.conftest import ADMIN, READ, Server, wait_for
+from tests.service.test_cancel import ray_work
+
+pytestmark = pytest.mark.slow
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def _spec(name: str, trials: int = 2, seed: int = 0, steps: int = 20) -> str:
+    data = load_catalog("tiny").as_dict()
+    data["name"] = name
+    data["train"] |= {"steps": steps}
+    data["tune"] |= {"num_trials": trials, "seed": seed, "asha": {"enabled": False}}
+    data["verify"] = None
+    return yaml.safe_dump(data)
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """`ptctl serve` on an empty data directory (only the corpus cache linked), MLflow on SQLite there."""
+    data = tmp_path_factory.mktemp("ptctl-fresh")
+    (DEFAULT_DATA / "corpora").mkdir(parents=True, exist_ok=True)
+    (data / "corpora").symlink_to(DEFAULT_DATA / "corpora")
+    env = {**os.environ, "PTCTL_DATA_DIR": str(data), "MLFLOW_TRACKING_URI": "", "RAY_ADDRESS": "",
+           "PTCTL_API_TOKENS": f"admin:{ADMIN},read:{READ}", "PTCTL_RAY_NUM_CPUS": "2", "PTCTL_RECONCILE_S": "1",
+           "PTCTL_TOKEN": "", "PTCTL_SERVER": ""}
+    srv = Server(env, data / "api.log")
+    srv.data = data
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.stop()
+        ray_head.stop(data)
+
+
+def _submit(api, name: str, **kw) -> str:
+    response = api.post("/studies", content=_spec(name, **kw), headers={"Content-Type": "application/yaml"})
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def _status(api, study_id: str) -> dict:
+    return api.get(f"/studies/{study_id}").json()
+
+
+def _drivers(data: Path) -> list[int]:
+    return [pid for pid, title in ray_work(data).items() if title.startswith("ray::StudyDriverActor")]
+
+
+def test_first_studies_submitted_together_all_run(fresh):
+    """Four studies at once on a fresh data directory: none fails creating the MLflow store."""
+    assert (fresh.data / "mlflow.db").exists(), "the API did not create the MLflow store at start-up"
+    with fresh.client() as api:
+        ids: list[str] = []
+        threads = [threading.Thread(target=lambda i=i: ids.append(_submit(api, f"first-{i}", seed=i)))
+                   for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        finals = [wait_for(lambda s=s: (d := _status(api, s))["status"] in TERMINAL and d, 420,
+                           f"study {s} to finish", interval=2) for s in ids]
+    assert [f["status"] for f in finals] == ["succeeded"] * 4, [(f["id"], f["error"]) for f in finals]
+    assert not (Path.cwd() / "mlruns").exists()
+    assert list((fresh.data / "mlartifacts").rglob("report.md")), "artifacts are not under the data directory"
+
+
+def test_a_cancel_answered_200_always_ends_cancelled(fresh):
+    """20 submit-then-cancel races: each ends cancelled, with no driver and no trial left running."""
+    with fresh.client() as api:
+        ids = []
+        for i in range(20):
+            study_id = _submit(api, f"race-{i}", seed=i)
+            cancelled = api.post(f"/studies/{study_id}/cancel")
+            assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
+            ids.append(study_id)
+        wait_for(lambda: not ray_work(fresh.data), 60, "every driver and trial to stop")
+        time.sleep(5)  # a driver that was still starting would have begun training by now
+        assert not ray_work(fresh.data), ray_work(fresh.data)
+        statuses = {s: _status(api, s)["status"] for s in ids}
+    assert set(statuses.values()) == {"cancelled"}, statuses
+
+
+def test_cancel_resume_storm_ends_as_the_last_answer_says(fresh):
+    with fresh.client() as api:
+        study_id = _submit(api, "storm", trials=4, steps=40)
+        answers: list[tuple[float, str, int]] = []
+        lock = threading.Lock()
+
+        def hit(verb: str) -> None:
+            for _ in range(6):
+                code = api.post(f"/studies/{study_id}/{verb}").status_code
+                with lock:
+                    answers.append((time.monotonic(), verb, code))
+
+        threads = [threading.Thread(target=hit, args=(v,)) for v in ("cancel", "resume", "cancel", "resume")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(code in (200, 409, 503) for _, _, code in answers), answers
+        if _status(api, study_id)["status"] != "cancelled":
+            assert api.post(f"/studies/{study_id}/cancel").status_code == 200
+        wait_for(lambda: not ray_work(fresh.data), 60, "the storm's drivers and trials to stop")
+        time.sleep(3)
+        assert not ray_work(fresh.data) and _status(api, study_id)["status"] == "cancelled"
+        resumed = api.post(f"/studies/{study_id}/resume")
+        assert resumed.status_code == 200 and resumed.json()["status"] == "running"
+        final = wait_for(lambda: (d := _status(api, study_id))["status"] in TERMINAL and d, 300,
+                         "the resumed study to finish", interval=2)
+    assert final["status"] == "succeeded", final["error"]
+    assert len([p for p in (fresh.data / "studies").iterdir() if p.name == study_id]) == 1
+
+
+def test_api_tokens_never_reach_a_ray_process(fresh):
+    with fresh.client() as api:
+        study_id = _submit(api, "secrets", trials=2)
+        wait_for(lambda: len(ray_work(fresh.data)) >= 2, 120, "a driver and a trial to run")
+        leaks = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) in (os.getpid(), fresh.proc.pid):
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if ADMIN.encode() in environ or READ.encode() in environ:
+                leaks.append((entry.name, (entry / "cmdline").read_bytes()[:80]))
+        wait_for(lambda: _status(api, study_id)["status"] in TERMINAL, 300, "the study to finish", interval=2)
+    assert not leaks, f"processes with the API tokens in their environment: {leaks}"
+
+
+def test_losing_the_ray_head_interrupts_and_resume_finishes(fresh):
+    with fresh.client() as api:
+        study_id = _submit(api, "headless", trials=4, steps=40)
+        wait_for(lambda: _status(api, study_id)["progress"]["tune"]["done"] >= 1, 240, "a finished tune trial")
+        head = ray_head.running(fresh.data)
+        os.killpg(head.pgid, signal.SIGKILL)  # the whole head: GCS, raylet, the driver and its trials
+        lost = wait_for(lambda: (d := _status(api, study_id))["status"] == "interrupted" and d, 60,
+                        "the study to be marked interrupted")
+        assert "Ray head stopped" in lost["error"] and "resume" in lost["error"]
+        assert fresh.proc.poll() is None, "the API died with the Ray head"
+        resumed = api.post(f"/studies/{study_id}/resume")
+        assert resumed.status_code == 200, resumed.text
+        final = wait_for(lambda: (d := _status(api, study_id))["status"] in TERMINAL and d, 300,
+                         "the resumed study to finish", interval=2)
+    assert final["status"] == "succeeded", final["error"]
+    assert final["attempts"] == 2
+
+
+def test_sigterm_stops_the_api_cleanly_and_drivers_keep_running(fresh):
+    with fresh.client() as api:
+        study_id = _submit(api, "outlives", trials=4, steps=40)
+        wait_for(lambda: _drivers(fresh.data), 120, "the study's driver")
+    start = fresh.log.stat().st_size
+    fresh.proc.send_signal(signal.SIGTERM)
+    assert fresh.proc.wait(30) == 0
+    log = fresh.log.read_text()[start:]
+    assert "Traceback" not in log and "Shutting down" in log, log[-3000:]
+    assert _drivers(fresh.data), "the driver died with the API"
+    fresh.start()
+    with fresh.client() as api:
+        final = wait_for(lambda: (d := _status(api, study_id))["status"] in TERMINAL and d, 300,
+                         "the study to finish after the restart", interval=2)
+    assert final["status"] == "succeeded", final["error"]
