@@ -4,6 +4,12 @@ Hierarchy (design.md): one experiment per study name; a study run (tag kind=stud
 phase (kind=phase), a grandchild per trial (kind=trial), nested with `mlflow.parentRunId`.
 Every run is found-or-created by its tags, so a resumed study never makes a second run for the
 same study, phase or trial. Only the study driver's process writes (SQLite allows one writer).
+
+A tracking server that is unreachable for a while (restarted, network blip) delays logging, nothing more:
+every client call is retried with exponential backoff (0.5 s doubling to 10 s) for up to
+`PTCTL_MLFLOW_RETRY_S` seconds (default 300), then fails with `TrackingUnavailable` naming the server and
+the cause. MLflow's own HTTP retries (7 with backoff up to ~4 min, then a 120 s timeout per request) are
+turned down to 2 retries and a 30 s timeout unless set in the environment, so this budget is the one that counts.
 """
 
 from __future__ import annotations
@@ -16,14 +22,69 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import requests
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 
 from workers.paths import data_dir
 
 log = logging.getLogger(__name__)
 PARENT = "mlflow.parentRunId"
 MAX_PARAM = 6000  # MLflow's limit on a param value
+RETRY_S = 300.0  # default of PTCTL_MLFLOW_RETRY_S: how long a call waits for an unreachable tracking server
+for _name, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
+                      ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")):
+    os.environ.setdefault(_name, _value)  # short inner retries: `_Retrying`'s budget is the one that counts
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking server stayed unreachable past `PTCTL_MLFLOW_RETRY_S`."""
+
+
+def _transient(exc: BaseException) -> bool:
+    """A failure worth waiting out: the server unreachable, timing out, restarting (502/503/504) or throttling."""
+    if isinstance(exc, MlflowException) and exc.get_http_status_code() in (429, 502, 503, 504):
+        return True
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class _Retrying:
+    """An MlflowClient whose calls wait out a transient outage with bounded exponential backoff."""
+
+    def __init__(self, client: MlflowClient, uri: str) -> None:
+        self._client, self._uri = client, uri
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        return self._wrap(name, attr) if callable(attr) else attr
+
+    def _wrap(self, name: str, call):
+        def retried(*args, **kwargs):
+            budget = float(os.environ.get("PTCTL_MLFLOW_RETRY_S") or RETRY_S)
+            start, delay = time.monotonic(), 0.5
+            while True:
+                try:
+                    return call(*args, **kwargs)
+                except Exception as exc:
+                    waited = time.monotonic() - start
+                    if not _transient(exc):
+                        raise
+                    if waited + delay > budget:
+                        raise TrackingUnavailable(
+                            f"MLflow tracking server {self._uri} unreachable for {waited:.0f} s ({name}): "
+                            f"{str(exc).splitlines()[0][:300]}; check that it is up, or raise PTCTL_MLFLOW_RETRY_S "
+                            f"(now {budget:g} s)") from exc
+                    log.warning("MLflow %s at %s failed (%s); retrying in %.1f s", name, self._uri,
+                                str(exc).splitlines()[0][:200], delay)
+                    time.sleep(delay)
+                    delay = min(2 * delay, 10.0)
+        return retried
 
 
 def default_tracking_uri() -> str:
@@ -48,7 +109,7 @@ class Tracker:
 
     def __init__(self, experiment: str, tracking_uri: str | None = None) -> None:
         self.uri = tracking_uri or default_tracking_uri()
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = _Retrying(MlflowClient(tracking_uri=self.uri), self.uri)
         found = self.client.get_experiment_by_name(experiment)
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
 
@@ -121,6 +182,10 @@ class Tracker:
                    if k != "step" and isinstance(v, int | float) and math.isfinite(float(v))]
         for i in range(0, len(metrics), 500):
             self.client.log_batch(run_id, metrics=metrics[i:i + 500])
+
+    def last_step(self, run_id: str, key: str) -> int:
+        """The highest step of metric `key` the run holds (0: none), so a restarted trial logs only later steps."""
+        return max((m.step for m in self.client.get_metric_history(run_id, key)), default=0)
 
     def log_artifacts(self, run_id: str, paths: Iterable[Path], artifact_path: str | None = None) -> None:
         for path in paths:
