@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,13 +39,17 @@ for _name, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_RE
     os.environ.setdefault(_name, _value)  # short inner retries: `_Retrying`'s budget is the one that counts
 
 
+TRANSIENT_CODES = ("TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "RESOURCE_EXHAUSTED")
+
+
 class TrackingUnavailable(RuntimeError):
     """The tracking server stayed unreachable past `PTCTL_MLFLOW_RETRY_S`."""
 
 
 def _transient(exc: BaseException) -> bool:
     """A failure worth waiting out: the server unreachable, timing out, restarting (502/503/504) or throttling."""
-    if isinstance(exc, MlflowException) and exc.get_http_status_code() in (429, 502, 503, 504):
+    if isinstance(exc, MlflowException) and (exc.get_http_status_code() in (429, 502, 503, 504)
+                                             or exc.error_code in TRANSIENT_CODES):
         return True
     seen: BaseException | None = exc
     while seen is not None:
@@ -52,6 +57,13 @@ def _transient(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _cause(exc: BaseException) -> str:
+    """The gist of a client failure: the OS error (`[Errno 111] Connection refused`) if there is one."""
+    text = str(exc)
+    found = re.search(r"\[Errno -?\d+\][^'\")]*", text)
+    return found.group(0).strip() if found else text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 class _Retrying:
@@ -78,10 +90,9 @@ class _Retrying:
                     if waited + delay > budget:
                         raise TrackingUnavailable(
                             f"MLflow tracking server {self._uri} unreachable for {waited:.0f} s ({name}): "
-                            f"{str(exc).splitlines()[0][:300]}; check that it is up, or raise PTCTL_MLFLOW_RETRY_S "
+                            f"{_cause(exc)}; check that it is up, or raise PTCTL_MLFLOW_RETRY_S "
                             f"(now {budget:g} s)") from exc
-                    log.warning("MLflow %s at %s failed (%s); retrying in %.1f s", name, self._uri,
-                                str(exc).splitlines()[0][:200], delay)
+                    log.warning("MLflow %s at %s failed (%s); retrying in %.1f s", name, self._uri, _cause(exc), delay)
                     time.sleep(delay)
                     delay = min(2 * delay, 10.0)
         return retried
