@@ -1,12 +1,15 @@
-"""Faults in the work itself, through real Ray Tune and MLflow on SQLite: a trial worker SIGKILLed mid-trial is
-retried from its checkpoint (one run, each step logged once), a diverged trial keeps its reason."""
+"""Faults in the work itself, through real Ray Tune and MLflow: a trial worker SIGKILLed mid-trial is retried from
+its checkpoint (one run, each step logged once), a diverged trial keeps its reason, and a tracking server stopped
+and restarted mid-phase delays the study's logging without losing a run."""
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import pandas as pd
 import pytest
 from mlflow import MlflowClient
@@ -94,3 +97,81 @@ def test_killed_trial_worker_is_retried_from_its_checkpoint(study_data_dir):
     for key in ("train_loss", "eval_loss"):
         steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
         assert sorted(steps) == list(range(EVERY, STEPS + 1, EVERY)), key  # each step once
+
+
+def _mlflow_server(root: Path, port: int) -> subprocess.Popen:
+    """A real MLflow tracking server on SQLite in `root` (as tests/service/conftest.py starts it)."""
+    log = open(root / "mlflow.log", "a")  # noqa: SIM115 (the server's own; closed with the test process)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(["mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+                             "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", "1"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        assert proc.poll() is None, (root / "mlflow.log").read_text()[-3000:]
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    pytest.fail("the MLflow server did not start")
+
+
+def test_an_mlflow_outage_mid_phase_delays_logging_and_loses_no_run(study_data_dir, tmp_path, caplog):
+    from tests.service.conftest import free_port
+    from workers.driver import run_study
+
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    servers = [_mlflow_server(tmp_path, port)]
+    data = load_catalog("tiny").as_dict()
+    data["name"] = "tiny-outage"
+    data["tune"] |= {"num_trials": 3, "max_concurrent": 1, "seed": 3, "asha": {"enabled": False}}
+    data["train"] |= {"steps": 60}
+    data["transfer"] = data["verify"] = None
+    data["resources"]["tracking"] = {"tracking_uri": uri}
+    spec = StudySpec.model_validate(data)
+    outage = {}
+
+    def stop_and_restart():
+        client = MlflowClient(uri)
+        while not client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                     "tags.kind = 'trial' and metrics.train_loss > 0"):
+            time.sleep(0.2)
+        os.killpg(servers[0].pid, signal.SIGTERM)
+        servers[0].wait(30)
+        outage["down"] = time.time()
+        time.sleep(3)
+        servers.append(_mlflow_server(tmp_path, port))
+        outage["up"] = time.time()
+
+    chaos = threading.Thread(target=stop_and_restart, daemon=True)
+    chaos.start()
+    try:
+        with caplog.at_level("WARNING", logger="workers.tracking"):
+            state = run_study(spec, "outage")
+        chaos.join(180)
+    finally:
+        for server in servers:
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGTERM)
+                server.wait(30)
+        servers.clear()
+    assert "down" in outage and "up" in outage, "the server was never stopped"
+    assert state.status == "succeeded"
+    assert any("retrying in" in r.getMessage() for r in caplog.records)  # the outage hit the study's logging
+    servers.append(_mlflow_server(tmp_path, port))
+    try:
+        client = MlflowClient(uri)
+        found = client.get_experiment_by_name(spec.experiment_name())
+        runs = client.search_runs([found.experiment_id], "tags.kind = 'trial' and tags.study_id = 'outage'")
+        assert len(runs) == len({r.data.tags["trial_key"] for r in runs}) == 3
+        assert all(r.info.status == "FINISHED" and r.data.tags["status"] == "completed" for r in runs)
+        for run in runs:
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+            assert sorted(steps) == [10, 20, 30, 40, 50, 60]
+    finally:
+        os.killpg(servers[0].pid, signal.SIGTERM)
+        servers[0].wait(30)
