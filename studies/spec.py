@@ -247,6 +247,9 @@ class ResourcesSpec(BaseModel):
     gpus_per_trial: float = Field(0, ge=0, description="GPUs per tune trial; fractions (0.25) allowed")
     transfer_gpus: float | None = Field(
         None, ge=0, description="GPUs per transfer/verify/validate trial; None: 1 if any GPU, else 0")
+    max_retries: int = Field(
+        2, ge=0, le=10, description="times a trial whose worker dies (killed, node lost) is restarted from its last "
+        "checkpoint before it is recorded failed; 0: never")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="the MLflow target")
 
     @model_validator(mode="after")
@@ -390,8 +393,14 @@ class StudySpec(BaseModel):
         return yaml.safe_dump(self.as_dict(), sort_keys=False, allow_unicode=True)
 
     def content_hash(self) -> str:
-        """sha256 of the canonical JSON (sorted keys, defaults filled in): equal specs hash equal."""
-        canonical = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+        """sha256 of the canonical JSON (sorted keys, defaults filled in): equal specs hash equal.
+
+        `resources.max_retries` is left out: it changes how a study copes with faults, not what it computes,
+        so a study keeps its id (and can be resumed) when it is changed.
+        """
+        data = self.as_dict()
+        data["resources"].pop("max_retries", None)
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     # ----------------------------------------------------------------------------- helpers

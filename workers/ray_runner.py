@@ -4,6 +4,11 @@ Every phase is a Ray Tune experiment stored under the study's folder, so a kille
 `Tuner.restore` it: `tune` searches with OptunaSearch (TPE) and ASHA; `transfer`, `verify` and
 `validate` run a fixed list of planned trials (`studies.plan`) as a grid. Trials report to Tune at
 every evaluation; `MlflowTrials`, a callback in the driver process, writes their nested runs.
+
+Faults: every evaluation's report carries a checkpoint (`workers.train`'s resumable state), and a trial whose
+worker dies is restarted from it up to `resources.max_retries` times (Tune's `FailureConfig`) before it is
+recorded `failed`. A restarted or restored trial logs only the steps its MLflow run does not have yet, so
+its history holds each step once. Why a trial diverged or failed is a tag on its run and the table's `message`.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,7 @@ from workers.train import TrialConfig, train_trial  # noqa: E402
 
 log = logging.getLogger(__name__)
 OBJECTIVE = "objective"  # eval loss; the loss ceiling (train.max_loss) for a diverged trial
+STATE_FILE = "state.pt"  # a trial checkpoint: `workers.train`'s resumable state, torch.save'd
 FINAL_KEYS = ("status", "eval_loss", "best_eval_loss", "steps", "tokens", "wall_time_s", "params", "message")
 
 
@@ -67,21 +75,51 @@ def trial_config(spec: StudySpec, trial: dict[str, Any]) -> dict[str, Any]:
 
 
 def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cpus: float) -> None:
-    """One Tune trial: train, report each evaluation, then one final result with the status."""
+    """One Tune trial: train (from its last checkpoint when Tune restarts it), report each evaluation with a
+    checkpoint, then one final result with the status."""
     spec = StudySpec.model_validate(spec_dict)
     trial = planned_trial(spec, phase, config, tune.get_context().get_trial_id())
     cfg = TrialConfig.from_dict(trial_config(spec, trial))
     torch.set_num_threads(max(1, int(cpus)))
+    resume = _checkpointed_state()
+    resumed = {"resumed_from": resume["step"]} if resume else {}
 
-    def progress(row: dict[str, Any]) -> None:
-        if "eval_loss" in row and row["step"] < cfg.steps:  # the last step comes with the final result
-            tune.report({**row, OBJECTIVE: row["eval_loss"]})
+    def checkpoint(row: dict[str, Any], state: dict[str, Any]) -> None:
+        if row["step"] >= cfg.steps:  # the last step comes with the final result
+            return
+        with tempfile.TemporaryDirectory(prefix="ptctl-ckpt-") as folder:  # tune.report copies it to storage
+            torch.save(state, Path(folder) / STATE_FILE)
+            tune.report({**row, **resumed, OBJECTIVE: row["eval_loss"]},
+                        checkpoint=tune.Checkpoint.from_directory(folder))
 
-    result = train_trial(cfg, progress)
+    result = train_trial(cfg, checkpoint=checkpoint, resume=resume)
     last = result.history[-1] if result.history else {"step": result.steps}
     final = {k: getattr(result, k) for k in FINAL_KEYS}
     objective = result.eval_loss if result.status == "completed" else cfg.max_loss
-    tune.report({**last, **final, "step": result.steps, OBJECTIVE: objective})
+    tune.report({**last, **final, **resumed, "step": result.steps, OBJECTIVE: objective})
+
+
+def _checkpointed_state() -> dict[str, Any] | None:
+    """The state of this trial's last checkpoint, if Tune restarts (retry) or restores (resume) it."""
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as folder:
+        return torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=True)
+
+
+def failure_cause(text: str | None) -> str:
+    """One line from an error's text: the last `SomethingError: ...` line of a traceback, else its first line."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    blocks = [i for i, line in enumerate(lines) if line.startswith("Failure # ")]  # Tune's error file
+    lines = lines[blocks[-1] + 1:] if blocks else lines
+    raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b", line)]
+    return (raised[-1] if raised else lines[0] if lines else "unknown error")[:500]
+
+
+def _trial_error(trial) -> str:
+    path = trial.error_file
+    return failure_cause(Path(path).read_text(errors="replace") if path and Path(path).exists() else None)
 
 
 class MlflowTrials(tune.Callback):
@@ -94,10 +132,14 @@ class MlflowTrials(tune.Callback):
         self.tags = dict(tags or {})  # on every trial run; a "phase" here overrides `phase` (compare's tunes)
         self._tracker: Tracker | None = None
         self._runs: dict[str, str] = {}
+        self._logged: dict[str, int] = {}  # trial id → the last step its run holds (a restart logs only later ones)
+        self._tagged: dict[str, int] = {}  # trial id → the checkpoint step it was last resumed from (tagged)
+        self._stepped = False  # on_step_begin has run: a restored experiment's finished trials are counted
         self.notify: Callable[[dict[str, Any]], None] | None = None  # told of each finished trial
 
     def __getstate__(self) -> dict:  # Tune pickles callbacks with the experiment; clients stay behind
-        return {**self.__dict__, "_tracker": None, "_runs": {}, "notify": None}
+        return {**self.__dict__, "_tracker": None, "_runs": {}, "_logged": {}, "_tagged": {}, "_stepped": False,
+                "notify": None}
 
     @property
     def tracker(self) -> Tracker:
@@ -115,28 +157,55 @@ class MlflowTrials(tune.Callback):
             run = self.tracker.trial_run(self.study_id, self.phase, planned["trial_key"], self.phase_run,
                                          {k: str(v) for k, v in tags.items()})
             self.tracker.log_params(run, trial_config(spec, planned))
+            self._logged[trial.trial_id] = self.tracker.last_step(run, "train_loss")
             self._runs[trial.trial_id] = run
         return self._runs[trial.trial_id]
+
+    def on_step_begin(self, iteration, trials, **info) -> None:
+        """Once: a restored experiment's trials that had finished before count as done (progress bars)."""
+        if self._stepped:
+            return
+        self._stepped = True
+        for trial in trials:
+            if trial.status == "TERMINATED" and self.notify is not None:
+                last = trial.last_result or {}
+                self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": last.get("status", "stopped"),
+                             "eval_loss": last.get("eval_loss"), "restored": True})
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self._run(trial)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        run = self._run(trial)
+        if result.get("resumed_from") and self._tagged.get(trial.trial_id) != result["resumed_from"]:
+            self.tracker.set_tags(run, {"resumed_from_step": result["resumed_from"]})
+            self._tagged[trial.trial_id] = result["resumed_from"]
+        if result["step"] <= self._logged.get(trial.trial_id, 0):  # a restart's repeat of a step the run has
+            return
         row = {k: v for k, v in result.items() if k == "step" or k.startswith(METRIC_PREFIXES)}
-        self.tracker.log_metrics(self._run(trial), [row])
+        self.tracker.log_metrics(run, [row])
+        self._logged[trial.trial_id] = row["step"]
         collapsed = sorted(k.rsplit(".", 1)[1] for k, v in row.items() if k.startswith("tau.collapse.") and v)
         if collapsed:  # TauGPT's collapse warning (analysis.taumode), also visible in the runs table
             self.tracker.set_tags(self._run(trial), {"taumode_collapse": f"step {row['step']}: {', '.join(collapsed)}"})
 
+    def on_trial_recover(self, iteration, trials, trial, **info) -> None:
+        """The trial's worker failed and Tune restarts it (from its last checkpoint): the run stays `running`."""
+        self.tracker.set_tags(self._run(trial), {"retries": trial.num_failures, "last_failure": _trial_error(trial)})
+
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         last = trial.last_result or {}
-        self._end(trial, last.get("status", "stopped"), "FINISHED", last.get("eval_loss"))  # no status: ASHA
+        status = last.get("status", "stopped")  # no status: stopped by ASHA
+        why = {"diverged_reason": last.get("message") or "unknown"} if status == "diverged" else {}
+        self._end(trial, status, "FINISHED", last.get("eval_loss"), why)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._end(trial, "failed", "FAILED", None)
+        """Retries used up (or none allowed): the trial is failed, with the cause of its last failure."""
+        self._end(trial, "failed", "FAILED", None, {"failure": _trial_error(trial), "retries": trial.num_failures})
 
-    def _end(self, trial, status: str, run_status: str, eval_loss: float | None) -> None:
-        self.tracker.set_tags(self._run(trial), {"status": status})
+    def _end(self, trial, status: str, run_status: str, eval_loss: float | None,
+             tags: dict[str, Any] | None = None) -> None:
+        self.tracker.set_tags(self._run(trial), {"status": status, **(tags or {})})
         self.tracker.finish(self._run(trial), run_status)
         if self.notify is not None:
             self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": status, "eval_loss": eval_loss})
@@ -153,15 +222,31 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
         tune.with_parameters(_trainable, spec_dict=spec.as_dict(), phase=phase, cpus=res.cpus_per_trial),
         {"cpu": res.cpus_per_trial, "gpu": gpus})
     path = storage / phase
+    faults = {"callbacks": [callback], "failure_config": tune.FailureConfig(max_failures=res.max_retries),
+              "checkpoint_config": tune.CheckpointConfig(num_to_keep=1)}  # the latest one is all a restart needs
     if tune.Tuner.can_restore(path):
         log.info("restoring the %s phase from %s", phase, path)
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
+        _renew(tuner, faults)
     else:
         tuner = tune.Tuner(trainable, param_space=_param_space(planned), tune_config=_tune_config(spec, phase),
-                           run_config=tune.RunConfig(name=phase, storage_path=str(storage), callbacks=[callback],
-                                                     verbose=0, log_to_file=True))
+                           run_config=tune.RunConfig(name=phase, storage_path=str(storage), verbose=0,
+                                                     log_to_file=True, **faults))
     grid = tuner.fit()
     return trial_table(spec, phase, grid)
+
+
+def _renew(tuner: tune.Tuner, faults: dict[str, Any]) -> None:
+    """A restored Tuner runs with the RunConfig pickled at its start: its callback lost the driver's `notify`
+    (the progress bar) and its retry and checkpoint settings may be older. Put this run's in (the Tuner runs in
+    this process unless Ray Client is used, where the pickled ones stay)."""
+    local = getattr(tuner, "_local_tuner", None)
+    if local is None:
+        log.warning("restored Tuner runs remotely (Ray Client): keeping its pickled callbacks and failure settings")
+        return
+    run_config = local.get_run_config()
+    for key, value in faults.items():
+        setattr(run_config, key, value)
 
 
 def _param_space(planned: list[dict] | None) -> dict[str, Any]:
@@ -191,12 +276,13 @@ def trial_table(spec: StudySpec, phase: str, grid) -> pd.DataFrame:
         trial_id = m.get("trial_id") or Path(result.path).name
         planned = planned_trial(spec, phase, result.config, trial_id)
         status = m.get("status") or ("failed" if result.error else "stopped")
+        message = failure_cause(str(result.error)) if result.error else m.get("message") or ""
         eval_loss = m.get("eval_loss", math.nan) if status in ("completed", "stopped") else math.nan
         rows.append({"trial_id": planned["trial_key"], "phase": phase, "width": planned["width"],
                      "seed": planned["seed"], "status": status, "eval_loss": eval_loss,
                      "best_eval_loss": m.get("best_eval_loss", eval_loss), "steps": m.get("step", 0),
                      "tokens": m.get("tokens", 0), "wall_time_s": m.get("wall_time_s", m.get("time_total_s")),
-                     "params": m.get("params"), "is_centre": planned["is_centre"],
+                     "params": m.get("params"), "is_centre": planned["is_centre"], "message": message,
                      "parametrization": planned.get("parametrization", spec.model.parametrization),
                      **{k: planned[k] for k in COMPARE_KEYS if k in planned}, **planned["hparams"]})
     return pd.DataFrame(rows).sort_values("trial_id", kind="stable").reset_index(drop=True)

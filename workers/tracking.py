@@ -10,6 +10,12 @@ Artifacts: an MLflow server stores them where it was told (`--artifacts-destinat
 in, so experiments ptctl creates there get `artifact_root()` instead: `$PTCTL_ARTIFACT_ROOT`, else
 `<data dir>/mlartifacts`. `prepare_store` creates and migrates a database store once, before
 concurrent drivers would race to do it (the service calls it at start-up).
+
+A tracking server that is unreachable for a while (restarted, network blip) delays logging, nothing more:
+every client call is retried with exponential backoff (0.5 s doubling to 10 s) for up to
+`PTCTL_MLFLOW_RETRY_S` seconds (default 300), then fails with `TrackingUnavailable` naming the server and
+the cause. MLflow's own HTTP retries (7 with backoff up to ~4 min, then a 120 s timeout per request) are
+turned down to 2 retries and a 30 s timeout unless set in the environment, so this budget is the one that counts.
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import requests
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
@@ -31,6 +39,69 @@ from workers.paths import data_dir
 log = logging.getLogger(__name__)
 PARENT = "mlflow.parentRunId"
 MAX_PARAM = 6000  # MLflow's limit on a param value
+RETRY_S = 300.0  # default of PTCTL_MLFLOW_RETRY_S: how long a call waits for an unreachable tracking server
+for _name, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
+                      ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")):
+    os.environ.setdefault(_name, _value)  # short inner retries: `_Retrying`'s budget is the one that counts
+
+
+TRANSIENT_CODES = ("TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "RESOURCE_EXHAUSTED")
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking server stayed unreachable past `PTCTL_MLFLOW_RETRY_S`."""
+
+
+def _transient(exc: BaseException) -> bool:
+    """A failure worth waiting out: the server unreachable, timing out, restarting (502/503/504) or throttling."""
+    if isinstance(exc, MlflowException) and (exc.get_http_status_code() in (429, 502, 503, 504)
+                                             or exc.error_code in TRANSIENT_CODES):
+        return True
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _cause(exc: BaseException) -> str:
+    """The gist of a client failure: the OS error (`[Errno 111] Connection refused`) if there is one."""
+    text = str(exc)
+    found = re.search(r"\[Errno -?\d+\][^'\")]*", text)
+    return found.group(0).strip() if found else text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+class _Retrying:
+    """An MlflowClient whose calls wait out a transient outage with bounded exponential backoff."""
+
+    def __init__(self, client: MlflowClient, uri: str) -> None:
+        self._client, self._uri = client, uri
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        return self._wrap(name, attr) if callable(attr) else attr
+
+    def _wrap(self, name: str, call):
+        def retried(*args, **kwargs):
+            budget = float(os.environ.get("PTCTL_MLFLOW_RETRY_S") or RETRY_S)
+            start, delay = time.monotonic(), 0.5
+            while True:
+                try:
+                    return call(*args, **kwargs)
+                except Exception as exc:
+                    waited = time.monotonic() - start
+                    if not _transient(exc):
+                        raise
+                    if waited + delay > budget:
+                        raise TrackingUnavailable(
+                            f"MLflow tracking server {self._uri} unreachable for {waited:.0f} s ({name}): "
+                            f"{_cause(exc)}; check that it is up, or raise PTCTL_MLFLOW_RETRY_S "
+                            f"(now {budget:g} s)") from exc
+                    log.warning("MLflow %s at %s failed (%s); retrying in %.1f s", name, self._uri, _cause(exc), delay)
+                    time.sleep(delay)
+                    delay = min(2 * delay, 10.0)
+        return retried
 
 
 def default_tracking_uri() -> str:
@@ -72,7 +143,7 @@ class Tracker:
 
     def __init__(self, experiment: str, tracking_uri: str | None = None) -> None:
         self.uri = tracking_uri or default_tracking_uri()
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = _Retrying(MlflowClient(tracking_uri=self.uri), self.uri)
         self.experiment_id = self._experiment(experiment)
 
     def _experiment(self, name: str) -> str:
@@ -158,6 +229,10 @@ class Tracker:
                    if k != "step" and isinstance(v, int | float) and math.isfinite(float(v))]
         for i in range(0, len(metrics), 500):
             self.client.log_batch(run_id, metrics=metrics[i:i + 500])
+
+    def last_step(self, run_id: str, key: str) -> int:
+        """The highest step of metric `key` the run holds (0: none), so a restarted trial logs only later steps."""
+        return max((m.step for m in self.client.get_metric_history(run_id, key)), default=0)
 
     def log_artifacts(self, run_id: str, paths: Iterable[Path], artifact_path: str | None = None) -> None:
         for path in paths:

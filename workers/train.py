@@ -8,6 +8,10 @@ The model's `objective` ("mlm" or "clm") must match the data's. A model with `ca
 from the first training batch; one with `monitor` adds its statistics (TauGPT: `tau.*`, with collapse
 flags) to every evaluation's row, computed on a fixed held-out batch. Batches the data stream diverts
 (`data.stream_val_every`) give `stream_val_loss`.
+
+At every evaluation an optional `checkpoint(row, state)` hook receives the trial's whole resumable state
+(model, optimiser, step, RNG, plateau and history; the data position is the step: the seeded stream is
+replayed); `train_trial(..., resume=state)` continues from it and ends where an undisturbed run ends.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from workers.models import build_model, objective_of
 from workers.models.pt import mlm_loss
 
 Progress = Callable[[dict[str, Any]], None]
+TrainState = dict[str, Any]  # what `checkpoint` receives and `resume` takes; torch.save-able with weights_only
+Checkpoint = Callable[[dict[str, Any], TrainState], None]
 SCHEDULES = ("cosine", "linear", "constant")
 logger = logging.getLogger(__name__)
 
@@ -166,7 +172,9 @@ def _batch_loss(model: torch.nn.Module, batch: Batch, device: torch.device) -> t
     return mlm_loss(logits, labels[select])
 
 
-def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None = None) -> TrialResult:
+def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None = None,
+                checkpoint: Checkpoint | None = None, resume: TrainState | None = None) -> TrialResult:
+    """Train one trial; `checkpoint` gets (row, state) at every evaluation, `resume` continues from a state."""
     cfg = config if isinstance(config, TrialConfig) else TrialConfig.from_dict(config)
     objective = objective_of(cfg.model)
     if objective != cfg.data.objective:
@@ -192,7 +200,23 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
     tokens = 0
     plateau_scale, stale = 1.0, 0
     start = time.perf_counter()
-    for step in range(1, cfg.steps + 1):
+    first = 1
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+        opt.load_state_dict(resume["optimizer"])
+        first = resume["step"] + 1
+        for _ in range(resume["step"]):  # the data position: the seeded stream replayed, diverted batches dropped
+            next(batches)
+        batches.take_diverted()
+        history, monitored = list(resume["history"]), list(resume["monitored"])
+        best, eval_loss, loss_value = resume["best"], resume["eval_loss"], resume["train_loss"]
+        tokens = resume["tokens"]
+        plateau_scale, stale = resume["plateau_scale"], resume["stale"]
+        start -= resume["wall_time_s"]
+        torch.set_rng_state(resume["rng"])
+        if resume.get("cuda_rng") is not None and device.type == "cuda":
+            torch.cuda.set_rng_state(resume["cuda_rng"], device)
+    for step in range(first, cfg.steps + 1):
         step_scale = plateau_scale  # the plateau's scale on this step's lr (an eval below may lower the next)
         factor = lr_factor(step - 1, cfg) * step_scale
         for group, base in zip(opt.param_groups, base_lrs, strict=True):
@@ -241,7 +265,21 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
             history.append(row)
             if progress is not None:
                 progress(row)
+            if evaluated and checkpoint is not None:
+                checkpoint(row, _state(step, model, opt, device, history=list(history), monitored=list(monitored),
+                                       best=best, eval_loss=eval_loss, train_loss=loss_value, tokens=tokens,
+                                       stale=stale, plateau_scale=plateau_scale,
+                                       wall_time_s=time.perf_counter() - start))
     return _result("completed", eval_loss, best, loss_value, cfg.steps, tokens, start, params, history)
+
+
+def _state(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
+           **loop: Any) -> TrainState:
+    """Everything `train_trial(resume=...)` needs to continue after `step` (tensors, numbers, lists, dicts).
+    The tensors are the live ones: a `checkpoint` hook serialises the state before it returns."""
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
+            "rng": torch.get_rng_state(), "cuda_rng": cuda_rng, **loop}
 
 
 def _stream_val(model: torch.nn.Module, batches, device: torch.device) -> dict[str, float]:

@@ -115,8 +115,19 @@ def test_content_hash_is_stable_under_key_order_and_changes_with_a_value():
 
 def test_content_hash_is_sha256_of_the_sorted_compact_json():
     spec = StudySpec.model_validate(MINIMAL)
-    canonical = json.dumps(spec.as_dict(), sort_keys=True, separators=(",", ":"))
+    data = spec.as_dict()
+    data["resources"].pop("max_retries")  # how faults are handled, not what is computed
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     assert spec.content_hash() == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_max_retries_has_a_bounded_default_and_keeps_the_study_id():
+    spec = StudySpec.model_validate(MINIMAL)
+    assert spec.resources.max_retries == 2
+    retried = StudySpec.model_validate(spec_dict(**{"resources.max_retries": 5}))
+    assert retried.resources.max_retries == 5 and retried.content_hash() == spec.content_hash()
+    with pytest.raises(ValidationError, match="max_retries"):
+        StudySpec.model_validate(spec_dict(**{"resources.max_retries": 11}))
 
 
 def test_explicit_defaults_hash_like_omitted_ones():

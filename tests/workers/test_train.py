@@ -131,3 +131,36 @@ def test_taugpt_trains_from_a_streamed_jsonl_corpus(tmp_path, monkeypatch):
     result = train_trial(_tau(data=data, steps=20, eval_every=10))
     assert result.status == "completed" and result.eval_loss < math.log(2000)
     assert {"stream_val_loss", "tau.tau", "tau.entropy.layer0"} <= set(result.history[-1])
+
+
+def _resumed(cfg, at: int):
+    """Train `cfg`, keep the state saved (through torch.save) at evaluation step `at`, and resume from it."""
+    import io
+
+    import torch
+
+    saved = {}
+
+    def keep(row, state):
+        if row["step"] == at:
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            saved["state"] = buf.getvalue()
+
+    full = train_trial(cfg, checkpoint=keep)
+    state = torch.load(io.BytesIO(saved["state"]), weights_only=True)
+    rows = []
+    return full, train_trial(cfg, progress=rows.append, resume=state), rows
+
+
+@pytest.mark.parametrize("kw", [{}, {"plateau_patience": 1, "data": DataConfig(max_tokens=150_000, seq_len=32,
+                                                                                  stream_val_every=4)}])
+def test_a_resumed_trial_ends_exactly_where_an_undisturbed_one_ends(kw):
+    cfg = _cfg(steps=30, eval_every=10, log_every=5, **kw)
+    full, resumed, rows = _resumed(cfg, at=10)
+    assert [r["step"] for r in rows] == [15, 20, 25, 30]  # only the steps after the checkpoint
+    assert resumed.eval_loss == full.eval_loss and resumed.best_eval_loss == full.best_eval_loss
+    assert resumed.tokens == full.tokens and resumed.steps == full.steps == 30
+    drop = ("tokens_per_s",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in resumed.history] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in full.history]

@@ -1,0 +1,177 @@
+"""Faults in the work itself, through real Ray Tune and MLflow: a trial worker SIGKILLed mid-trial is retried from
+its checkpoint (one run, each step logged once), a diverged trial keeps its reason, and a tracking server stopped
+and restarted mid-phase delays the study's logging without losing a run."""
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from studies import load_catalog
+from studies.spec import StudySpec
+
+pytestmark = pytest.mark.slow
+SYSTEM = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+STEPS, EVERY = 200, 20
+
+
+def trial_workers(data_dir: Path) -> dict[int, str]:
+    """pid → title of the Ray workers running trials for this data dir (they inherit PTCTL_DATA_DIR)."""
+    found, marker = {}, f"PTCTL_DATA_DIR={data_dir}".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            title = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace").strip()
+            if title.startswith("ray::") and title not in SYSTEM and marker in (entry / "environ").read_bytes():
+                found[int(entry.name)] = title
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _spec() -> StudySpec:
+    data = load_catalog("tiny").as_dict()
+    data["name"] = "tiny-faults"
+    # trial 1 is the space's default, an absurd lr that diverges at once; TPE's seed 5 draws lr ≈ 0.1 next
+    data["space"]["lr"] = {"low": 1e-3, "high": 1e6, "log": True, "default": 1e6}
+    data["tune"] |= {"num_trials": 2, "max_concurrent": 1, "seed": 5, "asha": {"enabled": False}}
+    data["train"] |= {"steps": STEPS, "eval_every": EVERY, "log_every": EVERY}
+    data["transfer"] = data["verify"] = None
+    return StudySpec.model_validate(data)
+
+
+def _kill_once_trained(client: MlflowClient, experiment: str, data_dir: Path, killed: dict, stop: threading.Event):
+    """SIGKILL the trial worker once a running trial's run holds two evaluations (so a checkpoint exists)."""
+    while not stop.is_set():
+        found = client.get_experiment_by_name(experiment)
+        runs = client.search_runs([found.experiment_id], "tags.kind = 'trial' and tags.status = 'running'") \
+            if found else []
+        for run in runs:
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+            if steps and max(steps) >= 2 * EVERY:
+                killed["at"], killed["run"], killed["pids"] = max(steps), run.info.run_id, trial_workers(data_dir)
+                for pid in killed["pids"]:
+                    os.kill(pid, signal.SIGKILL)
+                return
+        time.sleep(0.1)
+
+
+def test_killed_trial_worker_is_retried_from_its_checkpoint(study_data_dir):
+    from workers.driver import run_study
+
+    spec = _spec()
+    client = MlflowClient(f"sqlite:///{study_data_dir / 'mlflow.db'}")
+    killed, stop = {}, threading.Event()
+    killer = threading.Thread(target=_kill_once_trained,
+                              args=(client, spec.experiment_name(), study_data_dir, killed, stop), daemon=True)
+    killer.start()
+    try:
+        state = run_study(spec, "faults")
+    finally:
+        stop.set()
+        killer.join(30)
+    assert killed.get("pids"), f"no trial worker was killed (trial finished first?): {killed}"
+    assert state.status == "succeeded"
+
+    table = pd.read_csv(study_data_dir / "studies" / "faults" / "artifacts" / "tune_trials.csv")
+    assert sorted(table.status) == ["completed", "diverged"]
+    diverged, completed = table[table.status == "diverged"].iloc[0], table[table.status == "completed"].iloc[0]
+    assert diverged.message.startswith("loss became ") and " at step " in diverged.message
+    assert state.phases["tune"]["best_hparams"]["lr"] == pytest.approx(completed.lr)
+
+    found = client.get_experiment_by_name(spec.experiment_name())
+    runs = client.search_runs([found.experiment_id], "tags.kind = 'trial' and tags.study_id = 'faults'")
+    assert len(runs) == len({r.data.tags["trial_key"] for r in runs}) == 2  # the retry kept its one run
+    by_status = {r.data.tags["status"]: r for r in runs}
+    assert by_status["diverged"].data.tags["diverged_reason"] == diverged.message
+    run = by_status["completed"]
+    assert run.info.run_id == killed["run"] and run.info.status == "FINISHED"
+    assert run.data.tags["retries"] == "1" and run.data.tags["last_failure"]
+    assert EVERY <= int(run.data.tags["resumed_from_step"]) <= killed["at"]  # from a checkpoint, not step 0
+    for key in ("train_loss", "eval_loss"):
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert sorted(steps) == list(range(EVERY, STEPS + 1, EVERY)), key  # each step once
+
+
+def _mlflow_server(root: Path, port: int) -> subprocess.Popen:
+    """A real MLflow tracking server on SQLite in `root` (as tests/service/conftest.py starts it)."""
+    log = open(root / "mlflow.log", "a")  # noqa: SIM115 (the server's own; closed with the test process)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(["mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+                             "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", "1"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        assert proc.poll() is None, (root / "mlflow.log").read_text()[-3000:]
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    pytest.fail("the MLflow server did not start")
+
+
+def test_an_mlflow_outage_mid_phase_delays_logging_and_loses_no_run(study_data_dir, tmp_path, caplog):
+    from tests.service.conftest import free_port
+    from workers.driver import run_study
+
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    servers = [_mlflow_server(tmp_path, port)]
+    data = load_catalog("tiny").as_dict()
+    data["name"] = "tiny-outage"
+    data["tune"] |= {"num_trials": 3, "max_concurrent": 1, "seed": 3, "asha": {"enabled": False}}
+    data["train"] |= {"steps": 60}
+    data["transfer"] = data["verify"] = None
+    data["resources"]["tracking"] = {"tracking_uri": uri}
+    spec = StudySpec.model_validate(data)
+    outage = {}
+
+    def stop_and_restart():
+        client = MlflowClient(uri)
+        while not client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                     "tags.kind = 'trial' and metrics.train_loss > 0"):
+            time.sleep(0.2)
+        os.killpg(servers[0].pid, signal.SIGTERM)
+        servers[0].wait(30)
+        outage["down"] = time.time()
+        time.sleep(3)
+        servers.append(_mlflow_server(tmp_path, port))
+        outage["up"] = time.time()
+
+    chaos = threading.Thread(target=stop_and_restart, daemon=True)
+    chaos.start()
+    try:
+        with caplog.at_level("WARNING", logger="workers.tracking"):
+            state = run_study(spec, "outage")
+        chaos.join(180)
+    finally:
+        for server in servers:
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGTERM)
+                server.wait(30)
+        servers.clear()
+    assert "down" in outage and "up" in outage, "the server was never stopped"
+    assert state.status == "succeeded"
+    assert any("retrying in" in r.getMessage() for r in caplog.records)  # the outage hit the study's logging
+    servers.append(_mlflow_server(tmp_path, port))
+    try:
+        client = MlflowClient(uri)
+        found = client.get_experiment_by_name(spec.experiment_name())
+        runs = client.search_runs([found.experiment_id], "tags.kind = 'trial' and tags.study_id = 'outage'")
+        assert len(runs) == len({r.data.tags["trial_key"] for r in runs}) == 3
+        assert all(r.info.status == "FINISHED" and r.data.tags["status"] == "completed" for r in runs)
+        for run in runs:
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+            assert sorted(steps) == [10, 20, 30, 40, 50, 60]
+    finally:
+        os.killpg(servers[0].pid, signal.SIGTERM)
+        servers[0].wait(30)
