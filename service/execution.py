@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import ray
+from ray._private import ray_constants
 
 from service import ray_head
 from service.control import DriverRunning
@@ -84,7 +85,8 @@ class StudyDriverActor:
 @contextmanager
 def _keep_signal_handlers():
     """`ray.init` in the main thread replaces the SIGTERM handler with `sys.exit`, which would raise inside
-    uvicorn's loop (a traceback instead of a graceful stop): put uvicorn's handlers back."""
+    uvicorn's loop (a traceback instead of a graceful stop): put uvicorn's handlers back. (Ray's C++ failure
+    handler, which would take SIGTERM from any thread, is off: RAY_DISABLE_FAILURE_SIGNAL_HANDLER.)"""
     main = threading.current_thread() is threading.main_thread()
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
     try:
@@ -103,9 +105,14 @@ class RayExecutor:
         self._failing_since: float | None = None
 
     def connect(self) -> None:
+        """Connect once; a connection to an embedded head that has died is dropped first (a Ray call to a
+        dead head blocks, and Ray ends the whole process after 60 s without its head)."""
         with self._lock:
             if ray.is_initialized():
-                return
+                if self.settings.ray_address is not None or ray_head.running(self.settings.data_dir):
+                    return
+                log.error("the embedded Ray head stopped: dropping the connection, starting a new head")
+                ray.shutdown()
             address = self.settings.ray_address
             if address is None:
                 head = ray_head.ensure(self.settings.data_dir, self.settings.ray_num_cpus)
@@ -113,6 +120,7 @@ class RayExecutor:
                 # Ray reads RAY_AUTH_MODE when it is imported; re-read it (as Ray's own _enable_token_auth does)
                 ray._raylet.Config.initialize("")
                 address = head.address
+            ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True  # Ray's C++ handler would take SIGTERM
             with _keep_signal_handlers():
                 ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING,
                          configure_logging=False)

@@ -177,9 +177,9 @@ def test_sigterm_stops_the_api_cleanly_and_drivers_keep_running(fresh):
         wait_for(lambda: _drivers(fresh.data), 120, "the study's driver")
     start = fresh.log.stat().st_size
     fresh.proc.send_signal(signal.SIGTERM)
-    assert fresh.proc.wait(30) == 0
+    assert fresh.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its graceful stop
     log = fresh.log.read_text()[start:]
-    assert "Traceback" not in log and "Shutting down" in log, log[-3000:]
+    assert "Finished server process" in log and "Traceback" not in log and "SIGTERM received" not in log, log[-3000:]
     assert _drivers(fresh.data), "the driver died with the API"
     fresh.start()
     with fresh.client() as api:
