@@ -21,8 +21,6 @@ expectation. Training FLOPs = 3 × forward (the backward pass costs twice the fo
 
 from __future__ import annotations
 
-import math
-
 from studies.arch import Arch, BertArch, PTArch, UTArch, width_error, width_step
 
 MAX_WIDTH = 1 << 16  # the solver's search limit
