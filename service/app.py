@@ -54,12 +54,22 @@ class HeaderLimit:
         await self.app(scope, receive, send)
 
 
+def flat_routes(routes: list) -> list:
+    """Every route, those of included routers too (FastAPI keeps an included router as one entry; ours are
+    included without a prefix)."""
+    flat = []
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        flat += flat_routes(inner.routes) if inner is not None else [route]
+    return flat
+
+
 class AllowedMethods:
     """`OPTIONS` on a path answers 204 with `Allow` listing every method of the path; so does a 405 (Starlette
     lists only the methods of the first route that matched the path)."""
 
     def __init__(self, app: ASGIApp, routes: list) -> None:
-        self.app, self.routes = app, routes
+        self.app, self.routes = app, flat_routes(routes)
 
     def _allowed(self, scope: Scope) -> list[str]:
         methods = {m for r in self.routes if getattr(r, "methods", None) and r.matches(scope)[0] != Match.NONE
@@ -119,7 +129,7 @@ def _error_responses(app: FastAPI, schema: dict) -> None:
     401/403 only when tokens are configured, and no 422 where FastAPI assumes one that cannot happen (a path
     parameter that is any text)."""
     ref = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
-    for route in app.routes:
+    for route in flat_routes(app.routes):
         if not isinstance(route, APIRoute) or not route.include_in_schema:
             continue
         for method in route.methods:

@@ -31,6 +31,7 @@ Limits on a request (answered before any spec is read, or while it is):
 | variable | default | meaning |
 |---|---|---|
 | `PTCTL_MAX_HEADER_BYTES` | 16384 | request line + headers; more: 431 (HTTP parser of `ptctl serve`, then the app) |
+| `PTCTL_MAX_NODES` | 10_000 | `[`, `{`, `,` and newlines in a body (a spec needs a few hundred); more: 413 |
 | `PTCTL_MAX_PARSES` | 4 | request bodies parsed and validated at once, in their own threads; more wait, then 503 |
 | `PTCTL_MAX_PARSE_S` | 5 | seconds a body may take to parse and validate (or to wait for a parse slot) |
 
@@ -42,6 +43,7 @@ CLI applies none of these: its user owns the machine.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import Field
@@ -96,6 +98,7 @@ class Limits(BaseSettings):
     cpus: float = Field(256, gt=0)
     list: int = Field(64, gt=0)
     header_bytes: int = Field(16384, ge=1024)
+    nodes: int = Field(10_000, gt=0)
     parses: int = Field(4, gt=0)
     parse_s: float = Field(5.0, gt=0)
 
@@ -105,8 +108,8 @@ def _error(loc: tuple, msg: str, kind: str) -> dict[str, Any]:
 
 
 def _over(loc: tuple, value: float, name: str, limits: Limits) -> dict[str, Any] | None:
-    bound = getattr(limits, name)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= bound:
+    bound = getattr(limits, name)  # (inf and NaN are left to the finite-number check)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= bound:
         return None
     return _error(loc, f"{value:g} is over this service's limit of {bound:g}: lower it, or ask the operator to "
                        f"raise PTCTL_MAX_{name.upper()}", "limit")
