@@ -20,6 +20,7 @@ from studies import load_catalog
 from tests.service.conftest import ADMIN, free_port, wait_for
 from tests.service.test_limits import BOMB
 
+pytestmark = pytest.mark.slow  # a real uvicorn process (≈20 s)
 COMPARE = load_catalog("compare_cpu").as_dict()
 
 
