@@ -14,22 +14,21 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from typing import Annotated, Any
 
 import httpx
-import yaml
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
-from pydantic import ValidationError
 
 from service import policy
 from service.auth import Admin, Read
 from service.control import Control
+from service.intake import read_spec
 from service.progress import phase_progress, read_state, redact_uri, trial_table
 from service.schemas import (
     Check,
+    Error,
     MlflowInfo,
     Readiness,
     Report,
@@ -42,12 +41,9 @@ from service.schemas import (
 )
 from service.settings import Settings
 from service.store import Study
-from studies.spec import StudySpec
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
-JSON_TYPES = ("application/json", "")
 
 
 def _control(request: Request) -> Control:
@@ -58,53 +54,18 @@ def _settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-# ---------------------------------------------------------------------------------- bodies
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number JSON allows: use a finite number")
+# ---------------------------------------------------------------------------------- errors
+ERRORS = {400: "malformed body", 401: "missing or unknown bearer token (only with PTCTL_API_TOKENS set)",
+          403: "a read-only token on a mutating endpoint", 404: "no such study", 409: "illegal state change",
+          413: "body over PTCTL_MAX_BODY_BYTES", 415: "Content-Type not JSON or YAML, or not UTF-8",
+          422: "invalid input: one entry per field (loc, msg)", 431: "headers over PTCTL_MAX_HEADER_BYTES",
+          503: "Ray unreachable, or every spec parser busy"}
+READ, ADMIN = (401,), (401, 403)  # what the auth dependencies answer
 
 
-def _check_finite(data: Any, path: str = "") -> None:
-    if isinstance(data, float) and not math.isfinite(data):
-        raise HTTPException(422, f"{path or '(top level)'}: {data} is not allowed, use a finite number")
-    if isinstance(data, dict):
-        for k, v in data.items():
-            _check_finite(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(data, list):
-        for i, v in enumerate(data):
-            _check_finite(v, f"{path}[{i}]")
-
-
-def parse_spec(body: bytes, content_type: str) -> StudySpec:
-    """The request body as a `StudySpec`: 400 malformed, 415 unknown type, 422 invalid (with field paths)."""
-    media = content_type.split(";")[0].strip().lower()
-    try:
-        if media in YAML_TYPES:
-            data = yaml.safe_load(body.decode("utf-8"))
-        elif media in JSON_TYPES or media.endswith("+json"):
-            data = json.loads(body, parse_constant=_reject_constant)
-        else:
-            raise HTTPException(415, f"Content-Type {media!r} is not accepted: send application/json or "
-                                "application/yaml")
-    except UnicodeDecodeError:
-        raise HTTPException(400, "the body is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise HTTPException(400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except yaml.YAMLError as exc:
-        raise HTTPException(400, f"malformed YAML: {str(exc).splitlines()[0]}") from None
-    except (ValueError, RecursionError) as exc:
-        raise HTTPException(400, f"malformed body: {exc}"[:300]) from None
-    if not isinstance(data, dict):
-        raise HTTPException(422, f"the body must be a StudySpec object, not {type(data).__name__}: "
-                            "see studies/catalog/tiny.yaml")
-    _check_finite(data)
-    try:
-        return StudySpec.model_validate(data)
-    except ValidationError as exc:
-        errors = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
-                  for e in exc.errors(include_url=False, include_context=False, include_input=False)]
-        raise HTTPException(422, errors) from None
-    except RecursionError:
-        raise HTTPException(400, "the body is nested too deeply") from None
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the error codes an operation answers (431: every operation, added by the app)."""
+    return {code: {"model": Error, "description": ERRORS[code]} for code in codes}
 
 
 # ---------------------------------------------------------------------------------- studies
@@ -114,11 +75,13 @@ def summary(study: Study) -> StudySummary:
 
 @router.post("/studies", status_code=201, response_model=StudySummary, tags=["studies"], dependencies=[Admin],
              responses={200: {"model": StudySummary, "description": "replay of an Idempotency-Key"},
-                        400: {}, 409: {}, 413: {}, 415: {}, 422: {}, 503: {}})
+                        **errors(400, *ADMIN, 409, 413, 415, 422, 503)})
 async def submit(request: Request, response: Response,
-                 idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> StudySummary:
-    """Validate a `StudySpec` (JSON, or YAML with `Content-Type: application/yaml`), store it, start it."""
-    spec = parse_spec(await request.body(), request.headers.get("content-type", ""))
+                 idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None
+                 ) -> StudySummary:
+    """Validate a `StudySpec` (JSON, or YAML with `Content-Type: application/yaml`), store it, start it.
+    Parsed and validated off the event loop, within the `PTCTL_MAX_*` bounds (service/limits.py)."""
+    spec = await read_spec(request)
     await run_in_threadpool(policy.enforce, spec, _settings(request))  # what a remote spec may name (422)
     study, created = await run_in_threadpool(_control(request).submit, spec, idempotency_key)
     response.status_code = 201 if created else 200
@@ -126,7 +89,8 @@ async def submit(request: Request, response: Response,
     return summary(study)
 
 
-@router.get("/studies", response_model=StudyPage, tags=["studies"], dependencies=[Read])
+@router.get("/studies", response_model=StudyPage, tags=["studies"], dependencies=[Read],
+            responses=errors(*READ, 422))
 def list_studies(request: Request, status_: Annotated[Status | None, Query(alias="status")] = None,
                  limit: Annotated[int, Query(ge=1, le=500)] = 50,
                  offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> StudyPage:
@@ -150,7 +114,7 @@ def _observed(request: Request, study: Study, fresh: bool = False
 
 
 @router.get("/studies/{study_id}", response_model=StudyDetail, tags=["studies"], dependencies=[Read],
-            responses={404: {}})
+            responses=errors(*READ, 404))
 def get_study(request: Request, study_id: str) -> StudyDetail:
     study = _control(request).store.get(study_id)
     state, live, info = _observed(request, study)
@@ -162,7 +126,7 @@ def get_study(request: Request, study_id: str) -> StudyDetail:
 
 
 @router.get("/studies/{study_id}/trials", response_model=TrialTable, tags=["studies"], dependencies=[Read],
-            responses={404: {}})
+            responses=errors(*READ, 404))
 def get_trials(request: Request, study_id: str) -> TrialTable:
     """The trial table: one row per trial."""
     study = _control(request).store.get(study_id)
@@ -172,7 +136,7 @@ def get_trials(request: Request, study_id: str) -> TrialTable:
 
 
 @router.get("/studies/{study_id}/report", response_model=Report, tags=["studies"], dependencies=[Read],
-            responses={404: {}, 409: {}})
+            responses=errors(*READ, 404, 409))
 def get_report(request: Request, study_id: str) -> Report:
     study = _control(request).store.get(study_id)
     art = _settings(request).data_dir / "studies" / study.id / "artifacts"
@@ -186,14 +150,14 @@ def get_report(request: Request, study_id: str) -> Report:
 
 
 @router.post("/studies/{study_id}/cancel", response_model=StudySummary, tags=["studies"], dependencies=[Admin],
-             responses={404: {}, 409: {}})
+             responses=errors(*ADMIN, 404, 409))
 def cancel(request: Request, study_id: str) -> StudySummary:
     """Kill the study's driver and its Tune trials; everything logged so far stays."""
     return summary(_control(request).cancel(study_id))
 
 
 @router.post("/studies/{study_id}/resume", response_model=StudySummary, tags=["studies"], dependencies=[Admin],
-             responses={404: {}, 409: {}, 503: {}})
+             responses=errors(*ADMIN, 404, 409, 503))
 def resume(request: Request, study_id: str) -> StudySummary:
     """Start a new driver on the same study id: finished phases and trials are not run again."""
     policy.enforce(_control(request).store.get(study_id).spec, _settings(request), where=("spec",))  # as of now
@@ -202,7 +166,7 @@ def resume(request: Request, study_id: str) -> StudySummary:
 
 # ---------------------------------------------------------------------------------- health
 @router.get("/healthz", tags=["health"])
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 

@@ -6,9 +6,12 @@ studies started together do not race to do it) → connect to Ray (the embedded 
 reports it) → reconcile studies left `running` by an earlier API process → start the reconciler
 thread. Shutting down stops only that thread: drivers and the Ray head keep running.
 
-Middleware: request bodies over `PTCTL_MAX_BODY_BYTES` get 413 before they are read. Errors are
-JSON `{"detail": ...}`: 404 unknown id, 409 illegal state change, 422 invalid spec (field paths),
-503 Ray unreachable. OpenAPI at `/openapi.json`, interactive docs at `/docs`.
+Middleware: request heads over `PTCTL_MAX_HEADER_BYTES` get 431 before anything reads them (auth
+included); `OPTIONS` and 405 answers carry `Allow` with every method of the path. Request bodies
+(POST /studies only) are read and parsed by `service.intake`, off the event loop. Errors are JSON
+`{"detail": ...}` (`schemas.Error`): 404 unknown id, 409 illegal state change, 413 body too large,
+431 headers too large, 422 invalid spec (field paths), 503 Ray unreachable. OpenAPI at
+`/openapi.json` lists exactly these per operation; interactive docs at `/docs`.
 """
 
 from __future__ import annotations
@@ -16,13 +19,16 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api import router
+from service.api import ERRORS, Error, router
 from service.control import Control, DriverRunning, ExecutionUnavailable, Executor, Reconciler
+from service.intake import Parser
 from service.progress import MlflowView, redact_uri
 from service.settings import Settings
 from service.store import IdempotencyConflict, IllegalTransition, NotFound, Store
@@ -31,32 +37,60 @@ from studies.spec import StudySpec
 log = logging.getLogger(__name__)
 
 
-class BodyLimit:
-    """413 for a request body over `max_bytes`: by its Content-Length, or while it streams in."""
+class HeaderLimit:
+    """431 for a request whose line and headers exceed `max_bytes`, before anything reads them (auth included).
+    Under `ptctl serve` the HTTP parser refuses far larger heads first (`service.server`)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            size = len(scope.get("raw_path") or b"") + len(scope.get("query_string", b"")) + 16
+            size += sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+            if size > self.max_bytes:
+                detail = (f"request headers over {self.max_bytes} bytes (PTCTL_MAX_HEADER_BYTES): send fewer or "
+                          "shorter headers")
+                return await JSONResponse({"detail": detail}, 431)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def flat_routes(routes: list) -> list:
+    """Every route, those of included routers too (FastAPI keeps an included router as one entry; ours are
+    included without a prefix)."""
+    flat = []
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        flat += flat_routes(inner.routes) if inner is not None else [route]
+    return flat
+
+
+class AllowedMethods:
+    """`OPTIONS` on a path answers 204 with `Allow` listing every method of the path; so does a 405 (Starlette
+    lists only the methods of the first route that matched the path)."""
+
+    def __init__(self, app: ASGIApp, routes: list) -> None:
+        self.app, self.routes = app, flat_routes(routes)
+
+    def _allowed(self, scope: Scope) -> list[str]:
+        methods = {m for r in self.routes if getattr(r, "methods", None) and r.matches(scope)[0] != Match.NONE
+                   for m in r.methods}
+        return sorted(methods | {"OPTIONS"}) if methods else []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length", b"0")
-        if not length.isdigit() or int(length) > self.max_bytes:
-            code = 413 if length.isdigit() else 400
-            detail = (f"request body over {self.max_bytes} bytes (PTCTL_MAX_BODY_BYTES)" if code == 413
-                      else "invalid Content-Length header")
-            return await JSONResponse({"detail": detail}, code)(scope, receive, send)
-        seen = 0
+        allowed = self._allowed(scope)
+        if scope["method"] == "OPTIONS" and allowed:
+            return await Response(status_code=204, headers={"Allow": ", ".join(allowed)})(scope, receive, send)
 
-        async def limited() -> dict:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise HTTPException(413, f"request body over {self.max_bytes} bytes (PTCTL_MAX_BODY_BYTES)")
-            return message
+        async def send_allow(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 405 and allowed:
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
+                message = {**message, "headers": [*headers, (b"allow", ", ".join(allowed).encode())]}
+            await send(message)
 
-        await self.app(scope, limited, send)
+        await self.app(scope, receive, send_allow)
 
 
 def _errors(app: FastAPI) -> None:
@@ -84,8 +118,29 @@ def _openapi(app: FastAPI) -> dict:
         ref = {"schema": {"$ref": "#/components/schemas/StudySpec"}}
         content = {"application/json": ref, "application/yaml": ref}
         schema["paths"]["/studies"]["post"]["requestBody"] = {"required": True, "content": content}
+        components["Error"] = Error.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(components["Error"].pop("$defs", {}))
+        _error_responses(app, schema)
         app.openapi_schema = schema
     return app.openapi_schema
+
+
+def _error_responses(app: FastAPI, schema: dict) -> None:
+    """Each operation lists exactly the errors it can answer: its own (`service.api.errors`), 431 everywhere,
+    401/403 only when tokens are configured, and no 422 where FastAPI assumes one that cannot happen (a path
+    parameter that is any text)."""
+    ref = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    for route in flat_routes(app.routes):
+        if not isinstance(route, APIRoute) or not route.include_in_schema:
+            continue
+        for method in route.methods:
+            responses = schema["paths"][route.path_format][method.lower()]["responses"]
+            declared = {str(code) for code in route.responses}
+            for code in [c for c in responses if c in ("401", "403", "422") and c not in declared]:
+                del responses[code]
+            for code in [c for c in responses if c in ("401", "403") and not app.state.tokens]:
+                del responses[code]
+            responses["431"] = {"description": ERRORS[431], "content": ref}
 
 
 def create_app(settings: Settings | None = None, executor: Executor | None = None) -> FastAPI:
@@ -98,6 +153,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
         executor = RayExecutor(settings)
     store = Store(settings.db_url)
     control = Control(store, executor, MlflowView(settings.tracking_uri), settings.data_dir)
+    parser = Parser(settings.limits)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -118,13 +174,16 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
         reconciler.start()
         yield
         reconciler.stop()
+        parser.close()
 
     app = FastAPI(title="ptctl", version="0.1.0", lifespan=lifespan,
                   description="Hyperparameter-transfer studies (μP): submit a StudySpec, follow it, read its "
                               "report. Everything a study runs is logged to MLflow.")
     app.state.settings, app.state.control, app.state.tokens = settings, control, tokens
+    app.state.parser = parser
     app.include_router(router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AllowedMethods, routes=app.routes)
+    app.add_middleware(HeaderLimit, max_bytes=settings.limits.header_bytes)  # outermost: before anything else
     _errors(app)
     app.openapi = lambda: _openapi(app)
     return app

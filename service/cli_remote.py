@@ -177,12 +177,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from service.app import create_app
     from service.logs import log_config
+    from service.server import uvicorn_config
     from service.settings import Settings
 
     settings = Settings(**{k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None})
     settings.check_exposure()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=log_config(),
-                server_header=False)
+    uvicorn.Server(uvicorn_config(create_app(settings), settings, log_config=log_config())).run()
     return 0
 
 

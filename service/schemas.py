@@ -96,3 +96,15 @@ def finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [finite(v) for v in value]
     return value
+
+
+class FieldError(BaseModel):
+    loc: list[str | int] = Field(description='where: ["body", "tune", "num_trials"], ["query", "limit"], ...')
+    msg: str = Field(description="what is wrong and how to fix it")
+    type: str
+
+
+class Error(BaseModel):
+    """Every 4xx/5xx answer of the API (FastAPI's shape)."""
+
+    detail: str | list[FieldError] = Field(description="a message, or (422) one entry per invalid field")

@@ -8,6 +8,7 @@
 | `PTCTL_HOST` / `PTCTL_PORT` | `127.0.0.1` / `8000` | where `ptctl serve` listens |
 | `PTCTL_ALLOW_ANONYMOUS` | false | serve on a non-loopback host without tokens (refused otherwise) |
 | `PTCTL_MAX_BODY_BYTES` | 1 MB | larger request bodies get 413 |
+| `PTCTL_MAX_*` | see `service/limits.py` | bounds on a remote spec's sizes; header bytes (431); parse threads, time |
 | `PTCTL_RAY_NUM_CPUS` | all cores | CPUs of the embedded Ray head |
 | `PTCTL_RECONCILE_S` | 10 | seconds between checks that running studies still have a live driver |
 | `PTCTL_RAY_LOST_S` | 60 | a `RAY_ADDRESS` cluster unreachable this long is lost: its studies become `interrupted` |
@@ -33,6 +34,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.limits import Limits
 from workers.paths import data_dir
 
 Scope = Literal["read", "admin"]
@@ -54,6 +56,7 @@ class Settings(BaseSettings):
     ray_num_cpus: int | None = Field(None, gt=0)
     reconcile_s: float = Field(10.0, gt=0)
     ray_lost_s: float = Field(60.0, gt=0, description="a Ray cluster unreachable this long is lost")
+    limits: Limits = Field(default_factory=Limits, description="PTCTL_MAX_*: see service/limits.py")
     ray_address: str | None = Field(None, validation_alias=AliasChoices("RAY_ADDRESS", "PTCTL_RAY_ADDRESS"))
     mlflow_tracking_uri: str | None = Field(
         None, validation_alias=AliasChoices("MLFLOW_TRACKING_URI", "PTCTL_MLFLOW_TRACKING_URI"))

@@ -169,6 +169,13 @@ class TauArch(BaseModel):
         return self
 
 
+def nested(info: ValidationInfo) -> dict[str, Any]:
+    """`model_validate`'s strict and context for a model validated inside a validator: the outer call's, so
+    `StudySpec.model_validate_json(..., strict=True, context={"strict": True})` (the API) is strict throughout."""
+    context = info.context if isinstance(info.context, dict) else {}
+    return {"strict": True if context.get("strict") else None, "context": info.context}
+
+
 ARCHS: dict[str, type[BaseModel]] = {"pt": PTArch, "bert": BertArch, "ut": UTArch, "tauformer": TauArch}
 Arch = PTArch | BertArch | UTArch | TauArch
 
@@ -219,7 +226,8 @@ class ModelSpec(BaseModel):
             return arch_cls()
         if isinstance(value, arch_cls):
             return value
-        return arch_cls.model_validate(value.model_dump() if isinstance(value, BaseModel) else value)
+        return arch_cls.model_validate(value.model_dump() if isinstance(value, BaseModel) else value,
+                                       **nested(info))
 
     @model_validator(mode="after")
     def _mup_needs_uv(self) -> ModelSpec:

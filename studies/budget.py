@@ -21,8 +21,6 @@ expectation. Training FLOPs = 3 × forward (the backward pass costs twice the fo
 
 from __future__ import annotations
 
-import math
-
 from studies.arch import Arch, BertArch, PTArch, UTArch, width_error, width_step
 
 MAX_WIDTH = 1 << 16  # the solver's search limit
@@ -117,20 +115,25 @@ def width_for_budget(family: str, arch: Arch, budget: float, vocab_size: int, ba
     """The width whose parameter count is nearest `budget`; a `ValueError` if it misses by more than `tolerance`.
 
     Candidates are the widths `arch` builds at (PT: multiples of `width_step`; BERT, UT: every integer). The
-    count grows with width, so the search stops at the first width past the budget.
+    count grows with width, so the first width at or past the budget is found by bisection (a few dozen counts,
+    whatever the budget), and the nearest is it or the width before it.
     """
     step = width_step(arch, base_width) if family == "pt" and base_width is not None else 1
-    best, best_miss, below = None, math.inf, None
-    for width in range(step, MAX_WIDTH + 1, step):
-        count = param_count(family, arch, width, vocab_size, base_width)
-        miss = abs(count - budget) / budget
-        if miss < best_miss:
-            best, best_miss = width, miss
-        if count >= budget:
-            break
-        below = (width, count)
-    else:
+
+    def count_at(k: int) -> int:
+        return param_count(family, arch, k * step, vocab_size, base_width)
+
+    lo, hi = 1, MAX_WIDTH // step  # the first k with count_at(k) >= budget lies in [lo, hi]
+    if count_at(hi) < budget:
         raise ValueError(f"no {family} width up to {MAX_WIDTH} reaches {budget:.3g} parameters")
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if count_at(mid) >= budget else (mid + 1, hi)
+    width, count = lo * step, count_at(lo)
+    below = (width - step, count_at(lo - 1)) if lo > 1 else None
+    best, best_miss = width, abs(count - budget) / budget
+    if below is not None and abs(below[1] - budget) / budget <= best_miss:  # a tie goes to the narrower width
+        best, best_miss = below[0], abs(below[1] - budget) / budget
     if best_miss > tolerance:
         lo = f"width {below[0]} has {below[1]:,}" if below else "no smaller width exists"
         hi = f"width {width} has {count:,}"

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from studies.arch import ModelSpec
+from studies.arch import ModelSpec, nested
 from studies.budget import width_for_budget
 from studies.space import BaselineSpace, SearchSpace, validate_space
 
@@ -34,7 +34,7 @@ class BaselineSpec(BaseModel):
     @classmethod
     def _space_of_family(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
         model = info.data.get("model")
-        return validate_space(value, model.family if model is not None else "pt")
+        return validate_space(value, model.family if model is not None else "pt", **nested(info))
 
 
 def _increasing(budgets: list[float]) -> list[float]:

@@ -217,8 +217,9 @@ def space_class(family: str) -> type[_Space]:
     return SPACES[family]
 
 
-def validate_space(value: Any, family: str) -> _Space:
-    """`value` (None, a dict or a space) as `family`'s space; a space of another family is re-validated."""
+def validate_space(value: Any, family: str, **options: Any) -> _Space:
+    """`value` (None, a dict or a space) as `family`'s space; a space of another family is re-validated
+    (`options`: `model_validate`'s strict and context)."""
     cls = space_class(family)
     if value is None:
         return cls()
@@ -226,4 +227,4 @@ def validate_space(value: Any, family: str) -> _Space:
         return value
     if isinstance(value, BaseModel):
         value = value.model_dump()
-    return cls.model_validate(value)
+    return cls.model_validate(value, **options)

@@ -35,6 +35,7 @@ from studies.arch import (
     PTArch,
     TauArch,
     UTArch,
+    nested,
     width_error,
 )
 from studies.compare import BaselineSpec, CompareSpec
@@ -117,6 +118,12 @@ class TrainSpec(BaseModel):
     log_every: PosInt = Field(10, description="steps between logged training metrics")
     max_loss: float = Field(1e3, gt=0, description="a finite loss above this also counts as diverged")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto': cuda when available")
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _betas_list(cls, betas: Any) -> Any:
+        """A JSON/YAML list is a pair too, also in strict mode (the API's), where only a tuple would be."""
+        return tuple(betas) if isinstance(betas, list) else betas
 
     @field_validator("betas")
     @classmethod
@@ -289,7 +296,7 @@ class StudySpec(BaseModel):
     def _space_of_family(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
         if "model" not in info.data:  # the model section failed: its error is the one to report
             return value
-        return validate_space(value, info.data["model"].family)
+        return validate_space(value, info.data["model"].family, **nested(info))
 
     @model_validator(mode="before")
     @classmethod

@@ -1,10 +1,16 @@
 """Bad input never yields a 5xx: the API in-process (no Ray: a fake executor), malformed and invalid
-bodies, unknown ids, illegal state changes, and a hypothesis fuzz over the OpenAPI operations."""
+bodies, unknown ids, illegal state changes, and a hypothesis fuzz over the OpenAPI operations.
+
+The fuzz sends 250 requests by default; the reliability run (docs/LOG.md) sends more:
+    PTCTL_FUZZ_EXAMPLES=2500 python -m pytest -q -s tests/service/test_api_inputs.py
+"""
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import time
 
 import pytest
 import yaml
@@ -117,7 +123,8 @@ def test_unknown_ids_404_and_illegal_changes_409(api):
 
 
 # ---------------------------------------------------------------------------------- fuzz
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+TEXT = st.text(max_size=8) | st.sampled_from(["\ud800", "16", "true", "", "\x00", "1e6", "*a", "&a x"])
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | TEXT,
                     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids, max_size=3),
                     max_leaves=8)
 
@@ -161,12 +168,16 @@ def requests(draw, operations, known_ids):
     params = {p["name"]: draw(st.one_of(st.integers(-5, 10**12), st.text(max_size=6)))
               for p in op.get("parameters", []) if p["in"] == "query" and draw(st.booleans())}
     headers = {"Idempotency-Key": draw(st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=300))}
+    if draw(st.booleans()):
+        headers["X-Padding"] = "p" * draw(st.sampled_from([10, 20_000]))  # over PTCTL_MAX_HEADER_BYTES: 431
     body, content_type = None, None
     if "requestBody" in op:
-        content_type = draw(st.sampled_from(["application/json", "application/yaml", "text/plain"]))
+        content_type = draw(st.sampled_from(["application/json", "application/yaml", "text/plain",
+                                             "application/json; charset=utf-16"]))
         data = draw(spec_bodies())
         dump = json.dumps(data) if content_type != "application/yaml" else yaml.safe_dump(data)
-        body = draw(st.sampled_from([dump, dump[: len(dump) // 2]]))
+        text = draw(st.sampled_from([dump, dump[: len(dump) // 2]]))
+        body = text.encode(draw(st.sampled_from(["utf-8", "utf-8", "utf-16", "utf-32-le"])), "surrogatepass")
         headers["Content-Type"] = content_type
     return method.upper(), url, params, headers, body
 
@@ -179,11 +190,18 @@ def test_fuzzed_requests_never_get_a_5xx(api):
     known = [s["id"] for s in api.get("/studies").json()["items"]]  # the earlier tests' studies
     assert known
 
-    @settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    sent, start = [], time.perf_counter()
+
+    @settings(max_examples=int(os.environ.get("PTCTL_FUZZ_EXAMPLES", "250")), deadline=None,
+              suppress_health_check=list(HealthCheck), database=None)
     @given(requests(operations, known))
     def check(request):
         method, url, params, headers, body = request
         response = api.request(method, url, params=params, headers=headers, content=body)
+        sent.append(response.status_code)
         assert response.status_code < 500, (method, url, params, body, response.text)
 
     check()
+    codes = {code: sent.count(code) for code in sorted(set(sent))}
+    print(f"fuzz: {len(sent)} requests in {time.perf_counter() - start:.1f} s, "
+          f"{sum(c >= 500 for c in sent)} x 5xx; status counts {codes}")

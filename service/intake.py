@@ -1,0 +1,237 @@
+"""A `StudySpec` from a request body, off the event loop: nothing a client sends can stall other requests.
+
+`read_spec(request)`: the Content-Type is checked (415), the body read up to `PTCTL_MAX_BODY_BYTES` (413,
+by its Content-Length or while it streams in) and its structure counted (over `PTCTL_MAX_NODES` lists,
+maps, items or lines: 413; C parsers hold the GIL, so the size of what they build is capped), then parsed
+and validated in a thread pool of its own (`PTCTL_MAX_PARSES` threads, so the pool of the sync endpoints
+is never exhausted). A body waits at most
+`PTCTL_MAX_PARSE_S` for a free thread (else 503 with Retry-After) and is given as long to finish (else 422);
+its thread's slot is freed only when the thread really ends.
+
+`parse_spec(body, media, limits)` is the pure part, in this order (cheap before expensive):
+
+1. UTF-8 only: other bytes (UTF-16/32 included, which `json.loads(bytes)` would silently accept) → 400.
+2. JSON (NaN/Infinity refused) or YAML without anchors and aliases (a 505-byte alias bomb expands to
+   billions of nodes; refused while parsing, in microseconds) and with YAML 1.2 numbers (`1e6` is a float,
+   as in JSON, not the string YAML 1.1 makes of it) → 400 when malformed.
+3. Bounds (`service.limits.check`; a list over `PTCTL_MAX_LIST` is not walked) → 422 naming the setting.
+4. Values: finite numbers, valid Unicode (a lone surrogate such as "\\ud800" cannot be stored or echoed) →
+   422 with the field path.
+5. `StudySpec` in strict mode: "16", true and false are not numbers → 422 with the field path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import yaml
+from fastapi import HTTPException, Request
+from pydantic import ValidationError
+
+from service.limits import Limits, check
+from studies.spec import StudySpec
+
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
+JSON_TYPES = ("application/json", "")
+_EXAMPLE = "see studies/catalog/tiny.yaml"
+
+
+# ---------------------------------------------------------------------------------- YAML
+class _Loader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader):  # type: ignore[misc]
+    """Safe YAML with JSON's numbers (YAML 1.2: `1e6`, `1.7e7` are floats) and no timestamps (dates stay text)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in ("tag:yaml.org,2002:timestamp",
+                                                                        "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                   |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                   |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def load_yaml(text: str) -> Any:
+    """`text` as plain data; a `yaml.YAMLError` for an anchor or alias (checked before anything is built)."""
+    loader = _Loader(text)
+    try:
+        for event in yaml.parse(text, Loader=_Loader):
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                mark = f" (line {event.start_mark.line + 1})" if event.start_mark else ""
+                raise yaml.YAMLError(f"YAML anchors and aliases (&name, *name) are not accepted{mark}: "
+                                     "write the values out")
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+# ---------------------------------------------------------------------------------- parsing
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows: use a finite number")
+
+
+def _bad_values(data: Any, loc: tuple = ()) -> list[dict[str, Any]]:
+    """Non-finite floats, invalid Unicode (lone surrogates) and non-text keys, with their paths."""
+    def error(msg: str, kind: str) -> dict[str, Any]:
+        return {"loc": ["body", *loc], "msg": msg, "type": kind}
+
+    if isinstance(data, float) and not math.isfinite(data):
+        return [error(f"{data} is not allowed: use a finite number", "finite_number")]
+    if isinstance(data, str):
+        try:
+            data.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return [error(f"invalid Unicode at character {exc.start}: a lone surrogate ({data[exc.start]!a}) is "
+                          "not text; send valid UTF-8", "unicode")]
+        return []
+    errors = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if not isinstance(key, str):
+                errors.append(error(f"key {key!r} is not text: quote it", "key_type"))
+            errors += _bad_values(key, (*loc, "(key)")) if isinstance(key, str) else []
+            errors += _bad_values(value, (*loc, key if isinstance(key, str | int) else repr(key)))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            errors += _bad_values(value, (*loc, i))
+    elif not (data is None or isinstance(data, bool | int | float)):
+        errors.append(error(f"a YAML {type(data).__name__} is not JSON data: use text, numbers, lists and maps",
+                            "value_type"))
+    return errors
+
+
+def _decode(body: bytes, media: str) -> Any:
+    try:
+        text = body.decode("utf-8")
+        if "\x00" in text:
+            raise UnicodeError("NUL")
+        return load_yaml(text) if media in YAML_TYPES else json.loads(text, parse_constant=_reject_constant)
+    except UnicodeError:
+        raise HTTPException(400, "the body is not UTF-8 text (UTF-16/32 are not accepted): send UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise HTTPException(400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except yaml.YAMLError as exc:
+        raise HTTPException(400, f"malformed YAML: {str(exc).splitlines()[0]}") from None
+    except (ValueError, RecursionError) as exc:
+        raise HTTPException(400, f"malformed body: {exc}"[:300]) from None
+
+
+def parse_spec(body: bytes, media: str, limits: Limits) -> StudySpec:
+    """The body as a `StudySpec`: 400 malformed, 422 invalid, over a bound or not strictly typed (field paths)."""
+    data = _decode(body, media)
+    if not isinstance(data, dict):
+        raise HTTPException(422, f"the body must be a StudySpec object, not {type(data).__name__}: {_EXAMPLE}")
+    try:
+        errors = check(data, limits) or _bad_values(data)  # bounds first: they stop at the first long list
+        if errors:
+            raise HTTPException(422, errors)
+        return StudySpec.model_validate_json(json.dumps(data), strict=True, context={"strict": True})
+    except ValidationError as exc:
+        errors = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
+                  for e in exc.errors(include_url=False, include_context=False, include_input=False)]
+        raise HTTPException(422, errors) from None
+    except RecursionError:
+        raise HTTPException(400, "the body is nested too deeply") from None
+
+
+# ---------------------------------------------------------------------------------- off the loop
+def media_type(request: Request) -> str:
+    """The body's media type; 415 for one that is not JSON or YAML, or a charset other than UTF-8."""
+    content_type = request.headers.get("content-type", "")
+    media, *params = (p.strip().lower() for p in content_type.split(";"))
+    if not (media in YAML_TYPES or media in JSON_TYPES or media.endswith("+json")):
+        raise HTTPException(415, f"Content-Type {media!r} is not accepted: send application/json or "
+                            "application/yaml")
+    charset = next((p.partition("=")[2].strip('"') for p in params if p.startswith("charset=")), "utf-8")
+    if charset.replace("_", "-") not in ("utf-8", "utf8"):
+        raise HTTPException(415, f"charset {charset!r} is not accepted: send UTF-8 (charset=utf-8)")
+    return "application/yaml" if media in YAML_TYPES else "application/json"
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The body, or 413 past `max_bytes` (by Content-Length before reading, else while it streams in)."""
+    length = request.headers.get("content-length")
+    over = f"request body over {max_bytes} bytes (PTCTL_MAX_BODY_BYTES): send a smaller spec"
+    if length is not None and (not length.isdigit() or int(length) > max_bytes):
+        raise HTTPException(413 if length.isdigit() else 400, over if length.isdigit() else
+                            "invalid Content-Length header")
+    chunks, seen = [], 0
+    async for chunk in request.stream():
+        seen += len(chunk)
+        if seen > max_bytes:
+            raise HTTPException(413, over)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _release(slots: asyncio.Semaphore):
+    def done(future: asyncio.Future) -> None:
+        slots.release()
+        if not future.cancelled():
+            future.exception()  # retrieved: a parse that timed out is not logged as an unhandled error
+
+    return done
+
+
+class Parser:
+    """Parses bodies in `limits.parses` threads of its own, each given `limits.parse_s` seconds."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.pool = ThreadPoolExecutor(limits.parses, thread_name_prefix="ptctl-parse")
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:
+            self._slots = (loop, asyncio.Semaphore(self.limits.parses))
+        return self._slots[1]
+
+    async def parse(self, body: bytes, media: str) -> StudySpec:
+        slots, wait = self._semaphore(), self.limits.parse_s
+        try:
+            await asyncio.wait_for(slots.acquire(), wait)
+        except TimeoutError:
+            raise HTTPException(503, f"every spec parser is busy (PTCTL_MAX_PARSES={self.limits.parses}): "
+                                "retry in a few seconds", headers={"Retry-After": "2"}) from None
+        try:
+            future = asyncio.get_running_loop().run_in_executor(self.pool, parse_spec, body, media, self.limits)
+        except BaseException:
+            slots.release()
+            raise
+        future.add_done_callback(_release(slots))  # the slot frees when the thread ends, not before
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), wait)
+        except TimeoutError:
+            raise HTTPException(422, f"the spec took over {wait:g} s to parse and validate (PTCTL_MAX_PARSE_S): "
+                                "send a simpler spec") from None
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def read_spec(request: Request) -> StudySpec:
+    """The request's `StudySpec` (415, 413, 400, 422, 503 as above)."""
+    settings = request.app.state.settings
+    media = media_type(request)
+    body = await read_body(request, settings.max_body_bytes)
+    check_nodes(body, settings.limits.nodes)
+    return await request.app.state.parser.parse(body, media)
+
+
+def check_nodes(body: bytes, max_nodes: int) -> None:
+    """413 for a body with more than `max_nodes` lists, maps, items or lines (counted in C, in microseconds):
+    `json.loads` holds the GIL for all of its parse, and 850 kB of nested lists took it for 144 ms."""
+    nodes = sum(body.count(c) for c in (b"[", b"{", b",", b"\n"))
+    if nodes > max_nodes:
+        raise HTTPException(413, f"the body has {nodes} lists, maps, items or lines, over PTCTL_MAX_NODES="
+                            f"{max_nodes}: a StudySpec needs a few hundred")
