@@ -161,6 +161,8 @@ def _run_with_progress(spec, study_id: str | None = None):
                 bar.update(tasks[phase], completed=bar.tasks[tasks[phase]].total, note="done")
             elif kind == "phase_skipped":
                 console.print(f"{phase}: already done, skipped")
+            elif kind == "recovered":
+                console.print(f"[yellow]note:[/] {data['error']}", soft_wrap=True)
 
         return run_study(spec, study_id, on_event)
 

@@ -14,7 +14,10 @@ finds, reuses and prunes only runs of its own instance. A store that does not ho
 Failure: whatever ends a study early is recorded before it propagates, as one of `workers.errors`:
 `state.json` gets `failed` (or `interrupted` when Ray was lost) with a one-line `error`, and the
 study run, the running phase's run and its open trial runs are ended FAILED (KILLED when
-interrupted) with tags `status` and `error`.
+interrupted) with tags `status` and `error`. A driver process that dies without a word (SIGKILL,
+or Ray aborting it when its cluster's GCS is lost) cannot record anything: the next driver of the
+study finds it `running` under a process that no longer exists, records that attempt `interrupted`
+(closing its runs KILLED), then resumes.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +106,7 @@ class StudyState:
     instance: str | None = None  # tagged on every MLflow run of this study; None: a state from before it
     tracking_uri: str | None = None  # where the runs are (credentials redacted)
     error: str | None = None  # the one-line cause of `failed` / `interrupted`
+    driver: dict[str, Any] | None = None  # the process running it: {"host", "pid"}
 
     @classmethod
     def load(cls, path: Path, study_id: str, spec_hash: str) -> StudyState:
@@ -314,11 +319,13 @@ class StudyDriver:
     # ------------------------------------------------------------------ the study
     def run(self) -> StudyState:
         """Run the remaining phases; any failure is recorded, then raised as a `workers.errors.StudyError`."""
-        self.state.status, self.state.error = "running", None
-        self._save()
         phase = None
         try:
             self._check_store()
+            self._recover()
+            self.state.status, self.state.error = "running", None
+            self.state.driver = {"host": socket.gethostname(), "pid": os.getpid()}
+            self._save()
             self._study_run()
             for phase in self.spec.phases():
                 if self.state.phases.get(phase, {}).get("status") == "done":
@@ -339,6 +346,23 @@ class StudyDriver:
         self.state.status = "succeeded"
         self._save()
         return self.state
+
+    def _recover(self) -> None:
+        """Record an earlier attempt whose process died while `running` as `interrupted`."""
+        state, driver = self.state, self.state.driver or {}
+        if state.status != "running" or driver.get("host") != socket.gethostname() or driver.get("pid") == os.getpid():
+            return
+        try:
+            os.kill(driver["pid"], 0)
+            return  # still alive (or another process took its pid): nothing to say for sure
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            return
+        err = InfrastructureLost(f"its driver process {driver['pid']} ended without recording an outcome (killed, "
+                                 "or its Ray cluster was lost); resumed")
+        self._fail(err, next((p for p in self.spec.phases() if state.phases.get(p, {}).get("status") != "done"), None))
+        self.emit("recovered", {"error": err.describe()})
 
     def _study_run(self) -> None:
         if "study" not in self.state.runs:
