@@ -155,16 +155,16 @@ class MlflowView:
             info.links = {k: redact_uri(tracker.link(v)) for k, v in runs.items()}
         return info
 
-    def _fetch(self, spec: dict[str, Any], study_id: str) -> list[dict[str, Any]]:
-        rows = [_row(r) for r in self.tracker(spec).runs(study_id, "trial")]
+    def _fetch(self, spec: dict[str, Any], study_id: str, instance: str | None = None) -> list[dict[str, Any]]:
+        rows = [_row(r) for r in self.tracker(spec).runs(study_id, "trial", instance)]
         with self._lock:
             self._live[study_id] = (time.monotonic(), rows)
             self._refreshing.discard(study_id)
         return rows
 
-    def _refresh(self, spec: dict[str, Any], study_id: str) -> None:
+    def _refresh(self, spec: dict[str, Any], study_id: str, instance: str | None = None) -> None:
         try:
-            self._fetch(spec, study_id)
+            self._fetch(spec, study_id, instance)
         except Exception:  # MLflow briefly unreachable: keep the old rows, try again on a later read
             with self._lock:
                 self._refreshing.discard(study_id)
@@ -175,15 +175,16 @@ class MlflowView:
         ([] before the driver logged anything)."""
         if "study" not in state.get("runs", {}):
             return []
+        instance = state.get("instance")  # only the runs this study instance made (workers/driver.py)
         if fresh:
-            return self._fetch(spec, study_id)
+            return self._fetch(spec, study_id, instance)
         with self._lock:
             cached = self._live.get(study_id)
             stale = cached is not None and time.monotonic() - cached[0] > self.ttl
             if stale and study_id not in self._refreshing:
                 self._refreshing.add(study_id)
-                self._pool.submit(self._refresh, spec, study_id)
-        return cached[1] if cached is not None else self._fetch(spec, study_id)
+                self._pool.submit(self._refresh, spec, study_id, instance)
+        return cached[1] if cached is not None else self._fetch(spec, study_id, instance)
 
     def mark_cancelled(self, spec: dict[str, Any], study_id: str) -> None:
         """Close the runs a killed driver left open: KILLED, trials and the study tagged `status=cancelled`."""

@@ -380,7 +380,7 @@ class StudyDriver:
         err.study_id, err.phase = self.study_id, err.phase or phase
         self.state.status, self.state.error = err.status, str(err)
         self._save()
-        log.error("%s", err.describe())
+        log.info("%s", err.describe())  # the caller reports it (the CLI's error line, the service's store)
         if self._tracker is not None:
             try:
                 self._close_runs(err)
