@@ -55,8 +55,15 @@ def _all_runs(url: str, study_id: str) -> list:
 def test_each_data_directory_keeps_its_own_runs(two_runs):
     spec, url, dirs, states = two_runs
     a, b = states["a"], states["b"]
-    assert a["study_id"] == b["study_id"] and a["instance"] != b["instance"]
+    assert a["study_id"] == b["study_id"]
+    assert not set(a["runs"].values()) & set(b["runs"].values()), "the second study reused the first's runs"
     runs = _all_runs(url, a["study_id"])
+    live = {r.info.run_id for r in runs if r.info.lifecycle_stage == "active"}
+    for state in (a, b):
+        assert set(state["runs"].values()) <= live, "a study's state points at deleted runs"
+        tune = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == state["runs"]["tune"]]
+        assert len(tune) == 3 and all(r.info.lifecycle_stage == "active" for r in tune), "its tune runs were deleted"
+    assert a["instance"] != b["instance"]
     by_instance = {inst: [r for r in runs if r.data.tags.get("study_instance") == inst]
                    for inst in (a["instance"], b["instance"])}
     assert sum(len(v) for v in by_instance.values()) == len(runs), "a run without its study instance"
