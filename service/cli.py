@@ -10,6 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from workers.errors import StudyError
+
 console = Console()
 
 
@@ -159,6 +161,8 @@ def _run_with_progress(spec, study_id: str | None = None):
                 bar.update(tasks[phase], completed=bar.tasks[tasks[phase]].total, note="done")
             elif kind == "phase_skipped":
                 console.print(f"{phase}: already done, skipped")
+            elif kind == "recovered":
+                console.print(f"[yellow]note:[/] {data['error']}", soft_wrap=True)
 
         return run_study(spec, study_id, on_event)
 
@@ -177,7 +181,7 @@ def _print_summary(spec, state) -> None:
                   + (f", reused from {tune['reused_from']}" if tune.get("reused_from") else "") + ")")
     console.print("hparams: " + ", ".join(f"{k}={v:.4g}" for k, v in hp.items()))
     tracker = Tracker(spec.experiment_name(), spec.resources.tracking.tracking_uri)
-    runs = {r.data.tags.get("trial_key"): r.info.run_id for r in tracker.runs(state.study_id, "trial")}
+    runs = {r.data.tags.get("trial_key"): r.info.run_id for r in tracker.runs(state.study_id, "trial", state.instance)}
     table = Table(title="zero-shot transfer")
     for col in ("width", "seed", "params", "eval loss", "status"):
         table.add_column(col, justify="left" if col == "status" else "right")
@@ -361,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/] {exc}")
         return 2
+    except StudyError as exc:  # recorded in state.json and on the MLflow runs by the driver
+        console.print(f"[red]error:[/] {exc.describe()}", soft_wrap=True)
+        return 1
 
 
 if __name__ == "__main__":

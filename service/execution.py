@@ -37,7 +37,7 @@ import ray
 from ray._private import ray_constants
 
 from service import ray_head
-from service.control import DriverRunning
+from service.control import DriverRunning, ExecutionUnavailable
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -71,9 +71,10 @@ class StudyDriverActor:
         try:
             run_study(StudySpec.model_validate(spec), study_id, on_event)
             outcome, error = StudyStatus.SUCCEEDED, None
-        except Exception as exc:  # the study failed, not the actor: record why, then exit
-            log.exception("study %s failed", study_id)
-            outcome, error = StudyStatus.FAILED, public_error(exc)  # no text a remote server sent
+        except Exception as exc:  # the study failed (or lost its infrastructure), not the actor: record why
+            log.exception("study %s did not succeed", study_id)
+            outcome = StudyStatus(getattr(exc, "status", StudyStatus.FAILED))  # workers.errors.StudyError's
+            error = public_error(exc)  # no text a remote server sent
         try:
             store.transition(study_id, outcome, error=error, expect=[StudyStatus.RUNNING], attempt=attempt)
         except IllegalTransition as exc:  # cancelled meanwhile: the cancel stands
@@ -103,16 +104,20 @@ class RayExecutor:
         self.settings = settings
         self._lock = threading.RLock()
         self._failing_since: float | None = None
+        self._dropping: threading.Thread | None = None
 
     def connect(self) -> None:
-        """Connect once; a connection to an embedded head that has died is dropped first (a Ray call to a
-        dead head blocks, and Ray ends the whole process after 60 s without its head)."""
+        """Connect once. A connection to an embedded head that has died is dropped first (a Ray call to a
+        dead head blocks, and Ray ends the whole process 60 s after losing its head); while it is being
+        dropped (`ray.shutdown` can take as long), `ExecutionUnavailable` says to retry."""
         with self._lock:
+            if self._dropping is not None and self._dropping.is_alive():
+                raise ExecutionUnavailable("the connection to a lost Ray head is being dropped: retry in a minute")
             if ray.is_initialized():
                 if self.settings.ray_address is not None or ray_head.running(self.settings.data_dir):
                     return
-                log.error("the embedded Ray head stopped: dropping the connection, starting a new head")
-                ray.shutdown()
+                self._drop("the embedded Ray head stopped")
+                raise ExecutionUnavailable("the embedded Ray head stopped: retry in a minute (a new one starts)")
             address = self.settings.ray_address
             if address is None:
                 head = ray_head.ensure(self.settings.data_dir, self.settings.ray_num_cpus)
@@ -170,16 +175,21 @@ class RayExecutor:
         failing for longer than `PTCTL_RAY_LOST_S`. A lost connection is dropped, so the next `connect`
         starts (embedded) or joins (cluster) afresh."""
         with self._lock:
-            if not ray.is_initialized():
+            if not ray.is_initialized() or (self._dropping is not None and self._dropping.is_alive()):
                 return None
             if self.settings.ray_address is None:
                 reason = None if ray_head.running(self.settings.data_dir) else "the embedded Ray head stopped"
             else:
                 reason = self._cluster_unreachable()
             if reason is not None:
-                log.error("%s: dropping the connection; studies that were running are interrupted", reason)
-                ray.shutdown()
+                self._drop(reason)
             return reason
+
+    def _drop(self, reason: str) -> None:
+        """`ray.shutdown()` in the background: with the head gone it can wait out Ray's 60-s GCS timeout."""
+        log.error("%s: dropping the connection; studies that were running are interrupted", reason)
+        self._dropping = threading.Thread(target=ray.shutdown, name="ptctl-ray-drop", daemon=True)
+        self._dropping.start()
 
     def _cluster_unreachable(self) -> str | None:
         try:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +29,7 @@ from pydantic import ValidationError
 from analysis import PHASES
 from service.schemas import MlflowInfo, PhaseProgress, finite
 from studies.spec import StudySpec
+from workers.paths import redact_uri
 
 FINISHED = ("completed", "stopped", "diverged", "failed")
 
@@ -41,11 +41,6 @@ def spec_phases(spec: dict[str, Any]) -> list[str]:
         return StudySpec.model_validate(spec).phases()
     except ValidationError:
         return [p for p in PHASES if spec.get(p) is not None]
-
-
-def redact_uri(uri: str) -> str:
-    """`scheme://user:password@host/...` → `scheme://***@host/...`."""
-    return re.sub(r"^([a-zA-Z][\w+.-]*://)[^/@]*@", r"\1***@", uri)
 
 
 def read_state(folder: Path) -> dict[str, Any]:
@@ -155,16 +150,16 @@ class MlflowView:
             info.links = {k: redact_uri(tracker.link(v)) for k, v in runs.items()}
         return info
 
-    def _fetch(self, spec: dict[str, Any], study_id: str) -> list[dict[str, Any]]:
-        rows = [_row(r) for r in self.tracker(spec).runs(study_id, "trial")]
+    def _fetch(self, spec: dict[str, Any], study_id: str, instance: str | None = None) -> list[dict[str, Any]]:
+        rows = [_row(r) for r in self.tracker(spec).runs(study_id, "trial", instance)]
         with self._lock:
             self._live[study_id] = (time.monotonic(), rows)
             self._refreshing.discard(study_id)
         return rows
 
-    def _refresh(self, spec: dict[str, Any], study_id: str) -> None:
+    def _refresh(self, spec: dict[str, Any], study_id: str, instance: str | None = None) -> None:
         try:
-            self._fetch(spec, study_id)
+            self._fetch(spec, study_id, instance)
         except Exception:  # MLflow briefly unreachable: keep the old rows, try again on a later read
             with self._lock:
                 self._refreshing.discard(study_id)
@@ -175,15 +170,16 @@ class MlflowView:
         ([] before the driver logged anything)."""
         if "study" not in state.get("runs", {}):
             return []
+        instance = state.get("instance")  # only the runs this study instance made (workers/driver.py)
         if fresh:
-            return self._fetch(spec, study_id)
+            return self._fetch(spec, study_id, instance)
         with self._lock:
             cached = self._live.get(study_id)
             stale = cached is not None and time.monotonic() - cached[0] > self.ttl
             if stale and study_id not in self._refreshing:
                 self._refreshing.add(study_id)
-                self._pool.submit(self._refresh, spec, study_id)
-        return cached[1] if cached is not None else self._fetch(spec, study_id)
+                self._pool.submit(self._refresh, spec, study_id, instance)
+        return cached[1] if cached is not None else self._fetch(spec, study_id, instance)
 
     def mark_cancelled(self, spec: dict[str, Any], study_id: str) -> None:
         """Close the runs a killed driver left open: KILLED, trials and the study tagged `status=cancelled`."""

@@ -5,6 +5,19 @@ their results, MLflow run ids; rewritten atomically), `ray/` (one restorable Tun
 phase), and `artifacts/` (trial tables, plots, certificate, report). Re-running a study id skips
 finished phases and restores an interrupted one, so no finished trial runs twice and no MLflow run
 is made twice (runs are found by their tags).
+
+Ownership: `state.json` records a random `instance` id, minted when it is first written, and the
+(redacted) tracking URI; every MLflow run the study makes is tagged with the instance, and a resume
+finds, reuses and prunes only runs of its own instance. A store that does not hold the study's run
+(another `MLFLOW_TRACKING_URI`) stops the resume with an error naming both stores.
+
+Failure: whatever ends a study early is recorded before it propagates, as one of `workers.errors`:
+`state.json` gets `failed` (or `interrupted` when Ray was lost) with a one-line `error`, and the
+study run, the running phase's run and its open trial runs are ended FAILED (KILLED when
+interrupted) with tags `status` and `error`. A driver process that dies without a word (SIGKILL,
+or Ray aborting it when its cluster's GCS is lost) cannot record anything: the next driver of the
+study finds it `running` under a process that no longer exists, records that attempt `interrupted`
+(closing its runs KILLED), then resumes.
 """
 
 from __future__ import annotations
@@ -13,7 +26,9 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +61,10 @@ from studies.plan import (
 )
 from studies.spec import StudySpec
 from workers.data import DataConfig, data_dir
-from workers.ray_runner import MlflowTrials, run_phase
-from workers.tracking import Tracker
+from workers.errors import InfrastructureLost, StudyError, StudyFailed, one_line
+from workers.paths import redact_uri
+from workers.ray_runner import MlflowTrials, experiment_name, run_phase
+from workers.tracking import Tracker, default_tracking_uri
 from workers.train import load_data
 
 log = logging.getLogger(__name__)
@@ -84,14 +101,18 @@ def _write_json(path: Path, data: dict) -> None:
 class StudyState:
     study_id: str
     spec_hash: str
-    status: str = "running"
+    status: str = "running"  # running | succeeded | failed | interrupted
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)  # phase → {"status": "done", ...}
     runs: dict[str, str] = field(default_factory=dict)  # "study" | phase → MLflow run id
+    instance: str | None = None  # tagged on every MLflow run of this study; None: a state from before it
+    tracking_uri: str | None = None  # where the runs are (credentials redacted)
+    error: str | None = None  # the one-line cause of `failed` / `interrupted`
+    driver: dict[str, Any] | None = None  # the process running it: {"host", "pid"}
 
     @classmethod
     def load(cls, path: Path, study_id: str, spec_hash: str) -> StudyState:
         if not path.exists():
-            return cls(study_id, spec_hash)
+            return cls(study_id, spec_hash, instance=secrets.token_hex(8))
         state = cls(**json.loads(path.read_text()))
         if state.spec_hash != spec_hash:
             raise ValueError(f"study {study_id} was started with another spec (hash {state.spec_hash[:10]}); "
@@ -112,27 +133,53 @@ class StudyDriver:
         self.state_path = self.dir / "state.json"
         self.state = StudyState.load(self.state_path, self.study_id, spec.content_hash())
         (self.art / "spec.yaml").write_text(spec.to_yaml())
-        self.tracker = Tracker(spec.experiment_name(), spec.resources.tracking.tracking_uri)
+        self.uri = spec.resources.tracking.tracking_uri or default_tracking_uri()
+        self._tracker: Tracker | None = None
         self.emit = on_event or (lambda kind, data: None)
 
     # ------------------------------------------------------------------ helpers
     def _save(self) -> None:
         self.state.save(self.state_path)
 
+    @property
+    def tracker(self) -> Tracker:
+        """The MLflow tracker, connected on first use; an unreachable store fails the study."""
+        if self._tracker is None:
+            try:
+                self._tracker = Tracker(self.spec.experiment_name(), self.uri)
+            except Exception as exc:
+                raise StudyFailed(f"cannot reach the MLflow tracking store {redact_uri(self.uri)} ({one_line(exc)}); "
+                                  "start it or set MLFLOW_TRACKING_URI, then re-run to resume") from exc
+        return self._tracker
+
+    def _check_store(self) -> None:
+        """A resumed study's runs must be in the current store: else name both stores and stop."""
+        state, here = self.state, redact_uri(self.uri)
+        if "study" in state.runs and not self.tracker.owns(state.runs["study"], self.study_id, state.instance):
+            self._tracker = None  # nothing of this study's to close in that store
+            raise StudyFailed(
+                f"the tracking store {here} does not hold this study's MLflow run {state.runs['study']}; its runs "
+                f"are in {state.tracking_uri or '(a store not recorded in state.json)'}: set MLFLOW_TRACKING_URI "
+                "(or resources.tracking.tracking_uri) to that store to resume, or start a new --study-id")
+        state.tracking_uri = here
+
     def table(self, phase: str) -> pd.DataFrame:
         return pd.read_csv(self.art / f"{phase}_trials.csv")
 
     def _phase_run(self, phase: str) -> str:
         if phase not in self.state.runs:
-            self.state.runs[phase] = self.tracker.phase_run(self.study_id, phase, self.state.runs["study"])
+            self.state.runs[phase] = self.tracker.phase_run(self.study_id, phase, self.state.runs["study"],
+                                                            self.state.instance)
             self._save()
         return self.state.runs[phase]
 
     def _run_trials(self, phase: str, planned: list[dict] | None = None) -> pd.DataFrame:
-        callback = MlflowTrials(self.spec, self.study_id, phase, self._phase_run(phase), self.tracker.uri)
+        callback = MlflowTrials(self.spec, self.study_id, phase, self._phase_run(phase), self.tracker.uri,
+                                instance=self.state.instance)
         callback.notify = lambda info: self.emit("trial_done", info)
-        table = run_phase(self.spec, phase, self.dir / "ray", callback, planned)
-        self.tracker.prune_trials(self.study_id, phase, set(table.trial_id))
+        table = run_phase(self.spec, phase, self.dir / "ray", callback, planned,
+                          experiment=experiment_name(self.study_id, phase))
+        self.tracker.prune_trials(self.study_id, phase, set(table.trial_id), instance=self.state.instance)
         table.to_csv(self.art / f"{phase}_trials.csv", index=False)
         return table
 
@@ -162,6 +209,10 @@ class StudyDriver:
 
     def phase_tune(self) -> dict[str, Any]:
         table, source = self._trials_or_reuse("tune")
+        if not (table.status == "completed").any():
+            counts = ", ".join(f"{n} {s}" for s, n in table.status.value_counts().items())
+            raise StudyFailed(f"no tune trial completed its budget ({counts} of {len(table)}): lower space.lr's "
+                              "range or raise train.max_loss, then run it as a new study")
         best = best_hparams(self.spec, table)
         plot_tune_history(table, self.art / "tune_history.png")
         done = table[table.status == "completed"]
@@ -209,10 +260,13 @@ class StudyDriver:
             tags = {"phase": "compare", "stage": f"tune-{name}", "family": stage["family"], "budget": stage["budget"]}
             path = self.art / f"compare_tune_{name}.csv"
             if name not in done:
-                callback = MlflowTrials(sub, self.study_id, "tune", self._phase_run("compare"), self.tracker.uri, tags)
+                callback = MlflowTrials(sub, self.study_id, "tune", self._phase_run("compare"), self.tracker.uri, tags,
+                                        instance=self.state.instance)
                 callback.notify = lambda info: self.emit("trial_done", info)
-                table = run_phase(sub, "tune", self.dir / "ray" / "compare-tune" / name, callback)
-                self.tracker.prune_trials(self.study_id, "compare", set(table.trial_id), stage=tags["stage"])
+                table = run_phase(sub, "tune", self.dir / "ray", callback,
+                                  experiment=experiment_name(self.study_id, "compare", f"tune-{name}"))
+                self.tracker.prune_trials(self.study_id, "compare", set(table.trial_id), stage=tags["stage"],
+                                          instance=self.state.instance)
                 table.assign(**{k: v for k, v in tags.items() if k != "phase"}).to_csv(path, index=False)
                 done[name] = {"best_hparams": best_hparams(sub, table), "width": stage["width"]}
                 self._save()
@@ -265,27 +319,85 @@ class StudyDriver:
 
     # ------------------------------------------------------------------ the study
     def run(self) -> StudyState:
-        spec = self.spec
-        self.state.status = "running"
-        if "study" not in self.state.runs:
-            self.state.runs["study"] = self.tracker.study_run(self.study_id, {
-                "spec_hash": self.state.spec_hash, "model": spec.model.family,
-                "ray_experiment": str(self.dir / "ray"), "mlflow.note.content": spec.description})
-            self.tracker.log_artifacts(self.state.runs["study"], [self.art / "spec.yaml"])
+        """Run the remaining phases; any failure is recorded, then raised as a `workers.errors.StudyError`."""
+        phase = None
+        try:
+            self._check_store()
+            self._recover()
+            self.state.status, self.state.error = "running", None
+            self.state.driver = {"host": socket.gethostname(), "pid": os.getpid()}
             self._save()
-        for phase in spec.phases():
-            if self.state.phases.get(phase, {}).get("status") == "done":
-                self.emit("phase_skipped", {"phase": phase})
-                continue
-            self.tracker.set_tags(self.state.runs["study"], {"phase": phase})
-            self.emit("phase_start", {"phase": phase, "trials": self.planned_count(phase)})
-            getattr(self, f"phase_{phase}")()
-        self.write_report()
+            self._study_run()
+            for phase in self.spec.phases():
+                if self.state.phases.get(phase, {}).get("status") == "done":
+                    self.emit("phase_skipped", {"phase": phase})
+                    continue
+                self.tracker.set_tags(self.state.runs["study"], {"phase": phase})
+                self.emit("phase_start", {"phase": phase, "trials": self.planned_count(phase)})
+                getattr(self, f"phase_{phase}")()
+            phase = None
+            self.write_report()
+            self.tracker.set_tags(self.state.runs["study"], {"phase": "done", "status": "succeeded"})
+            self.tracker.finish(self.state.runs["study"])
+        except KeyboardInterrupt:
+            self._fail(InfrastructureLost("stopped by the user (Ctrl-C); re-run the same command to resume"), phase)
+            raise
+        except Exception as exc:
+            raise self._fail(exc, phase) from exc
         self.state.status = "succeeded"
-        self.tracker.set_tags(self.state.runs["study"], {"phase": "done", "status": "succeeded"})
-        self.tracker.finish(self.state.runs["study"])
         self._save()
         return self.state
+
+    def _recover(self) -> None:
+        """Record an earlier attempt whose process died while `running` as `interrupted`."""
+        state, driver = self.state, self.state.driver or {}
+        if state.status != "running" or driver.get("host") != socket.gethostname() or driver.get("pid") == os.getpid():
+            return
+        try:
+            os.kill(driver["pid"], 0)
+            return  # still alive (or another process took its pid): nothing to say for sure
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            return
+        err = InfrastructureLost(f"its driver process {driver['pid']} ended without recording an outcome (killed, "
+                                 "or its Ray cluster was lost); resumed")
+        self._fail(err, next((p for p in self.spec.phases() if state.phases.get(p, {}).get("status") != "done"), None))
+        self.emit("recovered", {"error": err.describe()})
+
+    def _study_run(self) -> None:
+        if "study" not in self.state.runs:
+            spec = self.spec
+            self.state.runs["study"] = self.tracker.study_run(self.study_id, {
+                "spec_hash": self.state.spec_hash, "model": spec.model.family, "study_dir": str(self.dir),
+                "ray_experiment": str(self.dir / "ray"), "mlflow.note.content": spec.description},
+                self.state.instance)
+            self.tracker.log_artifacts(self.state.runs["study"], [self.art / "spec.yaml"])
+            self._save()
+
+    def _fail(self, exc: Exception, phase: str | None) -> StudyError:
+        """Record how the study ended (state.json, then its open MLflow runs); the error to raise."""
+        err = exc if isinstance(exc, StudyError) else StudyFailed(one_line(exc))
+        err.study_id, err.phase = self.study_id, err.phase or phase
+        self.state.status, self.state.error = err.status, str(err)
+        self._save()
+        log.info("%s", err.describe())  # the caller reports it (the CLI's error line, the service's store)
+        if self._tracker is not None:
+            try:
+                self._close_runs(err)
+            except Exception as close_exc:  # MLflow itself may be what failed: state.json has it
+                log.warning("%s: could not mark its MLflow runs %s: %s", self.study_id, err.status, one_line(close_exc))
+        return err
+
+    def _close_runs(self, err: StudyError) -> None:
+        run_status = "KILLED" if err.status == "interrupted" else "FAILED"
+        tags = {"status": err.status, "error": str(err)}
+        for run in self.tracker.runs(self.study_id, "trial", self.state.instance):
+            if run.info.status == "RUNNING" and (err.phase is None or run.data.tags.get("phase") == err.phase):
+                self.tracker.close(run.info.run_id, "KILLED", {"status": err.status})
+        for key in (err.phase, "study"):
+            if key in self.state.runs:
+                self.tracker.close(self.state.runs[key], run_status, tags)
 
     def write_report(self) -> Path:
         tables = {p: self.table(p) for p in self.spec.phases() if (self.art / f"{p}_trials.csv").exists()}

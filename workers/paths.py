@@ -1,6 +1,7 @@
 """Where ptctl keeps its state; importable without torch (the service and MLflow layers need it)."""
 
 import os
+import re
 from pathlib import Path
 
 
@@ -9,3 +10,8 @@ def data_dir() -> Path:
     path = Path(os.environ.get("PTCTL_DATA_DIR") or "~/.ptctl").expanduser()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def redact_uri(uri: str) -> str:
+    """`scheme://user:password@host/...` → `scheme://***@host/...` (for messages, logs and state.json)."""
+    return re.sub(r"^([a-zA-Z][\w+.-]*://)[^/@]*@", r"\1***@", uri)

@@ -1,7 +1,10 @@
 """Ray Tune glue: the one module that imports Ray.
 
 Every phase is a Ray Tune experiment stored under the study's folder, so a killed driver can
-`Tuner.restore` it: `tune` searches with OptunaSearch (TPE) and ASHA; `transfer`, `verify` and
+`Tuner.restore` it. Its name carries the study id (`experiment_name`): Tune stages a driver's
+experiment files in `<Ray session>/artifacts/<start time, to the second>/<experiment name>/`, so two
+studies whose phases start in the same second under one phase name would share (and restore) each
+other's trials. `tune` searches with OptunaSearch (TPE) and ASHA; `transfer`, `verify` and
 `validate` run a fixed list of planned trials (`studies.plan`) as a grid. Trials report to Tune at
 every evaluation; `MlflowTrials`, a callback in the driver process, writes their nested runs.
 
@@ -33,6 +36,7 @@ from ray.tune.schedulers import ASHAScheduler  # noqa: E402
 from ray.tune.search.optuna import OptunaSearch  # noqa: E402
 
 from studies.spec import StudySpec  # noqa: E402
+from workers.errors import InfrastructureLost  # noqa: E402
 from workers.tracking import Tracker  # noqa: E402
 from workers.train import TrialConfig, train_trial  # noqa: E402
 
@@ -46,8 +50,17 @@ def ensure_ray() -> None:
     """Join `RAY_ADDRESS` when set (e.g. `auto` or `ray://head:10001`), else start a private local Ray."""
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS") or "local"
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING, configure_logging=False)
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.WARNING, configure_logging=False)
+        except (ConnectionError, ray.exceptions.RayError) as exc:
+            raise InfrastructureLost(f"cannot reach Ray at RAY_ADDRESS={address!r} ({exc}); start the cluster "
+                                     "or unset RAY_ADDRESS for a local Ray, then re-run to resume") from exc
+
+
+def experiment_name(study_id: str, phase: str, stage: str | None = None) -> str:
+    """The Tune experiment (storage folder and driver staging folder) of one study's phase or compare stage."""
+    return f"{study_id}.{phase}" + (f".{stage}" if stage else "")
 
 
 def has_gpus() -> bool:
@@ -126,8 +139,8 @@ class MlflowTrials(tune.Callback):
     """Nested MLflow runs for the trials of one phase, written from the driver (one SQLite writer)."""
 
     def __init__(self, spec: StudySpec, study_id: str, phase: str, phase_run: str, tracking_uri: str,
-                 tags: dict[str, Any] | None = None) -> None:
-        self.spec_dict, self.study_id, self.phase = spec.as_dict(), study_id, phase
+                 tags: dict[str, Any] | None = None, instance: str | None = None) -> None:
+        self.spec_dict, self.study_id, self.phase, self.instance = spec.as_dict(), study_id, phase, instance
         self.phase_run, self.uri = phase_run, tracking_uri
         self.tags = dict(tags or {})  # on every trial run; a "phase" here overrides `phase` (compare's tunes)
         self._tracker: Tracker | None = None
@@ -155,7 +168,7 @@ class MlflowTrials(tune.Callback):
                     "is_centre": planned["is_centre"], "ray_trial_id": trial.trial_id,
                     **{k: planned[k] for k in ("family", "budget") if k in planned}, **self.tags}
             run = self.tracker.trial_run(self.study_id, self.phase, planned["trial_key"], self.phase_run,
-                                         {k: str(v) for k, v in tags.items()})
+                                         {k: str(v) for k, v in tags.items()}, instance=self.instance)
             self.tracker.log_params(run, trial_config(spec, planned))
             self._logged[trial.trial_id] = self.tracker.last_step(run, "train_loss")
             self._runs[trial.trial_id] = run
@@ -212,8 +225,11 @@ class MlflowTrials(tune.Callback):
 
 
 def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials,
-              planned: list[dict] | None = None) -> pd.DataFrame:
-    """Run (or restore and finish) one phase's Tune experiment; return its trial table."""
+              planned: list[dict] | None = None, *, experiment: str) -> pd.DataFrame:
+    """Run (or restore and finish) one phase's Tune experiment `storage/experiment`; return its trial table.
+
+    `experiment` must be unique to the study (`experiment_name`). Ray itself failing (the cluster
+    lost, a node's raylet gone) raises `InfrastructureLost`: the study is interrupted, not failed."""
     ensure_ray()
     res = spec.resources
     gpus = res.gpus_per_trial if phase == "tune" else (
@@ -221,18 +237,23 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
     trainable = tune.with_resources(
         tune.with_parameters(_trainable, spec_dict=spec.as_dict(), phase=phase, cpus=res.cpus_per_trial),
         {"cpu": res.cpus_per_trial, "gpu": gpus})
-    path = storage / phase
+    path = storage / experiment
     faults = {"callbacks": [callback], "failure_config": tune.FailureConfig(max_failures=res.max_retries),
               "checkpoint_config": tune.CheckpointConfig(num_to_keep=1)}  # the latest one is all a restart needs
-    if tune.Tuner.can_restore(path):
-        log.info("restoring the %s phase from %s", phase, path)
-        tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
-        _renew(tuner, faults)
-    else:
-        tuner = tune.Tuner(trainable, param_space=_param_space(planned), tune_config=_tune_config(spec, phase),
-                           run_config=tune.RunConfig(name=phase, storage_path=str(storage), verbose=0,
-                                                     log_to_file=True, **faults))
-    grid = tuner.fit()
+    try:
+        if tune.Tuner.can_restore(path):
+            log.info("restoring the %s phase from %s", phase, path)
+            tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
+            _renew(tuner, faults)
+        else:
+            tuner = tune.Tuner(trainable, param_space=_param_space(planned), tune_config=_tune_config(spec, phase),
+                               run_config=tune.RunConfig(name=experiment, storage_path=str(storage), verbose=0,
+                                                         log_to_file=True, **faults))
+        grid = tuner.fit()
+    except (ray.exceptions.RaySystemError, ray.exceptions.ActorDiedError, ray.exceptions.NodeDiedError,
+            ray.exceptions.RpcError) as exc:
+        raise InfrastructureLost(f"Ray failed during the {phase} phase ({type(exc).__name__}: {exc}); "
+                                 "re-run to resume it") from exc
     return trial_table(spec, phase, grid)
 
 

@@ -3,7 +3,11 @@
 Hierarchy (design.md): one experiment per study name; a study run (tag kind=study), a child run per
 phase (kind=phase), a grandchild per trial (kind=trial), nested with `mlflow.parentRunId`.
 Every run is found-or-created by its tags, so a resumed study never makes a second run for the
-same study, phase or trial. Only the study driver's process writes (SQLite allows one writer).
+same study, phase or trial. The key tags include `study_instance`, a random id the driver mints when
+it creates a study's `state.json`: the study id (name + spec hash on the CLI) is the same for the same
+spec run from two data directories against one tracking server, the instance is not, so a study
+finds, reuses and prunes only the runs it created. Only the study driver's process writes (SQLite
+allows one writer).
 
 Artifacts: an MLflow server stores them where it was told (`--artifacts-destination`); a database store
 (the embedded SQLite default) would put them in `./mlruns` of whatever directory the process started
@@ -38,6 +42,7 @@ from workers.paths import data_dir
 
 log = logging.getLogger(__name__)
 PARENT = "mlflow.parentRunId"
+INSTANCE = "study_instance"  # tag: the study instance (state.json's `instance`) that created the run
 MAX_PARAM = 6000  # MLflow's limit on a param value
 RETRY_S = 300.0  # default of PTCTL_MLFLOW_RETRY_S: how long a call waits for an unreachable tracking server
 for _name, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
@@ -126,6 +131,11 @@ def prepare_store(tracking_uri: str | None = None) -> str:
     return uri
 
 
+def _key(study_id: str, kind: str, instance: str | None, **more: str) -> dict[str, str]:
+    """The tags that identify a run; `instance` None: any instance (studies from before instance ids)."""
+    return {"study_id": study_id, "kind": kind, **({INSTANCE: instance} if instance else {}), **more}
+
+
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested config → dotted MLflow params (`model_hp.width` = "64")."""
     out: dict[str, str] = {}
@@ -179,32 +189,57 @@ class Tracker:
             self.set_tags(run_id, tags)
         return run_id
 
-    def study_run(self, study_id: str, tags: dict[str, str]) -> str:
-        return self.run(study_id, {"study_id": study_id, "kind": "study"}, tags=tags)
+    def study_run(self, study_id: str, tags: dict[str, str], instance: str | None = None) -> str:
+        return self.run(study_id, _key(study_id, "study", instance), tags=tags)
 
-    def phase_run(self, study_id: str, phase: str, parent: str) -> str:
-        return self.run(phase, {"study_id": study_id, "kind": "phase", "phase": phase}, parent)
+    def phase_run(self, study_id: str, phase: str, parent: str, instance: str | None = None) -> str:
+        return self.run(phase, _key(study_id, "phase", instance, phase=phase), parent)
 
-    def trial_run(self, study_id: str, phase: str, trial_key: str, parent: str, tags: dict[str, str]) -> str:
-        return self.run(trial_key, {"study_id": study_id, "kind": "trial", "trial_key": trial_key}, parent,
+    def trial_run(self, study_id: str, phase: str, trial_key: str, parent: str, tags: dict[str, str],
+                  instance: str | None = None) -> str:
+        return self.run(trial_key, _key(study_id, "trial", instance, trial_key=trial_key), parent,
                         {"phase": phase, **tags})
 
-    def runs(self, study_id: str, kind: str) -> list:
-        query = f"tags.study_id = '{study_id}' and tags.kind = '{kind}'"
+    def runs(self, study_id: str, kind: str, instance: str | None = None) -> list:
+        """The study's live runs of `kind` (`instance` given: only those that instance created)."""
+        query = " and ".join(f"tags.{k} = '{v}'" for k, v in _key(study_id, kind, instance).items())
         return list(self.client.search_runs([self.experiment_id], filter_string=query, max_results=5000))
 
-    def prune_trials(self, study_id: str, phase: str, keep: set[str], stage: str | None = None) -> list[str]:
-        """Soft-delete this phase's (and `stage` tag's) trial runs whose trial is not in `keep` (its trial table).
+    def owns(self, run_id: str, study_id: str, instance: str | None) -> bool:
+        """True if this store holds `run_id`, live, as a run of this study instance."""
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST" or "not found" in str(exc).lower():
+                return False
+            raise
+        tags = run.data.tags
+        return (run.info.lifecycle_stage == "active" and tags.get("study_id") == study_id
+                and (instance is None or tags.get(INSTANCE) == instance))
+
+    def close(self, run_id: str, status: str, tags: dict[str, Any]) -> None:
+        """Tag a run (e.g. `status`, `error`) and end it with MLflow `status` (FAILED, KILLED) if still open."""
+        self.set_tags(run_id, tags)
+        if self.client.get_run(run_id).info.status in ("RUNNING", "SCHEDULED"):
+            self.finish(run_id, status)
+
+    def prune_trials(self, study_id: str, phase: str, keep: set[str], stage: str | None = None,
+                     instance: str | None = None) -> list[str]:
+        """Close and soft-delete this instance's trial runs of `phase` (and `stage` tag) whose trial is not in
+        `keep` (its trial table).
 
         A driver killed mid-phase leaves runs of trials that Tune had started but not yet
         checkpointed; the restored experiment runs them again under new trial ids. Their runs are
-        tagged `status=abandoned` and deleted (MLflow keeps them in its deleted view).
+        tagged `status=abandoned`, ended KILLED and deleted (MLflow keeps them in its deleted view).
+        Runs of another instance of the same study id are never touched.
         """
         pruned = []
-        for run in self.runs(study_id, "trial"):
+        for run in self.runs(study_id, "trial", instance):
             tags = run.data.tags
             if tags.get("phase") == phase and tags.get("stage") == stage and tags.get("trial_key") not in keep:
                 self.set_tags(run.info.run_id, {"status": "abandoned"})
+                if run.info.status in ("RUNNING", "SCHEDULED"):
+                    self.finish(run.info.run_id, "KILLED")
                 self.client.delete_run(run.info.run_id)
                 pruned.append(tags.get("trial_key"))
         if pruned:

@@ -174,7 +174,10 @@ def test_losing_the_ray_head_interrupts_and_resume_finishes(fresh):
                         "the study to be marked interrupted")
         assert "Ray head stopped" in lost["error"] and "resume" in lost["error"]
         assert fresh.proc.poll() is None, "the API died with the Ray head"
-        resumed = api.post(f"/studies/{study_id}/resume")
+        time.sleep(65)  # past Ray's 60-s GCS timeout, which ends a client process still connected to a dead head
+        assert fresh.proc.poll() is None, "the API died after losing the Ray head"
+        resumed = wait_for(lambda: (r := api.post(f"/studies/{study_id}/resume")).status_code != 503 and r, 120,
+                           "the lost connection to be dropped", interval=2)
         assert resumed.status_code == 200, resumed.text
         final = wait_for(lambda: (d := _status(api, study_id))["status"] in TERMINAL and d, 300,
                          "the resumed study to finish", interval=2)

@@ -1,0 +1,48 @@
+"""ptctl's own study errors: how a study ended when it did not succeed, caught by type by the CLI.
+
+The driver turns every exception of a study into one of these after recording it (`state.json`, the
+study and phase MLflow runs), so a caller never has to read Ray's or MLflow's own exceptions:
+
+- `StudyFailed`: the study cannot finish as specified (every tune trial diverged, MLflow unreachable
+  past its retries, its runs missing from the tracking store); status `failed`, MLflow runs FAILED.
+- `InfrastructureLost`: the machinery it ran on went away (the Ray cluster); status `interrupted`,
+  MLflow runs KILLED; re-running the same command resumes it.
+"""
+
+from __future__ import annotations
+
+from studies.status import StudyStatus
+
+MAX_CAUSE = 500  # characters of a one-line cause
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: first line of the message`, at most MAX_CAUSE characters (ptctl's own errors keep their text)."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    line = text if isinstance(exc, StudyError) else f"{type(exc).__name__}: {text}"
+    return line if len(line) <= MAX_CAUSE else line[:MAX_CAUSE - 1] + "…"
+
+
+class StudyError(Exception):
+    """A study that ended without succeeding; `status` is what `state.json` records."""
+
+    status = StudyStatus.FAILED
+
+    def __init__(self, message: str, study_id: str | None = None, phase: str | None = None) -> None:
+        super().__init__(message)
+        self.study_id, self.phase = study_id, phase
+
+    def describe(self) -> str:
+        """One line for the CLI: which study, where, why, and what to do."""
+        where = f"study {self.study_id}" + (f" ({self.phase} phase)" if self.phase else "")
+        return f"{where} {self.status}: {self}"
+
+
+class StudyFailed(StudyError):
+    """The study cannot finish as specified; fix the cause, then re-run (or use a new study id)."""
+
+
+class InfrastructureLost(StudyError):
+    """Ray (or another piece of infrastructure) went away; re-running the same command resumes."""
+
+    status = StudyStatus.INTERRUPTED
