@@ -102,8 +102,9 @@ class Control:
         except Exception:  # the status stands; a driver that survived is reported by the reconciler's logs
             log.exception("could not stop the driver of %s", study_id)
         try:
-            if "study" in read_state(self.studies / study_id).get("runs", {}):  # else MLflow has nothing yet
-                self.mlflow.mark_cancelled(study.spec, study_id)
+            state = read_state(self.studies / study_id)
+            if "study" in state.get("runs", {}):  # else MLflow has nothing yet
+                self.mlflow.mark_cancelled(study.spec, study_id, state.get("instance"))
         except Exception:
             log.warning("could not close the MLflow runs of %s", study_id, exc_info=True)
         return study

@@ -181,11 +181,12 @@ class MlflowView:
                 self._pool.submit(self._refresh, spec, study_id, instance)
         return cached[1] if cached is not None else self._fetch(spec, study_id, instance)
 
-    def mark_cancelled(self, spec: dict[str, Any], study_id: str) -> None:
-        """Close the runs a killed driver left open: KILLED, trials and the study tagged `status=cancelled`."""
+    def mark_cancelled(self, spec: dict[str, Any], study_id: str, instance: str | None = None) -> None:
+        """Close the runs a killed driver (of study `instance`) left open: KILLED, trials and the study tagged
+        `status=cancelled`."""
         tracker = self.tracker(spec)
         for kind in ("trial", "phase", "study"):
-            for run in tracker.runs(study_id, kind):
+            for run in tracker.runs(study_id, kind, instance=instance):
                 if run.info.status != "RUNNING":
                     continue
                 if kind != "phase":

@@ -12,7 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-Status = Literal["pending", "running", "succeeded", "failed", "cancelled", "interrupted"]
+from studies.status import StudyStatus
+
+Status = StudyStatus  # the study statuses, defined once (studies/status.py)
 
 
 class PhaseProgress(BaseModel):

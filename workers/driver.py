@@ -22,6 +22,7 @@ study finds it `running` under a process that no longer exists, records that att
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -29,6 +30,7 @@ import os
 import secrets
 import shutil
 import socket
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,9 +94,19 @@ def phase_key(spec: StudySpec, phase: str) -> str:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # one per writer
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data, indent=2, default=str))
     os.replace(tmp, path)  # atomic: a crash leaves the old or the new state, never half
+
+
+def record_phase(index: Path, key: str, study_id: str) -> None:
+    """`index[key] = study_id`, read-modify-written under an exclusive lock: drivers of studies finishing
+    together (the service runs several) must not drop each other's entries."""
+    with open(index.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        current = json.loads(index.read_text()) if index.exists() else {}
+        _write_json(index, {**current, key: study_id})
 
 
 @dataclass
@@ -193,7 +205,7 @@ class StudyDriver:
         self._save()
         log.info("%s: %s phase done", self.study_id, phase)
         if phase in REUSABLE and not result.get("reused_from"):  # the index names the study that ran it
-            _write_json(self._index_path(), {**self._index(), phase_key(self.spec, phase): self.study_id})
+            record_phase(self._index_path(), phase_key(self.spec, phase), self.study_id)
         self.emit("phase_done", {"phase": phase, **result})
 
     # ------------------------------------------------------------------ phases
