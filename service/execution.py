@@ -105,6 +105,7 @@ class RayExecutor:
         self._lock = threading.RLock()
         self._failing_since: float | None = None
         self._dropping: threading.Thread | None = None
+        self._lost: str | None = None  # a loss not yet reported by `lost()`
 
     def connect(self) -> None:
         """Connect once. A connection to an embedded head that has died is dropped first (a Ray call to a
@@ -170,24 +171,27 @@ class RayExecutor:
         return True
 
     def lost(self) -> str | None:
-        """Why Ray is gone, taking every driver with it (None while it is there). The embedded head is judged
-        by its processes, without a Ray call (a call to a dead head blocks); a cluster by `ray.nodes()`,
-        failing for longer than `PTCTL_RAY_LOST_S`. A lost connection is dropped, so the next `connect`
-        starts (embedded) or joins (cluster) afresh."""
+        """Why Ray went away, taking every driver with it, once per loss (None while it is there). The embedded
+        head is judged by its processes, without a Ray call (a call to a dead head blocks); a cluster by
+        `ray.nodes()`, failing for longer than `PTCTL_RAY_LOST_S`. A lost connection is dropped, so the next
+        `connect` starts (embedded) or joins (cluster) afresh; a loss `connect` noticed first is told here."""
         with self._lock:
-            if not ray.is_initialized() or (self._dropping is not None and self._dropping.is_alive()):
-                return None
-            if self.settings.ray_address is None:
-                reason = None if ray_head.running(self.settings.data_dir) else "the embedded Ray head stopped"
-            else:
-                reason = self._cluster_unreachable()
-            if reason is not None:
-                self._drop(reason)
+            dropping = self._dropping is not None and self._dropping.is_alive()
+            if ray.is_initialized() and not dropping:
+                if self.settings.ray_address is None:
+                    reason = None if ray_head.running(self.settings.data_dir) else "the embedded Ray head stopped"
+                else:
+                    reason = self._cluster_unreachable()
+                if reason is not None:
+                    self._drop(reason)
+            reason, self._lost = self._lost, None
             return reason
 
     def _drop(self, reason: str) -> None:
-        """`ray.shutdown()` in the background: with the head gone it can wait out Ray's 60-s GCS timeout."""
+        """`ray.shutdown()` in the background (with the head gone it can wait out Ray's 60-s GCS timeout);
+        `reason` waits for `lost()`."""
         log.error("%s: dropping the connection; studies that were running are interrupted", reason)
+        self._lost = reason
         self._dropping = threading.Thread(target=ray.shutdown, name="ptctl-ray-drop", daemon=True)
         self._dropping.start()
 

@@ -152,14 +152,16 @@ def test_api_tokens_never_reach_a_ray_process(fresh):
         wait_for(lambda: len(ray_work(fresh.data)) >= 2, 120, "a driver and a trial to run")
         leaks = []
         for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) in (os.getpid(), fresh.proc.pid):
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
                 continue
             try:
-                environ = (entry / "environ").read_bytes()
+                environ, cmdline = (entry / "environ").read_bytes(), (entry / "cmdline").read_bytes()
             except OSError:
                 continue
+            if b"service.cli\x00serve" in cmdline:  # an API process (this one or the session's) holds them
+                continue
             if ADMIN.encode() in environ or READ.encode() in environ:
-                leaks.append((entry.name, (entry / "cmdline").read_bytes()[:80]))
+                leaks.append((entry.name, cmdline[:80]))
         wait_for(lambda: _status(api, study_id)["status"] in TERMINAL, 300, "the study to finish", interval=2)
     assert not leaks, f"processes with the API tokens in their environment: {leaks}"
 
