@@ -378,7 +378,13 @@ class StudyDriver:
         self.emit("recovered", {"error": err.describe()})
 
     def _study_run(self) -> None:
-        if "study" not in self.state.runs:
+        """The study's MLflow run: created on the first attempt; a resumed attempt reopens it and its
+        unfinished phases' runs, which the interruption ended."""
+        if "study" in self.state.runs:
+            for key, run_id in self.state.runs.items():
+                if key == "study" or self.state.phases.get(key, {}).get("status") != "done":
+                    self.tracker.reopen(run_id)
+        else:
             spec = self.spec
             self.state.runs["study"] = self.tracker.study_run(self.study_id, {
                 "spec_hash": self.state.spec_hash, "model": spec.model.family, "study_dir": str(self.dir),

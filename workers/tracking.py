@@ -43,6 +43,7 @@ from workers.paths import data_dir
 log = logging.getLogger(__name__)
 PARENT = "mlflow.parentRunId"
 INSTANCE = "study_instance"  # tag: the study instance (state.json's `instance`) that created the run
+REOPENED = ("KILLED", "FAILED")  # run statuses a resumed study sets back to RUNNING
 MAX_PARAM = 6000  # MLflow's limit on a param value
 RETRY_S = 300.0  # default of PTCTL_MLFLOW_RETRY_S: how long a call waits for an unreachable tracking server
 for _name, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
@@ -171,21 +172,25 @@ class Tracker:
             return found.experiment_id
 
     # ---------------------------------------------------------------- runs
-    def _find(self, tags: dict[str, str]) -> str | None:
+    def _find(self, tags: dict[str, str]):
         query = " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items())
         runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=2)
         if len(runs) > 1:
             log.warning("more than one MLflow run matches %s; using the first", tags)
-        return runs[0].info.run_id if runs else None
+        return runs[0] if runs else None
 
     def run(self, name: str, key_tags: dict[str, str], parent: str | None = None,
             tags: dict[str, str] | None = None) -> str:
-        """The run with `key_tags`, created (nested under `parent`) if it does not exist yet."""
-        run_id = self._find(key_tags)
-        if run_id is None:
+        """The run with `key_tags`, created (nested under `parent`) if it does not exist yet. A found run that an
+        interruption ended (KILLED, FAILED) is reopened: the resumed study writes to it again."""
+        found = self._find(key_tags)
+        if found is None:
             all_tags = {**key_tags, **(tags or {}), **({PARENT: parent} if parent else {})}
-            run_id = self.client.create_run(self.experiment_id, tags=all_tags, run_name=name).info.run_id
-        elif tags:
+            return self.client.create_run(self.experiment_id, tags=all_tags, run_name=name).info.run_id
+        run_id = found.info.run_id
+        if found.info.status in REOPENED:
+            self.client.update_run(run_id, status="RUNNING")
+        if tags:
             self.set_tags(run_id, tags)
         return run_id
 
@@ -216,6 +221,11 @@ class Tracker:
         tags = run.data.tags
         return (run.info.lifecycle_stage == "active" and tags.get("study_id") == study_id
                 and (instance is None or tags.get(INSTANCE) == instance))
+
+    def reopen(self, run_id: str) -> None:
+        """A run an interruption ended (KILLED, FAILED) is RUNNING again: the resumed study writes to it."""
+        if self.client.get_run(run_id).info.status in REOPENED:
+            self.client.update_run(run_id, status="RUNNING")
 
     def close(self, run_id: str, status: str, tags: dict[str, Any]) -> None:
         """Tag a run (e.g. `status`, `error`) and end it with MLflow `status` (FAILED, KILLED) if still open."""
