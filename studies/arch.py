@@ -34,7 +34,7 @@ class PTArch(BaseModel):
     n_channels: PosInt = Field(4, description="h at base_width (h ∝ d when paradigm is 'channels')")
     rank: PosInt = Field(16, description="r at base_width (r ∝ d when paradigm is 'rank')")
     n_iter: PosInt = Field(3, description="T, the MFVI iterations (parameters shared across them)")
-    gamma: NonNegInt = Field(3, description="distance clip γ; K = 2γ+2 buckets; 0 = one bucket")
+    gamma: NonNegInt = Field(3, description="distance clip γ; K = 2γ+2 buckets (0: one per direction)")
     decomposition: Literal["uv", "uvw", "none"] = Field("uv", description="ternary factor: UVᵀ, UVW, full T")
     async_update: bool = Field(True, description="H, then Z from the new H; False: both from the last")
     block_msg: bool = Field(False, description="drop the head-side message G_head (w_head is then inert)")
