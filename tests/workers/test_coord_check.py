@@ -84,3 +84,10 @@ def test_seeds_are_added_while_the_verdict_is_inconclusive(monkeypatch):
     assert calls == [(10, 3), (13, 3), (16, 1)]
     assert df["seed"].nunique() == 7 and verdict.n_seeds == 7
     assert verdict.status == "inconclusive" and not verdict.passed
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [({"seeds": 1}, "seeds=1"), ({"seeds": 5, "max_seeds": 4}, "max_seeds=4"),
+                                                ({"steps": 1}, "steps=1")])
+def test_coord_check_arguments_name_the_fix(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        coord_check(widths=WIDTHS, **kwargs)
