@@ -11,7 +11,9 @@ from tests.analysis._tables import COORD_WIDTHS, coord_table, mup_like
 def test_coord_slopes_recover_the_exponent():
     table = coord_table({("mup", "a"): 0.0, ("mup", "b"): 0.5, ("standard", "a"): -1.0})
     slopes = coord_slopes(table)
-    assert list(slopes.columns) == ["parametrization", "name", "step", "slope", "ci_low", "ci_high", "n_seeds", "n_widths"]
+    assert list(slopes.columns) == [
+        "parametrization", "name", "step", "slope", "ci_low", "ci_high", "n_seeds", "n_widths",
+    ]
     assert len(slopes) == 9
     got = slopes.groupby(["parametrization", "name"])["slope"].agg(["min", "max"])
     assert got.loc[("mup", "a")].tolist() == pytest.approx([0.0, 0.0], abs=1e-9)
