@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from pydantic import BaseModel
+from scipy import stats
 
 from analysis._figures import figure
 from analysis.table import require_columns
@@ -23,29 +24,56 @@ def _keys(df: pd.DataFrame) -> list[str]:
     return (["parametrization"] if "parametrization" in df.columns else []) + ["name", "step"]
 
 
-def coord_slopes(df: pd.DataFrame) -> pd.DataFrame:
-    """Least-squares slope of log2(rms) against log2(width) per (parametrization if present, name, step).
+def _fit(group: pd.DataFrame) -> float:
+    """log2-log2 slope of one curve; NaN unless ≥ 2 widths and every rms is finite and positive."""
+    rms = group["rms"].to_numpy(dtype=float)
+    if group["width"].nunique() < 2 or not bool(np.all(np.isfinite(rms) & (rms > 0))):
+        return float("nan")
+    return float(np.polyfit(np.log2(group["width"]), np.log2(rms), 1)[0])
 
-    Rows repeated at one width (several seeds) are averaged first. A group with a non-positive or
-    non-finite (inf or NaN) rms, i.e. a blow-up or an exactly zero readout, gets a NaN slope,
-    which the verdict fails.
+
+def coord_slopes(df: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+    """Slope of log2(rms) against log2(width) per (parametrization if present, name, step), with a seed interval.
+
+    With a `seed` column (the coordinate check's rows), each seed is one replicate: its own model at
+    every width, trained on the seed's batches. A slope is fitted per seed; `slope` is their mean
+    (= the slope of the seeds' mean log2 rms) and `ci_low`/`ci_high` the two-sided Student-t
+    interval at `confidence` from their spread (NaN with one seed). Without a `seed` column, rows
+    repeated at one width are averaged and the slope has no interval.
+
+    A curve with a non-positive or non-finite (inf or NaN) rms in any seed, i.e. a blow-up or an
+    exactly zero readout, gets a NaN slope, which the verdict fails.
 
     Returns:
-        Columns `[parametrization,] name, step, slope, n_widths`.
+        Columns `[parametrization,] name, step, slope, ci_low, ci_high, n_seeds, n_widths`.
     """
     require_columns(df, ["width", "step", "name", "rms"], "coord_slopes")
     if df["width"].nunique() < 2:
         raise ValueError("coord_slopes needs at least two widths; run the coordinate check at several widths")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence={confidence}: must be in (0, 1), e.g. 0.95")
     keys = _keys(df)
-    # numpy's mean keeps a NaN from any seed, so a seed that blew up is not averaged away
-    means = df.groupby([*keys, "width"], as_index=False)["rms"].agg(lambda s: s.to_numpy(dtype=float).mean())
+    if "seed" in df.columns:
+        curves = df.groupby([*keys, "seed"], as_index=False)[["width", "rms"]]
+        per_seed = curves.apply(lambda g: pd.Series({"slope": _fit(g), "n_widths": g["width"].nunique()}))
+    else:
+        # numpy's mean keeps a NaN from any repeat, so a repeat that blew up is not averaged away
+        means = df.groupby([*keys, "width"], as_index=False)["rms"].agg(lambda s: s.to_numpy(dtype=float).mean())
+        per_seed = means.groupby(keys, as_index=False)[["width", "rms"]].apply(
+            lambda g: pd.Series({"slope": _fit(g), "n_widths": g["width"].nunique()})
+        )
     rows = []
-    for key, group in means.groupby(keys):
-        rms = group["rms"].to_numpy(dtype=float)
-        fit = group["width"].nunique() >= 2 and bool(np.all(np.isfinite(rms) & (rms > 0)))
-        slope = float(np.polyfit(np.log2(group["width"]), np.log2(rms), 1)[0]) if fit else float("nan")
-        rows.append((*key, slope, group["width"].nunique()))
-    return pd.DataFrame(rows, columns=[*keys, "slope", "n_widths"])
+    for key, group in per_seed.groupby(keys):
+        s = group["slope"].to_numpy(dtype=float)
+        n = len(s)
+        mean = float(s.mean())  # NaN if any seed is unfitted
+        half = float("nan")
+        if n >= 2 and np.isfinite(mean):
+            half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * s.std(ddof=1) / np.sqrt(n))
+        rows.append((*key, mean, mean - half, mean + half, n, int(group["n_widths"].max())))
+    out = pd.DataFrame(rows, columns=[*keys, "slope", "ci_low", "ci_high", "n_seeds", "n_widths"])
+    out.attrs["confidence"] = confidence
+    return out
 
 
 class CoordOffence(BaseModel):
@@ -54,19 +82,29 @@ class CoordOffence(BaseModel):
     name: str
     step: int
     slope: float | None  # None where the slope could not be fitted
+    ci: tuple[float, float] | None = None  # the seed interval, None without one
     rule: str  # e.g. "|slope| <= 0.2" (hidden) or "slope <= 0.2" (output)
 
 
 class CoordVerdict(BaseModel):
-    """Does every activation keep its scale as width grows?"""
+    """Does every activation keep its scale as width grows?
+
+    `status` is "pass", "fail" or "inconclusive" (no slope significantly outside its band, but some
+    interval too wide to have caught a rule error: run more seeds); `passed` is status == "pass".
+    """
 
     parametrization: str | None  # the parametrization judged; None when the table has no such column
     steps: list[int]
     hidden_tol: float
     output_name: str
     output_max: float
+    rule_error: float
     n_judged: int  # (name, step) slopes judged
+    n_seeds: int  # fewest seeds behind a judged slope (1: point slopes, no interval)
+    max_half_width: float | None  # widest judged interval's half-width; None without intervals
     offending: list[CoordOffence]
+    underpowered: list[str]  # "name@step" whose interval is wider than rule_error - band
+    status: str
     passed: bool
     verdict: str
 
@@ -80,8 +118,16 @@ def coord_verdict(
     output_max: float = 0.2,
     parametrization: str = "mup",
     may_vanish: Sequence[str] = (),
+    rule_error: float = 0.5,
 ) -> CoordVerdict:
     """Judge `coord_slopes`' output: hidden |slope| ≤ hidden_tol and output slope ≤ output_max at `steps`.
+
+    With seed intervals (`ci_low`, `ci_high`), a slope fails only when its whole interval lies outside
+    its band (a significant departure: the verdict does not flip on seed noise), and the check is
+    conclusive only when every interval is narrow enough to have failed a rule error: a half-width ≤
+    rule_error − band, so that a true slope of ±rule_error has an interval clear of the band. μP's rules
+    are powers of √d, so the smallest exponent a wrong rule leaves is 1/2 (the default rule_error).
+    Without intervals (one seed, or a table without seeds) the point slopes are judged.
 
     Args:
         slopes: the output of `coord_slopes`.
@@ -93,6 +139,7 @@ def coord_verdict(
         may_vanish: name prefixes judged one-sidedly like the output (slope <= hidden_tol): activations
             that μP lets shrink with width, e.g. attention-like logits scaled 1/r whose random
             initial part vanishes as r^-1/2 when r grows with width.
+        rule_error: the smallest |slope| a wrong μP rule produces; sets the power an interval needs.
     """
     judged = slopes[slopes["step"].isin(steps)]
     has_param = "parametrization" in slopes.columns
@@ -116,33 +163,60 @@ def coord_verdict(
             f"{sorted(judged['name'].unique().tolist())}; "
             "pass output_name="
         )
+    if rule_error <= max(hidden_tol, output_max):
+        raise ValueError(f"rule_error={rule_error} must exceed the bands ({hidden_tol}, {output_max})")
+    slope = judged["slope"]
+    has_ci = "ci_low" in judged.columns and bool(judged["ci_low"].notna().any())
+    low = judged["ci_low"].where(judged["ci_low"].notna(), slope) if has_ci else slope
+    high = judged["ci_high"].where(judged["ci_high"].notna(), slope) if has_ci else slope
     is_out = judged["name"] == output_name
     one_sided = judged["name"].str.startswith(tuple(may_vanish)) if may_vanish else is_out & False
-    hidden_ok = judged["slope"].abs() <= hidden_tol  # NaN compares False: an unfitted slope fails
-    hidden_ok = hidden_ok | (one_sided & (judged["slope"] <= hidden_tol))
-    bad = judged[(~is_out & ~hidden_ok) | (is_out & ~(judged["slope"] <= output_max))]
+    band = np.where(is_out, output_max, hidden_tol)
+    # NaN compares False: an unfitted slope is never "within", so it fails
+    grows = ~(low <= band)  # the whole interval above the band (or unfitted)
+    shrinks = (high < -band) & ~is_out & ~one_sided
+    bad = judged[grows | shrinks]
+    half = (high - low) / 2
+    weak = judged[(half > rule_error - band) & ~(grows | shrinks)] if has_ci else judged.iloc[:0]
     offending = [
         CoordOffence(
             name=row.name,
             step=int(row.step),
             slope=None if np.isnan(row.slope) else float(row.slope),
-            rule=f"slope <= {output_max:g}" if row.name == output_name else f"|slope| <= {hidden_tol:g}",
+            ci=(float(lo), float(hi)) if has_ci and np.isfinite(lo) and np.isfinite(hi) else None,
+            rule=_rule(row.name, output_name, output_max, hidden_tol, may_vanish),
         )
-        for row in bad.itertuples(index=False)
+        for row, lo, hi in zip(bad.itertuples(index=False), low[bad.index], high[bad.index], strict=True)
     ]
     step_list = ", ".join(str(s) for s in sorted(steps))
+    n_seeds = int(judged["n_seeds"].min()) if "n_seeds" in judged.columns else 1
+    conf = slopes.attrs.get("confidence")
+    how = f"{n_seeds}-seed {conf:.0%} t-intervals" if has_ci and conf else "t-intervals" if has_ci else "point slopes"
     if offending:
+        status = "fail"
         worst = max(offending, key=lambda o: np.inf if o.slope is None else abs(o.slope))
         shown = "unfitted" if worst.slope is None else f"{worst.slope:+.3f}"
+        if worst.ci is not None:
+            shown += f" [{worst.ci[0]:+.3f}, {worst.ci[1]:+.3f}]"
         verdict = (
             f"coordinate check fails: {len(offending)} of {len(judged)} slopes out of bounds "
-            f"at steps {step_list}; "
+            f"at steps {step_list} ({how}); "
             f"worst {worst.name} at step {worst.step}: slope {shown} (rule {worst.rule})"
         )
+    elif len(weak):
+        status = "inconclusive"
+        w = weak.loc[half[weak.index].idxmax()]
+        verdict = (
+            f"coordinate check inconclusive: no slope out of bounds at steps {step_list}, but {len(weak)} "
+            f"of {len(judged)} intervals ({how}) are wider than ±{rule_error - hidden_tol:g}, too wide to catch "
+            f"a rule error (|slope| {rule_error:g}); widest {w['name']} at step {int(w['step'])}: "
+            f"slope {w['slope']:+.3f} ± {half[w.name]:.3f}; run more seeds"
+        )
     else:
+        status = "pass"
         verdict = (
             f"coordinate check passes: every hidden activation has |slope| <= {hidden_tol:g} and "
-            f"{output_name} slope <= {output_max:g} at steps {step_list}"
+            f"{output_name} slope <= {output_max:g} at steps {step_list} ({how})"
         )
         if may_vanish:
             verdict += f" ({', '.join(may_vanish)} judged one-sidedly: slope <= {hidden_tol:g})"
@@ -152,11 +226,24 @@ def coord_verdict(
         hidden_tol=hidden_tol,
         output_name=output_name,
         output_max=output_max,
+        rule_error=rule_error,
         n_judged=len(judged),
+        n_seeds=n_seeds,
+        max_half_width=float(half.max()) if has_ci else None,
         offending=offending,
-        passed=not offending,
+        underpowered=[f"{row.name}@{int(row.step)}" for row in weak.itertuples(index=False)],
+        status=status,
+        passed=status == "pass",
         verdict=verdict,
     )
+
+
+def _rule(name: str, output_name: str, output_max: float, hidden_tol: float, may_vanish: Sequence[str]) -> str:
+    if name == output_name:
+        return f"slope <= {output_max:g}"
+    if may_vanish and name.startswith(tuple(may_vanish)):
+        return f"slope <= {hidden_tol:g}"
+    return f"|slope| <= {hidden_tol:g}"
 
 
 def plot_coord(df: pd.DataFrame, path: str | Path) -> None:

@@ -58,14 +58,14 @@ def pt_flops(d: int, h: int, r: int, T: int, gamma: int, n: int, vocab: int, blo
 
     Per MFVI iteration and sequence, as `workers/models/pt.py` computes them:
       projections   q_k = P·U_k, k_k = P·V_k for all K buckets and h channels   2 · 2·n·d·K·h·r
-      far scores    q k ᵀ for the (one or two) far buckets, full n×n then masked  n_far · 2·h·n²·r
+      far scores    q k ᵀ for the two far buckets, full n×n then masked            n_far · 2·h·n²·r
       near scores   <q_k[i], k_k[j]> on the 2γ near diagonals (P_near pairs)     2·h·P_near·r
       gathers       A·k (dependent side), Aᵀ·q (head side): far n×n + near     n_msg · (far + near scores)
       back          ctx_dep·Uᵀ and ctx_head·Vᵀ over K·h·r                        n_msg · 2·n·K·h·r·d
     plus the MLM head 2·n·d·|V| once; n_msg = 1 with block_msg. Backward ≈ 2× forward.
     """
-    K = 2 * gamma + 2 if gamma > 0 else 1
-    n_far = 2 if gamma > 0 else 1
+    K = 2 * gamma + 2
+    n_far = 2
     p_near = sum(2 * (n - off) for off in range(1, min(gamma, n - 1) + 1))
     n_msg = 1 if block_msg else 2
     per_iter = {

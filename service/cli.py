@@ -68,28 +68,29 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_coord_check(args: argparse.Namespace) -> int:
-    from analysis.coord import coord_slopes, coord_verdict, plot_coord
-    from workers.coord_check import coord_data
-    from workers.models import READOUT
+    from analysis.coord import plot_coord
+    from workers.coord_check import coord_check
 
     widths = _widths(args.widths)
     pt = args.model == "pt"  # only PT has head-selection paradigms
     hp = {**({"paradigm": args.paradigm} if pt else {}), **_parse_set(args.set)}
-    df = coord_data(model=args.model, parametrization=args.parametrization, widths=widths, steps=args.steps,
-                    lr=args.lr, seeds=args.seeds, model_hp=hp)
+    try:
+        df, slopes, verdict, lr = coord_check(model=args.model, parametrization=args.parametrization, widths=widths,
+                                              steps=args.steps, lr=args.lr, seeds=args.seeds,
+                                              max_seeds=max(args.max_seeds, args.seeds), base_seed=args.seed,
+                                              model_hp=hp)
+    except ValueError as err:
+        console.print(f"[red]coord-check: {err}[/]")
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     variant = f"{args.parametrization}_{args.paradigm}" if pt else args.parametrization
     stem = f"coord_{args.model}_{variant}"
     df.to_csv(out / f"{stem}.csv", index=False)
     plot_coord(df, out / f"{stem}.png")
-    slopes = coord_slopes(df)
-    judged = tuple(range(1, args.steps))
-    # with r ∝ width the random initial part of the 1/r head logits vanishes as r^-1/2 (μP allows it)
-    may_vanish = ("head_logits",) if pt and args.paradigm == "rank" else ()
-    verdict = coord_verdict(slopes, steps=judged, parametrization=args.parametrization, may_vanish=may_vanish,
-                            output_name=READOUT[args.model])
-    table = Table(title=f"log2-slope of rms vs width · {args.model} · {variant.replace('_', ' · ')}")
+    n_seeds = int(df["seed"].nunique())
+    table = Table(title=f"log2-slope of rms vs width · {args.model} · {variant.replace('_', ' · ')} · lr {lr:.3g} · "
+                        f"{n_seeds} seeds (mean ± 95% t-interval half-width)")
     table.add_column("activation")
     for step in sorted(slopes.step.unique()):
         table.add_column(f"step {step}", justify="right")
@@ -97,13 +98,13 @@ def cmd_coord_check(args: argparse.Namespace) -> int:
     for name, rows in slopes.groupby("name"):
         cells = []
         for row in rows.sort_values("step").itertuples():
-            cell = f"{row.slope:+.3f}"
+            cell = f"{row.slope:+.3f}" + (f" ±{(row.ci_high - row.ci_low) / 2:.2f}" if row.n_seeds > 1 else "")
             cells.append(f"[red]{cell}[/]" if (name, row.step) in bad else cell)
         table.add_row(name, *cells)
     console.print(table)
     console.print(f"[{'green' if verdict.passed else 'red'}]{verdict.verdict}[/]")
     console.print(f"wrote {out / (stem + '.csv')} and {out / (stem + '.png')}")
-    return 0 if verdict.passed else 1
+    return {"pass": 0, "fail": 1, "inconclusive": 3}[verdict.status]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,8 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--paradigm", choices=["channels", "rank"], default="channels", help="PT only")
     c.add_argument("--widths", default="32,64,128,256")
     c.add_argument("--steps", type=int, default=4, help="steps recorded; step 0 is init, 1.. are judged")
-    c.add_argument("--lr", type=float, default=1e-2)
-    c.add_argument("--seeds", type=int, default=3)
+    c.add_argument("--lr", type=float, default=None,
+                   help="base lr (default 0.32 / base width: 1e-2 at widths from 32, 2.5e-3 from 128)")
+    c.add_argument("--seeds", type=int, default=4, help="seeds per batch; batches are added while inconclusive")
+    c.add_argument("--max-seeds", type=int, default=16, help="stop adding seeds here (verdict: inconclusive)")
+    c.add_argument("--seed", type=int, default=0, help="first seed (seeds are seed, seed+1, …)")
     c.add_argument("--out", default="coord_check")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model hyperparameter")
     c.set_defaults(func=cmd_coord_check)

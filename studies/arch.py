@@ -34,11 +34,16 @@ class PTArch(BaseModel):
     n_channels: PosInt = Field(4, description="h at base_width (h ∝ d when paradigm is 'channels')")
     rank: PosInt = Field(16, description="r at base_width (r ∝ d when paradigm is 'rank')")
     n_iter: PosInt = Field(3, description="T, the MFVI iterations (parameters shared across them)")
-    gamma: NonNegInt = Field(3, description="distance clip γ; K = 2γ+2 buckets; 0 = one bucket")
+    gamma: NonNegInt = Field(3, description="distance clip γ; K = 2γ+2 buckets (0: one per direction)")
     decomposition: Literal["uv", "uvw", "none"] = Field("uv", description="ternary factor: UVᵀ, UVW, full T")
     async_update: bool = Field(True, description="H, then Z from the new H; False: both from the last")
     block_msg: bool = Field(False, description="drop the head-side message G_head (w_head is then inert)")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="one rate, on H probabilities and on Z logits")
+    dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="one rate, on Z logits and on H (async: probabilities; sync: logits)")
+    stepsize_Z: float = Field(1.0, gt=0.0, le=1.0, description="MFVI step size α_Z: P = α·softmax + (1−α)·P_prev")
+    stepsize_H: float = Field(1.0, gt=0.0, le=1.0, description="MFVI step size α_H on the H marginals")
+    damping_Z: float = Field(0.0, ge=0.0, lt=1.0, description="MFVI damping β_Z: L_z = β·L_prev + (1−β)·new")
+    damping_H: float = Field(0.0, ge=0.0, lt=1.0, description="MFVI damping β_H on the H logits")
     topic: Literal["none", "single_split"] = Field(
         "none", description="topic variables (the FFN analogue); 'none' makes w_topic, w_topic_z inert")
     n_topics: PosInt = Field(64, description="m at base_width (m ∝ d)")

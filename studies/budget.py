@@ -36,7 +36,7 @@ def _pt_sizes(arch: PTArch, width: int, base_width: int) -> tuple[int, int, int,
     error = width_error(arch, base_width, width, "width")
     if error:
         raise ValueError(error)
-    k = 2 * arch.gamma + 2 if arch.gamma > 0 else 1
+    k = 2 * arch.gamma + 2  # γ = 0: one bucket per direction (the authors' dists = "")
     h = arch.n_channels * width // base_width if arch.paradigm == "channels" else arch.n_channels
     r = arch.rank * width // base_width if arch.paradigm == "rank" else arch.rank
     m = arch.n_topics * width // base_width if arch.topic != "none" else 0
@@ -81,7 +81,7 @@ def forward_flops(family: str, arch: Arch, width: int, vocab_size: int, seq_len:
             raise ValueError("PT's arch sizes are given at the base width: pass base_width=")
         k, h, r, m = _pt_sizes(arch, d, base_width)
         r = d if arch.decomposition == "none" else r  # the full T is used as U = T, V = I
-        n_far = 2 if arch.gamma > 0 else 1
+        n_far = 2
         n_msg = 1 if arch.block_msg else 2
         p_near = sum(2 * (n - off) for off in range(1, min(arch.gamma, n - 1) + 1))
         per_iter = {"projections": 2 * 2 * n * d * k * h * r, "far_scores": n_far * 2 * h * n * n * r,

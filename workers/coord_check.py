@@ -2,8 +2,16 @@
 
 Under μP each activation's RMS stays flat as width grows; under the standard parametrization
 some grow. Step t is measured after t optimiser updates (t = 0 is initialisation), with the
-same data batches at every width and seeds averaged. The slopes and the verdict are computed
-by `analysis.coord` from the returned table.
+same data batches at every width for one seed. The slopes, their seed intervals and the
+verdict are computed by `analysis.coord` from the returned table.
+
+`coord_check` adds seeds until the verdict is conclusive (docs/LOG.md, issue 11): a slope fails
+only when its whole seed interval leaves the band, and a pass needs every interval narrow
+enough to have caught a rule error. Its default learning rate is fixed in units of the base
+width, lr·d0 = `CHECK_LR_TIMES_BASE`: under μP with Adam a hidden layer's update moves its
+output by ≈ fan_in · lr·d0/d = lr·d0 per step, so lr·d0, not lr, sets how hard the check drives
+the dynamics, and a check at widths 128–1024 (d0 = 128) at lr 1e-2 runs 4× hotter than one at
+32–256, at the edge of stability.
 """
 
 from __future__ import annotations
@@ -13,8 +21,9 @@ from dataclasses import replace
 import pandas as pd
 import torch
 
+from analysis.coord import CoordVerdict, coord_slopes, coord_verdict
 from workers.data import DataConfig
-from workers.models import build_model, objective_of
+from workers.models import READOUT, build_model, objective_of
 from workers.models.pt import mlm_loss
 from workers.train import TrialConfig, load_data, make_optimizer
 
@@ -31,6 +40,7 @@ FAMILY_HP: dict[str, dict] = {
     "tauformer": {"n_layers": 2, "head_dim": 16, "max_len": 32},  # widens by heads: 2 heads at 32, 16 at 256
 }
 DEFAULT_HP = FAMILY_HP["pt"]
+CHECK_LR_TIMES_BASE = 0.32  # the check's lr·d0: 1e-2 at base width 32, 2.5e-3 at 128
 DEFAULT_DATA = DataConfig(max_tokens=200_000, seq_len=32)
 
 
@@ -44,8 +54,15 @@ def coord_data(
     seeds: int = 3,
     model_hp: dict | None = None,
     data: DataConfig = DEFAULT_DATA,
+    base_seed: int = 0,
+    per_seed: bool = False,
 ) -> pd.DataFrame:
-    """Rows (parametrization, width, step, name, rms), averaged over `seeds` model seeds."""
+    """Rows (parametrization, width, step, name, rms) averaged over the seeds, or with `per_seed` one
+    row per seed (a `seed` column: what the seed intervals of `coord_slopes` need).
+
+    Seeds are `base_seed … base_seed + seeds − 1`; seed s draws the model and the batches, so
+    every width sees the same data for one seed and the seeds are independent replicates.
+    """
     if model not in FAMILY_HP:
         raise ValueError(f"no coordinate-check defaults for model {model!r}: choose one of {sorted(FAMILY_HP)}")
     hp = {**FAMILY_HP[model], **(model_hp or {})}
@@ -55,7 +72,7 @@ def coord_data(
     mlm = load_data(data)
     rows = []
     for width in widths:
-        for seed in range(seeds):
+        for seed in range(base_seed, base_seed + seeds):
             torch.manual_seed(seed)
             net = build_model(model, vocab_size=mlm.vocab_size, width=width, parametrization=parametrization, **hp)
             opt = make_optimizer(net, replace(cfg, seed=seed))
@@ -76,4 +93,48 @@ def coord_data(
                 loss.backward()
                 opt.step()
     df = pd.DataFrame(rows, columns=["parametrization", "width", "seed", "step", "name", "rms"])
-    return df.groupby(["parametrization", "width", "step", "name"], as_index=False)["rms"].mean()
+    return df if per_seed else df.groupby(["parametrization", "width", "step", "name"], as_index=False)["rms"].mean()
+
+
+def check_lr(base_width: int) -> float:
+    """The check's default learning rate at base width d0: lr·d0 = CHECK_LR_TIMES_BASE."""
+    return CHECK_LR_TIMES_BASE / base_width
+
+
+def coord_check(
+    model: str = "pt",
+    parametrization: str = "mup",
+    widths: tuple[int, ...] = (32, 64, 128, 256),
+    steps: int = 4,
+    lr: float | None = None,
+    seeds: int = 4,
+    max_seeds: int = 16,
+    base_seed: int = 0,
+    model_hp: dict | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame, CoordVerdict, float]:
+    """Run the check in batches of `seeds` seeds until the verdict is conclusive or `max_seeds` ran.
+
+    Returns the per-seed rms table, the slopes with their seed intervals, the verdict on steps
+    1 … steps−1, and the learning rate used (`check_lr` of the base width unless `lr` is given).
+    """
+    if not 2 <= seeds <= max_seeds:
+        raise ValueError(f"seeds={seeds}, max_seeds={max_seeds}: need 2 <= seeds <= max_seeds (an interval needs 2)")
+    if steps < 2:
+        raise ValueError(f"steps={steps}: need at least 2 (step 0 is init, steps 1… are judged)")
+    hp = dict(model_hp or {})
+    lr = check_lr(hp.get("base_width", min(widths))) if lr is None else lr
+    # with r ∝ width the random initial part of PT's 1/r head logits vanishes as r^-1/2 (μP allows it)
+    may_vanish = ("head_logits",) if model == "pt" and hp.get("paradigm") == "rank" else ()
+    frames: list[pd.DataFrame] = []
+    ran = 0
+    while True:
+        batch = min(seeds, max_seeds - ran)
+        frames.append(coord_data(model=model, parametrization=parametrization, widths=widths, steps=steps, lr=lr,
+                                 seeds=batch, model_hp=hp, base_seed=base_seed + ran, per_seed=True))
+        ran += batch
+        df = pd.concat(frames, ignore_index=True)
+        slopes = coord_slopes(df)
+        verdict = coord_verdict(slopes, steps=tuple(range(1, steps)), parametrization=parametrization,
+                                may_vanish=may_vanish, output_name=READOUT[model])
+        if verdict.status != "inconclusive" or ran >= max_seeds:
+            return df, slopes, verdict, lr

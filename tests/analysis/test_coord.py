@@ -11,7 +11,9 @@ from tests.analysis._tables import COORD_WIDTHS, coord_table, mup_like
 def test_coord_slopes_recover_the_exponent():
     table = coord_table({("mup", "a"): 0.0, ("mup", "b"): 0.5, ("standard", "a"): -1.0})
     slopes = coord_slopes(table)
-    assert list(slopes.columns) == ["parametrization", "name", "step", "slope", "n_widths"]
+    assert list(slopes.columns) == [
+        "parametrization", "name", "step", "slope", "ci_low", "ci_high", "n_seeds", "n_widths",
+    ]
     assert len(slopes) == 9
     got = slopes.groupby(["parametrization", "name"])["slope"].agg(["min", "max"])
     assert got.loc[("mup", "a")].tolist() == pytest.approx([0.0, 0.0], abs=1e-9)
@@ -22,7 +24,7 @@ def test_coord_slopes_recover_the_exponent():
 
 def test_coord_slopes_without_a_parametrization_column():
     slopes = coord_slopes(coord_table({("mup", "a"): 0.25}).drop(columns="parametrization"))
-    assert list(slopes.columns) == ["name", "step", "slope", "n_widths"]
+    assert list(slopes.columns) == ["name", "step", "slope", "ci_low", "ci_high", "n_seeds", "n_widths"]
     assert slopes["slope"].tolist() == pytest.approx([0.25] * 3)
 
 
@@ -108,3 +110,87 @@ def test_an_unfitted_slope_fails():
 def test_verdict_errors_name_the_fix(kwargs, message):
     with pytest.raises(ValueError, match=message):
         coord_verdict(coord_slopes(coord_table(mup_like())), **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# seed intervals: one slope per seed, a t-interval from their spread, judged against the band
+# --------------------------------------------------------------------------------------------
+def seeded_table(exponents: dict[str, list[float]], steps=(1, 2, 3), param: str = "mup") -> pd.DataFrame:
+    """rms = 3·width^a with seed s at exponent exponents[name][s] (the coordinate check's per-seed rows)."""
+    rows = [
+        {"parametrization": param, "name": name, "seed": s, "step": step, "width": w, "rms": 3.0 * w**a}
+        for name, per_seed in exponents.items()
+        for s, a in enumerate(per_seed)
+        for step in steps
+        for w in COORD_WIDTHS
+    ]
+    return pd.DataFrame(rows)
+
+
+def flat(n: int = 4, value: float = 0.0, output: float = -1.0) -> dict[str, list[float]]:
+    return {"msg_dep.iter1": [value] * n, "z_logits.iter1": [value] * n, "mlm_logits": [output] * n}
+
+
+def test_seed_slopes_give_a_t_interval():
+    seeds = [0.1, 0.3, 0.2, 0.4]
+    slopes = coord_slopes(seeded_table(flat() | {"msg_dep.iter1": seeds})).set_index(["name", "step"])
+    row = slopes.loc[("msg_dep.iter1", 2)]
+    half = 3.182446 * np.std(seeds, ddof=1) / 2  # t(0.975, 3) · s / √4
+    assert row["slope"] == pytest.approx(0.25)
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((0.25 - half, 0.25 + half), rel=1e-5)
+    assert row["n_seeds"] == 4 and row["n_widths"] == len(COORD_WIDTHS)
+    assert slopes.attrs["confidence"] == 0.95
+    narrower = coord_slopes(seeded_table(flat() | {"msg_dep.iter1": seeds}), confidence=0.5)
+    assert (narrower["ci_high"] - narrower["ci_low"]).max() < 2 * half / 3
+
+
+def test_one_blown_up_seed_leaves_the_slope_unfitted_and_fails():
+    table = seeded_table(flat())
+    table.loc[(table["name"] == "msg_dep.iter1") & (table["seed"] == 2) & (table["width"] == 128), "rms"] = np.inf
+    verdict = coord_verdict(coord_slopes(table))
+    assert verdict.status == "fail"
+    assert {(o.name, o.slope) for o in verdict.offending} == {("msg_dep.iter1", None)}
+
+
+def test_a_slope_fails_only_when_its_whole_interval_leaves_the_band():
+    straddles = coord_verdict(coord_slopes(seeded_table(flat() | {"msg_dep.iter1": [0.1, 0.3, 0.2, 0.4]})))
+    assert straddles.status == "pass", straddles.verdict  # mean 0.25 > 0.2, but not significantly
+    outside = coord_verdict(coord_slopes(seeded_table(flat() | {"msg_dep.iter1": [-0.35, -0.3, -0.4, -0.33]})))
+    assert outside.status == "fail"
+    (off,) = {(o.name, o.rule) for o in outside.offending}
+    assert off == ("msg_dep.iter1", "|slope| <= 0.2")
+    assert outside.offending[0].ci[1] < -0.2 and "[" in outside.verdict
+
+
+def test_a_wide_interval_is_inconclusive_not_a_pass():
+    noisy = flat() | {"z_logits.iter1": [-0.3, 0.4, -0.2, 0.3]}  # mean 0.05, half-width ≈ 0.55
+    verdict = coord_verdict(coord_slopes(seeded_table(noisy)))
+    assert verdict.status == "inconclusive" and not verdict.passed
+    assert verdict.underpowered == ["z_logits.iter1@1", "z_logits.iter1@2", "z_logits.iter1@3"]
+    assert verdict.max_half_width > 0.3 and "more seeds" in verdict.verdict
+    assert coord_verdict(coord_slopes(seeded_table(noisy)), rule_error=1.0).status == "pass"
+
+
+def test_one_sided_rules_keep_their_direction_with_intervals():
+    shrinking = flat(output=-0.9) | {"head_logits.iter0": [-0.6, -0.5, -0.55, -0.5]}
+    slopes = coord_slopes(seeded_table(shrinking))
+    assert coord_verdict(slopes, may_vanish=("head_logits",)).status == "pass"
+    assert coord_verdict(slopes).status == "fail"  # judged two-sidedly it shrinks significantly
+    growing = coord_verdict(coord_slopes(seeded_table(flat(output=0.0) | {"mlm_logits": [0.5, 0.6, 0.55, 0.5]})))
+    assert growing.status == "fail" and {o.name for o in growing.offending} == {"mlm_logits"}
+
+
+@pytest.mark.parametrize(("true_slope", "status"), [(0.18, "pass"), (-0.18, "pass"), (0.6, "fail"), (-0.6, "fail")])
+def test_the_verdict_does_not_flip_on_seed_noise(true_slope, status):
+    """Twenty re-runs with seed noise (sd 0.1 per seed slope, 6 seeds): the verdict never changes,
+    while the old rule (the mean slope against the band) flips for a true slope near the band."""
+    rng = np.random.default_rng(7)
+    verdicts, point = set(), set()
+    for _ in range(20):
+        draws = flat(6) | {"msg_dep.iter1": list(true_slope + 0.1 * rng.standard_normal(6))}
+        slopes = coord_slopes(seeded_table(draws))
+        verdicts.add(coord_verdict(slopes).status)
+        point.add(coord_verdict(slopes.drop(columns=["ci_low", "ci_high"])).status)
+    assert verdicts == {status}
+    if abs(true_slope) < 0.2:
+        assert point == {"pass", "fail"}  # what this replaces: a pass or a fail by chance

@@ -1,9 +1,11 @@
 """The coordinate check separates μP from the standard parametrization (issue: foundation)."""
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from analysis.coord import coord_slopes, coord_verdict
-from workers.coord_check import coord_data
+from workers.coord_check import check_lr, coord_check, coord_data
 
 WIDTHS = (32, 64, 128, 256)
 LR = 1e-2  # one base learning rate for every case
@@ -37,3 +39,55 @@ def test_standard_grows(paradigm):
     step3 = slopes[(slopes.step == 3) & slopes.name.str.match(r"(z_logits|head_logits|msg_|mlm_logits)")]
     assert step3.slope.max() >= 0.4, step3.sort_values("slope")
     assert not coord_verdict(slopes, parametrization="standard").passed
+
+
+# --------------------------------------------------------------------------------------------
+# coord_check: seed intervals, seeds added while inconclusive, lr fixed in units of the base width
+# --------------------------------------------------------------------------------------------
+def test_check_lr_is_fixed_in_units_of_the_base_width():
+    assert check_lr(32) == pytest.approx(1e-2)  # every earlier check: widths from 32 at lr 1e-2
+    assert check_lr(128) == pytest.approx(2.5e-3)  # widths from 128: the same lr·d0
+    *_, lr = coord_check(widths=(16, 32), steps=2, seeds=2, max_seeds=2)
+    assert lr == pytest.approx(0.02)
+
+
+@pytest.mark.slow  # ≈ 1.5 min on 2 shared cores
+def test_the_verdict_is_the_same_for_three_seed_sets():
+    """Issue 11: a pass and a fail mean the same thing on every run (seeds 0–3, 100–103, 200–203)."""
+    got = {}
+    for base in (0, 100, 200):
+        df, slopes, verdict, _ = coord_check(widths=WIDTHS, steps=4, seeds=4, max_seeds=8, base_seed=base)
+        assert set(df["seed"]) >= set(range(base, base + 4))
+        assert {"ci_low", "ci_high"} <= set(slopes.columns)
+        got[base] = verdict.status
+    assert set(got.values()) == {"pass"}, got
+    *_, standard, _ = coord_check(parametrization="standard", widths=WIDTHS, steps=4, seeds=4, base_seed=300)
+    assert standard.status == "fail", standard.verdict
+
+
+def test_seeds_are_added_while_the_verdict_is_inconclusive(monkeypatch):
+    """A first batch too noisy to judge gets more seeds; the check stops at max_seeds."""
+    import workers.coord_check as cc
+
+    calls = []
+
+    def fake(*, seeds, base_seed, **_):
+        calls.append((base_seed, seeds))
+        rng = np.random.default_rng(base_seed)
+        rows = [("mup", w, s, step, name, 2.0 * w ** (0.4 * rng.standard_normal()))
+                for s in range(base_seed, base_seed + seeds) for step in range(3)
+                for name in ("msg_dep.iter0", "mlm_logits") for w in WIDTHS]
+        return pd.DataFrame(rows, columns=["parametrization", "width", "seed", "step", "name", "rms"])
+
+    monkeypatch.setattr(cc, "coord_data", fake)
+    df, _, verdict, _ = cc.coord_check(widths=WIDTHS, steps=3, seeds=3, max_seeds=7, base_seed=10)
+    assert calls == [(10, 3), (13, 3), (16, 1)]
+    assert df["seed"].nunique() == 7 and verdict.n_seeds == 7
+    assert verdict.status == "inconclusive" and not verdict.passed
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [({"seeds": 1}, "seeds=1"), ({"seeds": 5, "max_seeds": 4}, "max_seeds=4"),
+                                                ({"steps": 1}, "steps=1")])
+def test_coord_check_arguments_name_the_fix(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        coord_check(widths=WIDTHS, **kwargs)

@@ -52,6 +52,10 @@ def test_bad_enum_names_field(field):
         ({"n_iter": 0}, "n_iter"),
         ({"gamma": -1}, "gamma"),
         ({"dropout": 1.0}, "dropout"),
+        ({"stepsize_Z": 0.0}, "stepsize_Z"),
+        ({"stepsize_H": 1.5}, "stepsize_H"),
+        ({"damping_Z": 1.0}, "damping_Z"),
+        ({"damping_H": -0.1}, "damping_H"),
     ],
 )
 def test_bad_numbers_name_field(hp, field):
@@ -118,7 +122,7 @@ def test_shapes_other_decompositions_and_topics():
     uvw = build_model("pt", vocab_size=10, width=32, base_width=16, n_channels=2, rank=4, gamma=1, decomposition="uvw")
     assert uvw.U.shape == uvw.V.shape == (4, 32, 4) and uvw.W.shape == (4, 4, 4)
     full = build_model("pt", vocab_size=10, width=32, base_width=16, n_channels=2, gamma=0, decomposition="none")
-    assert full.T.shape == (1, 4, 32, 32)
+    assert full.T.shape == (2, 4, 32, 32)  # γ = 0: one bucket per direction (the authors' dists = "")
     topic = build_model("pt", vocab_size=10, width=32, base_width=16, n_topics=8, topic="single_split")
     assert topic.B.shape == (16, 32)  # m ∝ d
     assert {id(p) for p in topic.groups["hidden"]} == {id(topic.U), id(topic.V), id(topic.B)}
@@ -345,3 +349,51 @@ def test_forward_never_allocates_bucketed_attention(topic):
     # the biggest n×n tensors are (B, h, n, n): at most 2/K of the dense bucketed size
     assert largest <= 2 * limit // K, (op, shape)
     assert all(p.grad is not None for p in model.parameters() if p is not model.unary.weight)
+
+
+# --------------------------------------------------------------------------------------------
+# dropout placement (the authors' code: async drops H probabilities, sync drops H logits)
+# --------------------------------------------------------------------------------------------
+class _Recorder(torch.nn.Module):
+    """Stands in for a dropout module: records what it is given, drops nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.detach().clone())
+        return x
+
+
+@pytest.mark.parametrize("async_update", [True, False])
+def test_h_dropout_sees_probabilities_async_and_logits_sync(async_update):
+    model = build_model("pt", **SMALL, gamma=1, dropout=0.1, async_update=async_update).train()
+    model.drop_h = _Recorder()
+    trace: dict[str, torch.Tensor] = {}
+    model(torch.randint(0, 50, (2, 7)), trace=trace)
+    assert len(model.drop_h.seen) == SMALL["n_iter"]
+    for t, x in enumerate(model.drop_h.seen):
+        rows = x.sum(-1)
+        if async_update:  # probabilities: each dependent's head distribution sums to 1
+            assert torch.allclose(rows, torch.ones_like(rows)) and (x >= 0).all()
+        else:  # the logits of this iteration's H message, exactly as traced
+            assert (x < 0).any() and not torch.allclose(rows, torch.ones_like(rows))
+            valid = x > -1e8
+            assert torch.equal(x[valid], trace[f"head_logits.iter{t}"])
+
+
+def test_sync_logit_dropout_never_opens_a_masked_head():
+    """A dropped (zeroed) −1e9 logit is masked again before the softmax: no weight on self or padding."""
+    torch.manual_seed(0)
+    model = build_model("pt", **SMALL, gamma=1, dropout=0.9, async_update=False).train()
+    seen: list[torch.Tensor] = []
+    model._gather = lambda A, x, o, transpose, f=model._gather: seen.append(A.detach()) or f(A, x, o, transpose)
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[1, 5:] = False
+    model(torch.randint(0, 50, (2, 7)), mask)
+    for A in seen:  # rows of real dependents (a padding row has no valid head and is never read)
+        assert A[0].diagonal(dim1=-2, dim2=-1).abs().max() == 0
+        assert A[1, :, :5].diagonal(dim1=-2, dim2=-1).abs().max() == 0
+        assert A[1, :, :5, 5:].abs().max() == 0
+        assert torch.allclose(A[0].sum(-1), torch.ones(A.shape[1], 7))

@@ -38,10 +38,8 @@ TOL = 1e-5
 # literal reference
 # --------------------------------------------------------------------------------------------
 def bucket(x: int, gamma: int) -> int:
-    """f(x) of spec §2.1 for x = dependent − head ≠ 0; γ = 0 means a single bucket."""
+    """f(x) of spec §2.1 for x = dependent − head ≠ 0; γ = 0 gives two buckets, one per direction."""
     assert x != 0
-    if gamma == 0:
-        return 0
     if x < -gamma:
         return 0
     if x < 0:
@@ -129,24 +127,36 @@ def reference_logits(model, ids: torch.Tensor, mask: torch.Tensor, **mutate) -> 
         words = ids[s].tolist()
         real = [i for i in range(ids.shape[1]) if bool(mask[s, i])]
         L_z = {i: list(S[words[i]]) for i in real}  # Q^(0)_i ∝ exp(S[w_i])
-        Q_h = None  # Q_h[c][i][j], defined for real i ≠ j
-        if not cfg.async_update:  # synchronous: start from a uniform H over the other real words
-            Q_h = [{i: {j: 1.0 / (len(real) - 1) for j in real if j != i} for i in real} for _ in range(h)]
-        for _ in range(cfg.n_iter):
-            Q = {i: [coef["z"] * p for p in softmax(L_z[i])] for i in real}
+        # H logits L_h[c][i][j] for real i ≠ j; all 0 = a uniform H over the other real words
+        L_h = [{i: {j: 0.0 for j in real if j != i} for i in real} for _ in range(h)]
+        Q_prev = Q_h_prev = None  # the last marginals (step size)
+        for t in range(cfg.n_iter):
+            Q_raw = {i: softmax(L_z[i]) for i in real}
+            if t:  # step size: P^t = α·softmax + (1−α)·P^{t−1}
+                Q_raw = {i: [mix(cfg.stepsize_Z, p, o) for p, o in zip(Q_raw[i], Q_prev[i], strict=True)]
+                         for i in real}
+            Q_prev = Q_raw
+            Q = {i: [coef["z"] * p for p in Q_raw[i]] for i in real}
+            if not cfg.async_update:  # synchronous: this iteration's H is the last iteration's logits
+                Q_h_sync = [h_marginals(L_h[c], Q_h_prev[c] if t else None, cfg.stepsize_H) for c in range(h)]
             # H update: F_ic(j) = Σ_ab Q_i(a) Q_j(b) T^(c)_{k(i,j)}[a, b]
-            Q_h_new = []
+            L_h_new = []
             for c in range(h):
                 rows = {}
                 for i in real:
-                    heads = [j for j in real if j != i]
-                    F_ic = []
-                    for j in heads:
+                    rows[i] = {}
+                    for j in real:
+                        if j == i:
+                            continue
                         Tk = T[kb(i, j)][c]
-                        F_ic.append(sum(Q[i][a] * Q[j][b] * Tk[a][b] for a in range(d) for b in range(d)))
-                    rows[i] = dict(zip(heads, softmax([coef["h"] * f for f in F_ic]), strict=True))
-                Q_h_new.append(rows)
-            Q_msg = Q_h_new if cfg.async_update else Q_h
+                        F_icj = sum(Q[i][a] * Q[j][b] * Tk[a][b] for a in range(d) for b in range(d))
+                        rows[i][j] = mix(1 - cfg.damping_H, coef["h"] * F_icj, L_h[c][i][j])  # damping
+                L_h_new.append(rows)
+            if cfg.async_update:  # H from the current Z, then Z from the new H
+                Q_msg = [h_marginals(L_h_new[c], Q_h_prev[c] if t else None, cfg.stepsize_H) for c in range(h)]
+            else:
+                Q_msg = Q_h_sync
+            Q_h_prev, L_h = Q_msg, L_h_new
             # Z update: unary + G_dep + G_head (+ topic)
             new = {}
             for i in real:
@@ -171,9 +181,9 @@ def reference_logits(model, ids: torch.Tensor, mask: torch.Tensor, **mutate) -> 
                         z += cfg.w_head * g_head
                     if cfg.topic == "single_split":
                         z += cfg.w_topic_z * sum(Q_g[g] * Bt[g][a] for g in range(m))
-                    row.append(z)
+                    row.append(mix(1 - cfg.damping_Z, z, L_z[i][a]))  # damping: β·old + (1−β)·new
                 new[i] = row
-            L_z, Q_h = new, Q_h_new
+            L_z = new
         seq: list[list[float] | None] = []
         for i in range(ids.shape[1]):
             if i not in L_z:
@@ -181,6 +191,20 @@ def reference_logits(model, ids: torch.Tensor, mask: torch.Tensor, **mutate) -> 
                 continue
             seq.append([bd[v] + sum(L_z[i][a] * Wd[v][a] for a in range(d)) for v in range(len(Wd))])
         out.append(seq)
+    return out
+
+
+def mix(alpha: float, new: float, old: float) -> float:
+    return alpha * new + (1 - alpha) * old
+
+
+def h_marginals(logits: dict, prev: dict | None, stepsize: float) -> dict:
+    """Q_ic(·) = softmax over the heads j of logits[i][j], mixed with the last marginals by the step size."""
+    out = {}
+    for i, row in logits.items():
+        heads = list(row)
+        probs = dict(zip(heads, softmax([row[j] for j in heads]), strict=True))
+        out[i] = probs if prev is None else {j: mix(stepsize, probs[j], prev[i][j]) for j in heads}
     return out
 
 
@@ -270,7 +294,7 @@ def check(hp: dict, seed: int = 0, pad: int = 2) -> None:
 # --------------------------------------------------------------------------------------------
 STANDARD_CASES = {
     "async_gamma2_uv": {"gamma": 2},
-    "async_gamma0_one_bucket": {"gamma": 0},
+    "async_gamma0_two_buckets": {"gamma": 0},
     "async_gamma1": {"gamma": 1},
     "sync_gamma2": {"gamma": 2, "async_update": False},
     "sync_gamma0": {"gamma": 0, "async_update": False},
@@ -292,6 +316,12 @@ STANDARD_CASES = {
         "w_topic": 2.1,
         "w_topic_z": 0.4,
     },
+    "stepsize_damping": {"gamma": 2, "stepsize_Z": 0.6, "stepsize_H": 0.7, "damping_Z": 0.3, "damping_H": 0.4},
+    "stepsize_damping_sync": {
+        "gamma": 1, "async_update": False, "stepsize_Z": 0.5, "stepsize_H": 0.8, "damping_Z": 0.5, "damping_H": 0.25,
+    },
+    "damping_uvw_topic": {"gamma": 0, "decomposition": "uvw", "topic": "single_split", "damping_Z": 0.5},
+    "stepsize_none_block": {"gamma": 2, "decomposition": "none", "block_msg": True, "stepsize_Z": 0.4},
     "info_weights_sync_uvw": {
         "gamma": 1,
         "async_update": False,
@@ -324,6 +354,9 @@ MUP_CASES = {
     "mup_block_msg": {**MUP, "gamma": 2, "block_msg": True},
     "mup_info_weights": {**MUP, "gamma": 2, "w_H": 1.7, "w_dep": 0.6, "w_head": 1.2, "w_unary": 0.9},
     "mup_tau_base_normalized": {**MUP, "paradigm": "rank", "n_channels": 2, "tau_form": "base_normalized"},
+    "mup_stepsize_damping": {
+        **MUP, "gamma": 1, "stepsize_Z": 0.7, "stepsize_H": 0.5, "damping_Z": 0.2, "damping_H": 0.6,
+    },
 }
 
 
@@ -341,11 +374,12 @@ def test_mup_topic_matches_literal_mfvi(coef):
     ("mutation", "hp"),
     [
         ("flip_bucket", {"gamma": 2}),
+        ("flip_bucket", {"gamma": 0}),  # two buckets at γ = 0: the direction matters
         ("head_no_transpose", {"gamma": 2}),
         ("lambda_h_one", {"gamma": 2}),
         ("z_unscaled", MUP_CASES["mup_channels"]),
     ],
-    ids=["flip-bucket", "head-no-transpose", "lambda-h-one", "mup-z-unscaled"],
+    ids=["flip-bucket", "flip-bucket-gamma0", "head-no-transpose", "lambda-h-one", "mup-z-unscaled"],
 )
 def test_reference_detects_mutations(mutation, hp):
     """The comparison has teeth: each one-rule change of the reference moves the logits ≫ TOL."""
@@ -360,7 +394,8 @@ def test_reference_detects_mutations(mutation, hp):
 def test_bucket_function():
     # spec §2.1 with γ = 3: offsets 1, 2, 3 and ≥ 4 on each side, K = 8
     assert [bucket(x, 3) for x in (-9, -4, -3, -2, -1, 1, 2, 3, 4, 9)] == [0, 0, 1, 2, 3, 4, 5, 6, 7, 7]
-    assert {bucket(x, 0) for x in (-5, -1, 1, 5)} == {0}
+    # γ = 0 is the authors' dists = "": one bucket per direction, K = 2
+    assert [bucket(x, 0) for x in (-5, -1, 1, 5)] == [0, 0, 1, 1]
 
 
 def test_sync_keeps_dtype():

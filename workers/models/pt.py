@@ -32,11 +32,16 @@ class PTConfig:
     n_channels: int = 4  # h at base_width (scaled with width when paradigm == "channels")
     rank: int = 16  # r at base_width (scaled with width when paradigm == "rank")
     n_iter: int = 3  # T MFVI iterations
-    gamma: int = 3  # distance clip threshold γ; K = 2γ+2 buckets; 0 = one bucket
+    gamma: int = 3  # distance clip threshold γ; K = 2γ+2 buckets (γ = 0: one per direction, the authors' dists "")
     decomposition: str = "uv"  # "uv" | "uvw" | "none" (full T tensor)
     async_update: bool = True  # H then Z from the new H; False = both from the previous iteration
     block_msg: bool = False  # drop the head-side message G_head
-    dropout: float = 0.0  # one rate, on H probabilities and on Z logits (authors' code)
+    dropout: float = 0.0  # one rate, on Z logits and on H (async: probabilities; sync: logits), as the authors
+    # the authors' MFVI step size α and damping β (PT paper App. B.1–B.2; 1 and 0 = plain MFVI)
+    stepsize_Z: float = 1.0  # P^t = α·softmax(L_z^t) + (1−α)·P^{t−1}
+    stepsize_H: float = 1.0  # A^t = α·softmax(L_h^t) + (1−α)·A^{t−1}
+    damping_Z: float = 0.0  # L_z^t = β·L_z^{t−1} + (1−β)·(new Z message)
+    damping_H: float = 0.0  # L_h^t = β·L_h^{t−1} + (1−β)·(new H message)
     topic: str = "none"  # "none" | "single_split" (global topic variables, the FFN analogue)
     n_topics: int = 64  # m at base_width (scaled with width: m ∝ d)
     root: bool = False  # root-node variant (SST): not implemented
@@ -74,7 +79,13 @@ class PTConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"PTConfig.{name}={getattr(self, name)}: must be a positive integer")
         if self.gamma < 0:
-            raise ValueError(f"PTConfig.gamma={self.gamma}: must be >= 0 (0 means one distance bucket)")
+            raise ValueError(f"PTConfig.gamma={self.gamma}: must be >= 0 (0 means one bucket per direction)")
+        for name in ("stepsize_Z", "stepsize_H"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"PTConfig.{name}={getattr(self, name)}: must be in (0, 1] (1 = full update)")
+        for name in ("damping_Z", "damping_H"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"PTConfig.{name}={getattr(self, name)}: must be in [0, 1) (0 = no damping)")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"PTConfig.dropout={self.dropout}: must be in [0, 1)")
         if self.root:
@@ -116,7 +127,7 @@ class PTConfig:
 
     @property
     def n_buckets(self) -> int:
-        return 2 * self.gamma + 2 if self.gamma > 0 else 1
+        return 2 * self.gamma + 2
 
 
 def config_fields() -> tuple[str, ...]:
@@ -128,15 +139,16 @@ class _Offsets:
 
     Bucket of a (dependent i, head j) pair is f(i - j) from spec §2.1: i - j < -γ is bucket 0
     (`far_neg`), -γ ≤ i - j < 0 is i-j+γ+1, 0 < i - j ≤ γ is i-j+γ, i - j > γ is 2γ+1 (`far_pos`).
-    With γ = 0 every pair is bucket 0. Near pairs touch only 2γ diagonals, so they are listed as
+    With γ = 0 the two far buckets are the two directions (the authors' `dists = ""`). Near pairs
+    touch only 2γ diagonals, so they are listed as
     (k, i, j) triples; the two far buckets are full n×n products masked to their triangles.
     """
 
     def __init__(self, n: int, gamma: int, device: torch.device) -> None:
         i = torch.arange(n, device=device)
         diff = i[:, None] - i[None, :]  # (n, n): i - j
-        self.far_neg = diff < -gamma if gamma > 0 else diff != 0  # bucket 0 (all pairs if γ = 0)
-        self.far_pos = diff > gamma if gamma > 0 else None  # bucket 2γ+1
+        self.far_neg = diff < -gamma  # bucket 0 (head after the dependent when γ = 0)
+        self.far_pos = diff > gamma  # bucket 2γ+1 (head before the dependent when γ = 0)
         ks, di, hj = [], [], []
         for off in range(1, gamma + 1):  # runs once per length, not per forward
             if off >= n:
@@ -176,7 +188,8 @@ class ProbabilisticTransformer(nn.Module):
         if cfg.topic == "single_split":
             self.B = nn.Parameter(torch.empty(cfg.m, d))  # binary factor (m, d)
         self.decoder = nn.Linear(d, V)  # MLM head, not tied to S (PT paper)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop_h = nn.Dropout(cfg.dropout)  # H (and topic) dropout
+        self.drop_z = nn.Dropout(cfg.dropout)  # Z-logit dropout
         self._offsets: _Offsets | None = None
 
         # parameter groups (spec §3.3): input / hidden / output / bias
@@ -246,9 +259,8 @@ class ProbabilisticTransformer(nn.Module):
         """F[b,c,i,j] = Σ_k M[k,i,j] <q_k[i], k_k[j]>.  q, k: (B, n, K, h, r) → (B, h, n, n)."""
         far = q[:, :, 0].transpose(1, 2) @ k[:, :, 0].permute(0, 2, 3, 1)  # (B, h, n, n)
         F_ = torch.where(o.far_neg, far, 0.0)
-        if o.far_pos is not None:
-            far = q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1)
-            F_ = F_ + torch.where(o.far_pos, far, 0.0)
+        far = q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1)
+        F_ = F_ + torch.where(o.far_pos, far, 0.0)
         if o.k.numel():
             vals = (q[:, o.i, o.k] * k[:, o.j, o.k]).sum(-1)  # (B, P, h) near-diagonal scores
             Bsz, h, n, _ = F_.shape
@@ -264,9 +276,8 @@ class ProbabilisticTransformer(nn.Module):
         ctx = torch.zeros_like(x)
         far = torch.where(o.far_neg.T if transpose else o.far_neg, At, 0.0) @ x[:, :, 0].transpose(1, 2)
         ctx[:, :, 0] = far.transpose(1, 2)  # (B, h, n, r) → (B, n, h, r)
-        if o.far_pos is not None:
-            far = torch.where(o.far_pos.T if transpose else o.far_pos, At, 0.0) @ x[:, :, -1].transpose(1, 2)
-            ctx[:, :, -1] = far.transpose(1, 2)
+        far = torch.where(o.far_pos.T if transpose else o.far_pos, At, 0.0) @ x[:, :, -1].transpose(1, 2)
+        ctx[:, :, -1] = far.transpose(1, 2)
         if o.k.numel():
             # near pairs (k, i dependent, j head): the receiver is i (dep) or j (head)
             recv, send = (o.j, o.i) if transpose else (o.i, o.j)
@@ -275,6 +286,11 @@ class ProbabilisticTransformer(nn.Module):
             Bsz, n, K, h, r = x.shape
             ctx = ctx.view(Bsz, n * K, h, r).index_add(1, recv * K + o.k, vals).view(Bsz, n, K, h, r)
         return ctx
+
+    def _mix_h(self, A: torch.Tensor, A_prev: torch.Tensor | None, t: int) -> torch.Tensor:
+        """The authors' H step size: A^t = α·A + (1−α)·A^{t−1} after the first iteration."""
+        alpha = self.cfg.stepsize_H
+        return A if not t or alpha == 1.0 else alpha * A + (1 - alpha) * A_prev
 
     def forward(
         self,
@@ -311,35 +327,44 @@ class ProbabilisticTransformer(nn.Module):
             z_scale, h_scale, g_scale, topic_out = 1.0, float(d), float(d), 1.0  # λ_H = 1/d, λ_Z = 1
 
         L_z = X
-        A = None
-        if not cfg.async_update:  # synchronous: start from a uniform (masked) H
-            uniform = torch.zeros(Bsz, cfg.h, n, n, device=X.device, dtype=X.dtype)
-            A = torch.softmax(uniform.masked_fill(invalid, NEG), -1)
+        P_prev = A_prev = None  # last marginals, for the step size
+        L_h = torch.zeros(Bsz, cfg.h, n, n, device=X.device, dtype=X.dtype)  # H logits: uniform H at first
         for t in range(cfg.n_iter):
-            P = torch.softmax(L_z, -1).masked_fill(pad[..., None], 0.0) * z_scale  # (B, n, d)
+            P = torch.softmax(L_z, -1)
+            if t and cfg.stepsize_Z != 1.0:
+                P = cfg.stepsize_Z * P + (1 - cfg.stepsize_Z) * P_prev
+            P_prev = P
+            P = P.masked_fill(pad[..., None], 0.0) * z_scale  # (B, n, d)
             q = (P @ Wu).view(qk_shape)  # (B, n, K, h, r)
             k = (P @ Wv).view(qk_shape)
-            L_h = (cfg.w_H * h_scale) * self._head_scores(q, k, o)  # (B, h, n, n)
-            L_h = L_h.masked_fill(invalid, NEG)
-            A_new = self.drop(torch.softmax(L_h, -1))
-            A_msg = A_new if cfg.async_update else A
-            ctx_dep = self._gather(A_msg, k, o, transpose=False)  # (B, n, K, h, r)
+            F_h = (cfg.w_H * h_scale) * self._head_scores(q, k, o)  # (B, h, n, n) the new H message
+            if cfg.async_update:  # H from the current Z, then Z from the new H; dropout on the probabilities
+                L_h = (cfg.damping_H * L_h + (1 - cfg.damping_H) * F_h).masked_fill(invalid, NEG)
+                A = self._mix_h(torch.softmax(L_h, -1), A_prev, t)
+                A = A_prev = self.drop_h(A)
+                shown = L_h
+            else:  # both from the previous iteration; the authors drop the H *logits* here
+                A = A_prev = self._mix_h(torch.softmax(L_h.masked_fill(invalid, NEG), -1), A_prev, t)
+                shown = (cfg.damping_H * L_h + (1 - cfg.damping_H) * F_h).masked_fill(invalid, NEG)
+                L_h = self.drop_h(shown)  # masked again when used, so a dropped NEG never opens a head
+            ctx_dep = self._gather(A, k, o, transpose=False)  # (B, n, K, h, r)
             msg_dep = ctx_dep.view(Bsz, n, -1) @ Wu.T  # G_dep (B, n, d)
             msg = cfg.w_unary * X + cfg.w_dep * msg_dep
             if not cfg.block_msg:
-                ctx_head = self._gather(A_msg, q, o, transpose=True)
+                ctx_head = self._gather(A, q, o, transpose=True)
                 msg_head = ctx_head.view(Bsz, n, -1) @ Wv.T  # G_head (B, n, d)
                 msg = msg + cfg.w_head * msg_head
             if cfg.topic == "single_split":
                 L_g = (cfg.w_topic * g_scale) * (P @ self.B.T)  # (B, n, m) topic logits
-                P_g = self.drop(torch.softmax(L_g, -1)) * topic_out
+                P_g = self.drop_h(torch.softmax(L_g, -1)) * topic_out
                 msg_topic = P_g @ self.B  # (B, n, d)
                 msg = msg + cfg.w_topic_z * msg_topic
-            L_z = self.drop(msg)  # λ_Z = 1; unnormalised (softmax at the next iteration)
-            A = A_new
+            if cfg.damping_Z:
+                msg = cfg.damping_Z * L_z + (1 - cfg.damping_Z) * msg
+            L_z = self.drop_z(msg)  # λ_Z = 1; unnormalised (softmax at the next iteration)
             if trace is not None:
-                valid = ~invalid.expand_as(L_h)
-                trace[f"head_logits.iter{t}"] = L_h[valid]
+                valid = ~invalid.expand_as(shown)
+                trace[f"head_logits.iter{t}"] = shown[valid]
                 trace[f"msg_dep.iter{t}"] = msg_dep
                 if not cfg.block_msg:
                     trace[f"msg_head.iter{t}"] = msg_head
