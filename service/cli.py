@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -193,6 +194,10 @@ def _print_summary(spec, state) -> None:
     cert = state.phases.get("verify", {}).get("certificate")
     if cert:
         console.print(f"[{'green' if cert['certified'] else 'yellow'}]verify:[/] {cert['verdict']}")
+    if (art / "cost.json").exists():
+        from analysis.report import cost_line
+
+        console.print(f"cost: {cost_line(json.loads((art / 'cost.json').read_text()))}")
     console.print(f"report: {art / 'report.md'}\nMLflow: {tracker.uri} (experiment {spec.experiment_name()!r}; "
                   f"`mlflow ui --backend-store-uri {tracker.uri}`)")
 

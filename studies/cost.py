@@ -121,31 +121,36 @@ def measured_cost(spec: StudySpec, tables: dict[str, Any], phase_wall_s: dict[st
     if spec.compare is not None:
         return {"rows": [], "targets": {}, "metrics": {}}
     walls, batch = phase_wall_s or {}, spec.train.batch_size
-    rows, per_seq = [], {}
+    try:
+        widths = {int(w) for t in tables.values() if t is not None for w in t["width"]}
+        per_seq = {w: sequence_flops(spec, w) for w in widths | set(spec.transfer.widths if spec.transfer else [])}
+    except ValueError:  # a family without a FLOP formula (TauGPT): wall time only
+        per_seq = None
+    rows = []
     for phase, table in tables.items():
         if phase not in (*CHECK_PHASES, "transfer") or table is None or table.empty:
             continue
-        flops = 0.0
-        for width, steps in zip(table["width"], table["steps"].fillna(0), strict=True):
-            per_seq.setdefault(int(width), sequence_flops(spec, int(width)))
-            flops += float(steps) * batch * per_seq[int(width)]
-        rows.append({"phase": phase, "trials": len(table), "steps": int(table["steps"].fillna(0).sum()),
-                     "flops": flops, "trial_wall_s": float(table["wall_time_s"].fillna(0).sum()),
-                     "phase_wall_s": walls.get(phase)})
+        steps = table["steps"].fillna(0)
+        flops = None if per_seq is None else float(sum(
+            float(s) * batch * per_seq[int(w)] for w, s in zip(table["width"], steps, strict=True)))
+        rows.append({"phase": phase, "trials": len(table), "steps": int(steps.sum()), "flops": flops,
+                     "trial_wall_s": float(table["wall_time_s"].fillna(0).sum()), "phase_wall_s": walls.get(phase)})
     targets: dict[int, dict[str, float | None]] = {}
     transfer = tables.get("transfer")
     for w in (spec.transfer.widths if spec.transfer is not None else []):
         at = transfer[transfer["width"] == w]["wall_time_s"].dropna() if transfer is not None else []
-        targets[w] = {"flops": spec.train.steps * batch * sequence_flops(spec, w),
+        targets[w] = {"flops": None if per_seq is None else spec.train.steps * batch * per_seq[w],
                       "wall_s": float(at.median()) if len(at) else None}
     metrics: dict[str, float] = {}
     for row in rows:
-        metrics[f"cost.{row['phase']}.flops"] = row["flops"]
+        if row["flops"] is not None:
+            metrics[f"cost.{row['phase']}.flops"] = row["flops"]
         metrics[f"cost.{row['phase']}.trial_wall_s"] = row["trial_wall_s"]
     for w, target in targets.items():
         for name, phases in (("proxy", ("tune",)), ("checks", CHECK_PHASES)):
             chosen = [r for r in rows if r["phase"] in phases]
-            metrics[f"cost.{name}_pct.w{w}"] = 100 * sum(r["flops"] for r in chosen) / target["flops"]
+            if target["flops"]:
+                metrics[f"cost.{name}_pct.w{w}"] = 100 * sum(r["flops"] for r in chosen) / target["flops"]
             if target["wall_s"]:
                 metrics[f"cost.{name}_wall_pct.w{w}"] = 100 * sum(r["trial_wall_s"] for r in chosen) / target["wall_s"]
     return {"rows": rows, "targets": targets, "metrics": metrics}

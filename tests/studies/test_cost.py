@@ -66,3 +66,14 @@ def test_measured_cost_counts_the_steps_that_ran():
     assert m["cost.proxy_wall_pct.w32"] == pytest.approx(100 * 3.0 / 4.0)
     assert m["cost.checks_wall_pct.w32"] == pytest.approx(100 * 13.0 / 4.0)
     assert all(math.isfinite(v) for v in m.values())
+
+
+def test_measured_cost_without_a_flop_formula_keeps_the_wall_time():
+    spec = load_catalog("tau_cpu")  # TauGPT: no FLOP formula in studies.budget
+    w = spec.transfer.widths[0]
+    tables = {"tune": pd.DataFrame({"width": [spec.tune.base_width], "steps": [10], "wall_time_s": [2.0]}),
+              "transfer": pd.DataFrame({"width": [w], "steps": [10], "wall_time_s": [8.0]})}
+    cost = measured_cost(spec, tables)
+    assert cost["rows"][0]["flops"] is None
+    assert cost["metrics"][f"cost.proxy_wall_pct.w{w}"] == pytest.approx(25.0)
+    assert not any(k.startswith("cost.proxy_pct") for k in cost["metrics"])
