@@ -106,6 +106,47 @@ class CheckpointClock:
         return True
 
 
+REPORT_EVERY_S = 10.0  # the longest a trial's evaluations wait to be reported (MLflow's live view lags this much)
+
+
+class ReportClock:
+    """Whether an evaluation at `step` is reported to Tune now, or kept for the next report.
+
+    Tune's function trainables report synchronously: the training thread waits at every report until the driver
+    has processed it (scheduler, searcher, callbacks) and asks for the next, so each report is a pause of one
+    driver round trip. Evaluations are therefore reported in batches: at the first evaluation at or past each ASHA
+    rung (`rungs`; its decisions see what they saw when every evaluation was reported), when `every_s` passed
+    since the last report, and with the final result; the rows in between ride along (`BATCH_KEY`)."""
+
+    def __init__(self, rungs: list[int], every_s: float = REPORT_EVERY_S, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.rungs, self.every_s, self.clock = sorted(rungs), every_s, clock
+        self.last = clock()
+
+    def __call__(self, step: int) -> bool:
+        now, at_rung = self.clock(), bool(self.rungs) and step >= self.rungs[0]
+        self.rungs = [r for r in self.rungs if r > step]
+        if at_rung or now - self.last >= self.every_s:
+            self.last = now
+            return True
+        return False
+
+
+def asha_rungs(spec: StudySpec, phase: str) -> list[int]:
+    """The steps ASHA may judge a tune trial at: grace·η^k up to the budget (Ray's rungs are among them)."""
+    t = spec.tune
+    if phase != "tune" or not t.asha.enabled:
+        return []
+    rungs, rung, max_t = [], t.asha.grace_steps, spec.steps_for("tune")
+    while rung <= max_t:
+        rungs.append(rung)
+        rung *= t.asha.reduction_factor
+    return rungs
+
+
+BATCH_KEY = "earlier_rows"  # a report's evaluations before its own, not reported on their own
+
+
 def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cpus: float) -> None:
     """One Tune trial: train (from its last checkpoint when Tune restarts it), report each evaluation, then one final
     result with the status. An evaluation carries a checkpoint when retries are allowed and `checkpoint_every_s` of
@@ -118,23 +159,31 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
     resume = _checkpointed_state()
     resumed = {"resumed_from": resume["step"]} if resume else {}
     due = CheckpointClock(spec.resources.max_retries, spec.resources.checkpoint_every_s)
+    report_now = ReportClock(asha_rungs(spec, phase))
+    kept: list[dict[str, Any]] = []  # evaluations since the last report
 
     def checkpoint(row: dict[str, Any], state: dict[str, Any]) -> None:
         if row["step"] >= cfg.steps:  # the last step comes with the final result
             return
-        if not due():
-            tune.report({**row, **resumed, OBJECTIVE: row["eval_loss"]})
+        save = due()
+        if not (report_now(row["step"]) or save):
+            kept.append(dict(row))
+            return
+        result = {**row, **resumed, OBJECTIVE: row["eval_loss"], BATCH_KEY: kept[:]}
+        kept.clear()
+        if not save:
+            tune.report(result)
             return
         with tempfile.TemporaryDirectory(prefix="ptctl-ckpt-") as folder:  # tune.report copies it to storage
             torch.save(state, Path(folder) / STATE_FILE)
-            tune.report({**row, **resumed, OBJECTIVE: row["eval_loss"]},
-                        checkpoint=tune.Checkpoint.from_directory(folder))
+            tune.report(result, checkpoint=tune.Checkpoint.from_directory(folder))
 
     result = train_trial(cfg, checkpoint=checkpoint, resume=resume)
     last = result.history[-1] if result.history else {"step": result.steps}
     final = {k: getattr(result, k) for k in FINAL_KEYS}
     objective = result.eval_loss if result.status == "completed" else cfg.max_loss
-    tune.report({**last, **final, **resumed, "step": result.steps, OBJECTIVE: objective})
+    earlier = [r for r in kept if r["step"] < last["step"]]
+    tune.report({**last, **final, **resumed, "step": result.steps, OBJECTIVE: objective, BATCH_KEY: earlier})
 
 
 def _checkpointed_state() -> dict[str, Any] | None:
@@ -253,14 +302,18 @@ class MlflowTrials(tune.Callback):
         if result.get("resumed_from") and self._tagged.get(trial.trial_id) != result["resumed_from"]:
             self.tracker.set_tags(run, {"resumed_from_step": result["resumed_from"]})
             self._tagged[trial.trial_id] = result["resumed_from"]
-        if result["step"] <= self._logged.get(trial.trial_id, 0):  # a restart's repeat of a step the run has
+        rows = []
+        for each in [*result.get(BATCH_KEY, []), result]:  # a restart's repeats of steps the run has are dropped
+            if each["step"] > max(self._logged.get(trial.trial_id, 0), rows[-1]["step"] if rows else 0):
+                rows.append({k: v for k, v in each.items() if k == "step" or k.startswith(METRIC_PREFIXES)})
+        if not rows:
             return
-        row = {k: v for k, v in result.items() if k == "step" or k.startswith(METRIC_PREFIXES)}
-        self.tracker.log_metrics(run, [row])
-        self._logged[trial.trial_id] = row["step"]
-        collapsed = sorted(k.rsplit(".", 1)[1] for k, v in row.items() if k.startswith("tau.collapse.") and v)
-        if collapsed:  # TauGPT's collapse warning (analysis.taumode), also visible in the runs table
-            self.tracker.set_tags(self._run(trial), {"taumode_collapse": f"step {row['step']}: {', '.join(collapsed)}"})
+        self.tracker.log_metrics(run, rows)
+        self._logged[trial.trial_id] = rows[-1]["step"]
+        for row in rows:
+            collapsed = sorted(k.rsplit(".", 1)[1] for k, v in row.items() if k.startswith("tau.collapse.") and v)
+            if collapsed:  # TauGPT's collapse warning (analysis.taumode), also visible in the runs table
+                self.tracker.set_tags(run, {"taumode_collapse": f"step {row['step']}: {', '.join(collapsed)}"})
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         """The trial's worker failed and Tune restarts it (from its last checkpoint): the run stays `running`."""

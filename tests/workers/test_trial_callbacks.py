@@ -8,7 +8,15 @@ import pytest
 from ray import tune
 
 from studies import load_catalog
-from workers.ray_runner import CheckpointClock, MlflowTrials, _renew, failure_cause
+from workers.ray_runner import (
+    BATCH_KEY,
+    CheckpointClock,
+    MlflowTrials,
+    ReportClock,
+    _renew,
+    asha_rungs,
+    failure_cause,
+)
 
 
 def _callback():
@@ -131,3 +139,35 @@ def test_checkpoint_clock():
     always = CheckpointClock(max_retries=2, every_s=0, clock=lambda: now[0])
     assert always() and always()
     assert not CheckpointClock(max_retries=0, every_s=0, clock=lambda: now[0])()  # no retries: no use for one
+
+
+def test_report_clock_batches_evaluations_between_rungs():
+    now = [0.0]
+    clock = ReportClock(rungs=[10, 30, 90], every_s=10, clock=lambda: now[0])
+    reported = []
+    for step in range(5, 101, 5):  # an evaluation every 5 steps, 0.1 s apart: only ASHA's rungs are reported
+        now[0] += 0.1
+        reported += [step] if clock(step) else []
+    assert reported == [10, 30, 90]
+    slow = ReportClock(rungs=[], every_s=10, clock=lambda: now[0])
+    now[0] += 10.0
+    assert slow(5) and not slow(10)  # live progress at least every 10 s
+
+
+def test_asha_rungs_cover_rays():
+    spec = load_catalog("tiny")  # grace 10, η 3, 30 steps: Ray judges at 10 and 30
+    assert asha_rungs(spec, "tune") == [10, 30]
+    assert asha_rungs(spec, "verify") == []
+
+
+def test_batched_rows_are_logged_once_each():
+    callback, _ = _callback()
+    callback._tracker = tracker = _SlowTracker(0.0)
+    logged = []
+    tracker.log_metrics = lambda run, rows: logged.extend(r["step"] for r in rows)
+    trial = SimpleNamespace(trial_id="t1", config={}, last_result={}, num_failures=0, error_file=None)
+    callback.on_trial_result(0, [], trial, {"step": 30, "eval_loss": 4.0, BATCH_KEY: [{"step": 10, "eval_loss": 5.0},
+                                                                                       {"step": 20, "eval_loss": 4.5}]})
+    callback.on_trial_result(0, [], trial, {"step": 40, "eval_loss": 3.9, BATCH_KEY: [{"step": 20, "eval_loss": 4.5}]})
+    callback.flush()
+    assert logged == [10, 20, 30, 40]
