@@ -17,6 +17,7 @@ its history holds each step once. Why a trial diverged or failed is a tag on its
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -26,22 +27,22 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's console boxes; the CLI draws its own progress
 
-import optuna  # noqa: E402
 import pandas as pd  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 from ray import tune  # noqa: E402
 from ray.tune.schedulers import ASHAScheduler  # noqa: E402
-from ray.tune.search.optuna import OptunaSearch  # noqa: E402
 
 from studies.spec import StudySpec  # noqa: E402
 from workers.errors import InfrastructureLost  # noqa: E402
-from workers.tracking import Tracker  # noqa: E402
 from workers.train import TrialConfig, train_trial  # noqa: E402
+
+if TYPE_CHECKING:
+    from workers.tracking import Tracker
 
 log = logging.getLogger(__name__)
 OBJECTIVE = "objective"  # eval loss; the loss ceiling (train.max_loss) for a diverged trial
@@ -144,7 +145,7 @@ def asha_rungs(spec: StudySpec, phase: str) -> list[int]:
     return rungs
 
 
-BATCH_KEY = "earlier_rows"  # a report's evaluations before its own, not reported on their own
+BATCH_KEY = "earlier_rows"  # a report's evaluations before its own, as JSON (Tune's loggers skip a string)
 
 
 def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cpus: float) -> None:
@@ -152,6 +153,7 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
     result with the status. An evaluation carries a checkpoint when retries are allowed and `checkpoint_every_s` of
     training passed since the last one: each checkpoint costs a save, a copy to storage and (with num_to_keep)
     Tune's snapshot of the whole experiment, so a short trial makes none and a long one one per interval."""
+    entered = time.time()  # with `left`: the trainable's own span (the orchestration benchmark splits the overhead)
     spec = StudySpec.model_validate(spec_dict)
     trial = planned_trial(spec, phase, config, tune.get_context().get_trial_id())
     cfg = TrialConfig.from_dict(trial_config(spec, trial))
@@ -169,7 +171,7 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
         if not (report_now(row["step"]) or save):
             kept.append(dict(row))
             return
-        result = {**row, **resumed, OBJECTIVE: row["eval_loss"], BATCH_KEY: kept[:]}
+        result = {**row, **resumed, OBJECTIVE: row["eval_loss"], BATCH_KEY: json.dumps(kept)}
         kept.clear()
         if not save:
             tune.report(result)
@@ -183,7 +185,8 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
     final = {k: getattr(result, k) for k in FINAL_KEYS}
     objective = result.eval_loss if result.status == "completed" else cfg.max_loss
     earlier = [r for r in kept if r["step"] < last["step"]]
-    tune.report({**last, **final, **resumed, "step": result.steps, OBJECTIVE: objective, BATCH_KEY: earlier})
+    tune.report({**last, **final, **resumed, "step": result.steps, OBJECTIVE: objective, BATCH_KEY: json.dumps(earlier),
+                 "trainable_entered": entered, "trainable_left": time.time()})
 
 
 def _checkpointed_state() -> dict[str, Any] | None:
@@ -262,6 +265,8 @@ class MlflowTrials(tune.Callback):
 
     @property
     def tracker(self) -> Tracker:
+        from workers.tracking import Tracker  # the driver's: trial actors import this module without MLflow
+
         if self._tracker is None:
             self._tracker = Tracker(StudySpec.model_validate(self.spec_dict).experiment_name(), self.uri)
         return self._tracker
@@ -302,8 +307,8 @@ class MlflowTrials(tune.Callback):
         if result.get("resumed_from") and self._tagged.get(trial.trial_id) != result["resumed_from"]:
             self.tracker.set_tags(run, {"resumed_from_step": result["resumed_from"]})
             self._tagged[trial.trial_id] = result["resumed_from"]
-        rows = []
-        for each in [*result.get(BATCH_KEY, []), result]:  # a restart's repeats of steps the run has are dropped
+        rows = []  # a restart's repeats of steps the run has are dropped
+        for each in [*json.loads(result.get(BATCH_KEY) or "[]"), result]:
             if each["step"] > max(self._logged.get(trial.trial_id, 0), rows[-1]["step"] if rows else 0):
                 rows.append({k: v for k, v in each.items() if k == "step" or k.startswith(METRIC_PREFIXES)})
         if not rows:
@@ -400,6 +405,9 @@ def _param_space(planned: list[dict] | None) -> dict[str, Any]:
 def _tune_config(spec: StudySpec, phase: str) -> tune.TuneConfig:
     if phase != "tune":  # trial actors are reused: no process start, torch import or data load per trial
         return tune.TuneConfig(metric=OBJECTIVE, mode="min", reuse_actors=True)
+    import optuna  # the driver's searcher: trial actors import this module without Optuna
+    from ray.tune.search.optuna import OptunaSearch
+
     t = spec.tune
     space = {name: optuna.distributions.FloatDistribution(r.low, r.high, log=r.log)
              for name, r in spec.space.searched().items()}

@@ -1,6 +1,7 @@
 """MlflowTrials and run_phase's restore wiring, without running Ray: a restored phase counts the trials that
 had finished before it (the CLI's progress bar), and runs with this run's callback and retry settings."""
 
+import json
 import time
 from types import SimpleNamespace
 
@@ -166,8 +167,9 @@ def test_batched_rows_are_logged_once_each():
     logged = []
     tracker.log_metrics = lambda run, rows: logged.extend(r["step"] for r in rows)
     trial = SimpleNamespace(trial_id="t1", config={}, last_result={}, num_failures=0, error_file=None)
-    callback.on_trial_result(0, [], trial, {"step": 30, "eval_loss": 4.0, BATCH_KEY: [{"step": 10, "eval_loss": 5.0},
-                                                                                       {"step": 20, "eval_loss": 4.5}]})
-    callback.on_trial_result(0, [], trial, {"step": 40, "eval_loss": 3.9, BATCH_KEY: [{"step": 20, "eval_loss": 4.5}]})
+    callback.on_trial_result(0, [], trial, {"step": 30, "eval_loss": 4.0, BATCH_KEY: json.dumps(
+        [{"step": 10, "eval_loss": 5.0}, {"step": 20, "eval_loss": 4.5}])})
+    callback.on_trial_result(0, [], trial, {"step": 40, "eval_loss": 3.9,
+                                            BATCH_KEY: json.dumps([{"step": 20, "eval_loss": 4.5}])})
     callback.flush()
     assert logged == [10, 20, 30, 40]
