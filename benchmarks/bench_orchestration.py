@@ -54,14 +54,15 @@ def one_run(trials: int, seed: int, steps: int | None = None, checkpoint_every_s
     wall = time.perf_counter() - start
     table = driver.table("tune")
     c, busy = spec.tune.max_concurrent, table.wall_time_s.sum()
+    out = {"wall_s": wall, "trial_sum_s": busy, "ratio": wall / (busy / c), "trials": len(table),
+           "fixed_ms": 1000 * (wall - busy / c) * c / len(table), "load_before": load,
+           "load_after": os.getloadavg()[0]}
     inside = _trainable_spans(driver.dir / "ray", driver.study_id)
-    return {"wall_s": wall, "trial_sum_s": busy, "ratio": wall / (busy / c), "trials": len(table),
-            "fixed_ms": 1000 * (wall - busy / c) * c / len(table), "load_before": load,
-            "load_after": os.getloadavg()[0],
-            # per trial: in the trainable but not training (spec, model, first data load), and outside any trainable
-            # (Tune's scheduling, actor start or reset, TPE, result processing): the fixed cost split in two
-            "in_trainable_ms": 1000 * (inside - busy) / len(table),
-            "outside_ms": 1000 * (wall * c - inside) / len(table)}
+    if inside:  # per trial: in the trainable but not training (spec, model, first data load), and outside any
+        # trainable (actor start or reset, Tune's scheduling, TPE, result processing): the fixed cost split in two
+        n = len(table)
+        out.update(in_trainable_ms=1000 * (inside - busy) / n, outside_ms=1000 * (wall * c - inside) / n)
+    return out
 
 
 def _trainable_spans(storage: Path, study_id: str) -> float:
