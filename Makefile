@@ -1,7 +1,7 @@
 # The two set-up commands of the README: `make demo` (main job) and `make test` (test suite).
 PY ?= python3
 
-.PHONY: install demo test lint bench
+.PHONY: install demo test lint bench bench-quick
 
 install:
 	$(PY) -m pip install -q -e ".[test]"
@@ -15,6 +15,16 @@ test: install
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider
 
-bench: install
+bench: install  # every benchmark; each prepares its own data (a fresh clone and an empty ~/.ptctl work)
 	$(PY) benchmarks/bench_pt.py --device cpu
 	$(PY) benchmarks/bench_tau.py --device cpu
+	$(PY) benchmarks/bench_orchestration.py
+	$(PY) benchmarks/bench_orchestration.py --steps 200
+	$(PY) benchmarks/bench_api.py
+
+bench-quick: install  # the same end to end at toy sizes, minutes in all: checks they run, measures nothing
+	$(PY) benchmarks/bench_pt.py --device cpu --configs small --steps 1 --repeats 1 --warmup 1 --batch 4
+	$(PY) benchmarks/bench_tau.py --device cpu --width 64 --n-layers 1 --vocab 512 --seq-len 32 --batch 2 \
+		--steps 1 --warmup 1 --decode-batch 1 --prompt 8 --new-tokens 8 --repeats 1
+	$(PY) benchmarks/bench_orchestration.py --quick
+	$(PY) benchmarks/bench_api.py --gets 100 --posts 2 --max-seconds 20

@@ -14,7 +14,6 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel
-from scipy.stats import binomtest
 
 from analysis.table import judged_loss, phase_rows, require_columns
 
@@ -52,6 +51,8 @@ def upper_bound(k: int, n: int, alpha: float = 0.05) -> float:
     """
     if not 0 <= k <= n or n < 1:
         raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    from scipy.stats import binomtest  # here: SciPy's import is a second of every trial actor's start
+
     ci = binomtest(k, n, alternative="less").proportion_ci(confidence_level=1 - alpha, method="exact")
     return float(ci.high)
 

@@ -49,6 +49,7 @@ def render_report(
     lr_drift: LRDrift | None,
     plots: Mapping[str, str],
     hparams: Sequence[str] = HPARAMS,
+    cost: Mapping[str, Any] | None = None,
 ) -> str:
     """Render a study's Markdown report.
 
@@ -62,6 +63,7 @@ def render_report(
             a phase (`tune`, `transfer`, `verify`, `validate`) is linked in that phase's section, the
             others (e.g. `coord`) under "figures".
         hparams: the hparam columns shown beside the best tune trials.
+        cost: `studies.cost.measured_cost`'s account (rows per phase, targets per width), shown under "cost".
     """
     study_id = study.get("id", study.get("study_id"))
     title = f"# Study {study.get('name', 'unnamed')}" + (f" (`{study_id}`)" if study_id else "")
@@ -79,8 +81,10 @@ def render_report(
         sections["compare"] = [_compare_section(tables["compare"])]
     for name, path in plots.items():
         sections.setdefault(name if name in PHASES else "figures", []).append(f"![{name}]({path})")
+    if cost and cost.get("rows"):
+        sections["cost"] = [cost_section(cost)]
     parts = [title, "## spec", "\n".join(summary) or "_no spec summary given_"]
-    for name in (*PHASES, "figures"):
+    for name in (*PHASES, "cost", "figures"):
         if name in sections:
             parts += [f"## {name}", *sections[name]]
     return "\n\n".join(parts) + "\n"
@@ -128,3 +132,42 @@ def _validate_section(drift: LRDrift) -> str:
     optima = pd.DataFrame([o.model_dump() for o in drift.optima])
     status = "pass" if drift.passed else "fail"
     return f"**{status}**: {drift.verdict}\n\n{markdown_table(drifts)}\n\n{markdown_table(optima)}"
+
+
+def _pct(part: float | None, whole: float | None) -> float | None:
+    return 100 * part / whole if part is not None and whole else None
+
+
+def cost_line(cost: Mapping[str, Any]) -> str:
+    """"proxy cost = X % of one target run at width W": tune, then tune + verify + validate, at the widest target,
+    in FLOPs and in wall time (Σ trial wall time against the median transfer run at W)."""
+    targets = cost.get("targets") or {}
+    if not targets:
+        return "no transfer width: no target run to compare the proxy with"
+    width = max(targets, key=int)
+    target, rows = targets[width], cost["rows"]
+    checks = [r for r in rows if r["phase"] in ("tune", "verify", "validate")]
+    parts = []
+    for what, chosen in (("proxy cost", [r for r in rows if r["phase"] == "tune"]),
+                         (" + ".join(r["phase"] for r in checks), checks)):
+        flops = None if any(r["flops"] is None for r in chosen) else sum(r["flops"] for r in chosen)
+        by_flops, by_wall = _pct(flops, target["flops"]), _pct(sum(r["trial_wall_s"] for r in chosen), target["wall_s"])
+        shares = [f"{v:.1f} % {unit}" for v, unit in ((by_flops, "FLOPs"), (by_wall, "wall time")) if v is not None]
+        parts.append(f"{what} = {' / '.join(shares) or '—'}")
+    return f"{parts[0]} of one target run at width {width}; {parts[1]}"
+
+
+def cost_section(cost: Mapping[str, Any]) -> str:
+    """Per phase: trials, steps run, training FLOPs and Σ trial wall time, each also as % of one run at the widest
+    target width; then the proxy-cost line (μP paper: tuning GPT-3 6.7B's proxy cost ≈ 7 % of one pretraining run)."""
+    targets = cost.get("targets") or {}
+    width = max(targets, key=int) if targets else None
+    target = targets.get(width, {})
+    rows = [{"phase": r["phase"], "trials": r["trials"], "steps": r["steps"], "FLOPs": r["flops"],
+             **({f"% of w{width} run (FLOPs)": _pct(r["flops"], target.get("flops"))} if width else {}),
+             "Σ trial wall s": r["trial_wall_s"],
+             **({f"% of w{width} run (wall)": _pct(r["trial_wall_s"], target.get("wall_s"))} if width else {}),
+             "phase wall s": r.get("phase_wall_s")} for r in cost["rows"]]
+    note = ("Training FLOPs are matmul FLOPs from the shapes (3 × forward, `studies.budget`) of the steps each trial "
+            "ran; the target is one run of train.steps at the width, its wall time the median transfer run there.")
+    return f"**{cost_line(cost)}**\n\n{note}\n\n{markdown_table(pd.DataFrame(rows))}"

@@ -34,6 +34,7 @@ import httpx
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._data import link_corpora  # noqa: E402
 from service import ray_head  # noqa: E402
 from studies import load_catalog  # noqa: E402
 
@@ -54,7 +55,7 @@ def _wait(predicate, timeout: float, what: str, interval: float = 0.5):
 
 
 def start_stack(data_dir: Path, ray_cpus: int) -> tuple[subprocess.Popen, str]:
-    (data_dir / "corpora").symlink_to(Path(os.environ.get("PTCTL_DATA_DIR") or "~/.ptctl").expanduser() / "corpora")
+    link_corpora(data_dir)  # the shared corpus cache, filled first (a fresh machine's ~/.ptctl is empty)
     port = _free_port()
     env = {**os.environ, "PTCTL_DATA_DIR": str(data_dir), "PTCTL_RAY_NUM_CPUS": str(ray_cpus), "RAY_ADDRESS": "",
            "MLFLOW_TRACKING_URI": "", "PTCTL_API_TOKENS": ""}

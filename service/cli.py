@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -194,6 +195,10 @@ def _print_summary(spec, state) -> None:
     cert = state.phases.get("verify", {}).get("certificate")
     if cert:
         console.print(f"[{'green' if cert['certified'] else 'yellow'}]verify:[/] {cert['verdict']}")
+    if (art / "cost.json").exists():
+        from analysis.report import cost_line
+
+        console.print(f"cost: {cost_line(json.loads((art / 'cost.json').read_text()))}")
     console.print(f"report: {art / 'report.md'}\nMLflow: {tracker.uri} (experiment {spec.experiment_name()!r}; "
                   f"`mlflow ui --backend-store-uri {tracker.uri}`)")
 
@@ -222,7 +227,33 @@ def cmd_laplacian(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_transfer(args: argparse.Namespace) -> int:
+def _print_plan(spec) -> None:
+    """The planned trials, steps and FLOPs per phase, and their share of one training run at each target width."""
+    from studies.cost import CHECK_PHASES, plan_cost
+
+    plan = plan_cost(spec)
+    widest = max(plan.targets, default=None)
+    table = Table(title=f"plan of {spec.name}: training FLOPs from the shapes")
+    for col in ("phase", "trials", "widths", "steps", "FLOPs", *([f"% of w{widest} run"] if widest else [])):
+        table.add_column(col, justify="left" if col in ("phase", "widths") else "right")
+    for p in plan.phases:
+        share = [f"{100 * p.flops / plan.targets[widest]:.1f}"] if widest else []
+        asha = "*" if p.phase == "tune" and spec.tune.asha.enabled else ""
+        table.add_row(p.phase + asha, str(p.trials), ",".join(map(str, p.widths)), f"{p.steps:,.0f}",
+                      f"{p.flops:.3g}", *share)
+    console.print(table)
+    if spec.tune.asha.enabled:
+        console.print("* ASHA's expectation (1/η of the trials pass each rung); every trial in full: "
+                      f"{plan.phases[0].max_flops:.3g} FLOPs")
+    checks = " + ".join(p.phase for p in plan.phases if p.phase in CHECK_PHASES)
+    for w, target in plan.targets.items():
+        console.print(f"proxy cost = {100 * plan.share(w, ('tune',)):.1f} % of one target run at width {w} "
+                      f"({target:.3g} FLOPs); {checks} = {100 * plan.share(w):.1f} %")
+    if not plan.targets:
+        console.print("no transfer widths: no target run to compare with")
+
+
+def _transfer_spec(args: argparse.Namespace):
     spec = _load_spec(args.spec)
     update: dict = {"tune": spec.tune.model_copy(update={"base_width": args.from_width,
                                                           **({"num_trials": args.trials} if args.trials else {})}),
@@ -231,7 +262,14 @@ def cmd_transfer(args: argparse.Namespace) -> int:
         update["verify"] = None
     elif spec.verify is not None and spec.verify.width not in (None, *args.to):
         update["verify"] = spec.verify.model_copy(update={"width": None})  # verify at the widest target
-    spec = _validated({**spec.as_dict(), **{k: (v.model_dump(mode="json") if v else v) for k, v in update.items()}})
+    return _validated({**spec.as_dict(), **{k: (v.model_dump(mode="json") if v else v) for k, v in update.items()}})
+
+
+def cmd_transfer(args: argparse.Namespace) -> int:
+    spec = _transfer_spec(args)
+    if args.dry_run:
+        _print_plan(spec)
+        return 0
     if args.server:
         from service.cli_remote import submit_and_watch
 
@@ -261,6 +299,11 @@ def cmd_study_run(args: argparse.Namespace) -> int:
     spec = _load_spec(args.file)
     state = _run_with_progress(spec, args.study_id)
     _print_summary(spec, state)
+    return 0
+
+
+def cmd_study_plan(args: argparse.Namespace) -> int:
+    _print_plan(_load_spec(args.file))
     return 0
 
 
@@ -332,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--verify", action="store_true", help="run the local-optimality check at the widest target")
     tr.add_argument("--server", default=None, help="submit the study to this ptctl API and follow it live "
                     "(token: $PTCTL_TOKEN) instead of running it here")
+    tr.add_argument("--dry-run", action="store_true", help="print the planned trials, FLOPs and the proxy's cost "
+                    "share of one target run; train nothing")
     tr.set_defaults(func=cmd_transfer)
 
     st = sub.add_parser("study", help="studies").add_subparsers(dest="study_command", required=True)
@@ -339,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("file")
     run.add_argument("--study-id", default=None, help="resume this study id (default: name + spec hash)")
     run.set_defaults(func=cmd_study_run)
+    pl = st.add_parser("plan", help="planned trials and FLOPs per phase, the proxy's cost share; trains nothing")
+    pl.add_argument("file")
+    pl.set_defaults(func=cmd_study_plan)
     from service.cli_remote import add_commands  # study submit|list|show|trials|report|cancel|resume, serve
 
     add_commands(sub, st)

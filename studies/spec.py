@@ -257,6 +257,9 @@ class ResourcesSpec(BaseModel):
     max_retries: int = Field(
         2, ge=0, le=10, description="times a trial whose worker dies (killed, node lost) is restarted from its last "
         "checkpoint before it is recorded failed; 0: never")
+    checkpoint_every_s: float = Field(
+        30, ge=0, description="seconds of training between a trial's checkpoints (a restart redoes at most this "
+        "much); 0: at every evaluation. Each checkpoint makes Tune snapshot the experiment, a fixed cost per save")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="the MLflow target")
 
     @model_validator(mode="after")
@@ -402,11 +405,12 @@ class StudySpec(BaseModel):
     def content_hash(self) -> str:
         """sha256 of the canonical JSON (sorted keys, defaults filled in): equal specs hash equal.
 
-        `resources.max_retries` is left out: it changes how a study copes with faults, not what it computes,
-        so a study keeps its id (and can be resumed) when it is changed.
+        `resources.max_retries` and `checkpoint_every_s` are left out: they change how a study copes with faults,
+        not what it computes, so a study keeps its id (and can be resumed) when they are changed.
         """
         data = self.as_dict()
         data["resources"].pop("max_retries", None)
+        data["resources"].pop("checkpoint_every_s", None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

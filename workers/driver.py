@@ -31,6 +31,7 @@ import secrets
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ from analysis import (
     render_report,
     transfer_table,
 )
+from studies.cost import measured_cost
 from studies.plan import (
     best_hparams,
     compare_stages,
@@ -346,7 +348,10 @@ class StudyDriver:
                     continue
                 self.tracker.set_tags(self.state.runs["study"], {"phase": phase})
                 self.emit("phase_start", {"phase": phase, "trials": self.planned_count(phase)})
+                start = time.monotonic()
                 getattr(self, f"phase_{phase}")()
+                self.state.phases[phase]["wall_s"] = time.monotonic() - start  # the cost account's phase time
+                self._save()
             phase = None
             self.write_report()
             self.tracker.set_tags(self.state.runs["study"], {"phase": "done", "status": "succeeded"})
@@ -437,11 +442,16 @@ class StudyDriver:
                          budget=f"{spec.steps_for('compare')} steps × batch {spec.train.batch_size}",
                          widths={f: info["widths"] for f, info in
                                  self.state.phases.get("compare", {}).get("widths", {}).items()})
+        cost = measured_cost(spec, tables, {p: s["wall_s"] for p, s in self.state.phases.items() if "wall_s" in s})
+        _write_json(self.art / "cost.json", cost)
+        if cost["metrics"]:
+            self.tracker.log_metrics(self.state.runs["study"], [{"step": 0, **cost["metrics"]}])
         text = render_report(study=study, tables=tables, certificate=Certificate(**cert) if cert else None,
-                             lr_drift=LRDrift(**drift) if drift else None, plots=plots, hparams=spec.space.HPARAMS)
+                             lr_drift=LRDrift(**drift) if drift else None, plots=plots, hparams=spec.space.HPARAMS,
+                             cost=cost)
         path = self.art / "report.md"
         path.write_text(text)
-        self.tracker.log_artifacts(self.state.runs["study"], [path, self.art / "trials.csv"])
+        self.tracker.log_artifacts(self.state.runs["study"], [path, self.art / "trials.csv", self.art / "cost.json"])
         return path
 
 

@@ -16,29 +16,33 @@ its history holds each step once. Why a trial diverged or failed is a tag on its
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import math
 import os
 import re
 import tempfile
+import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's console boxes; the CLI draws its own progress
 
-import optuna  # noqa: E402
 import pandas as pd  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 from ray import tune  # noqa: E402
 from ray.tune.schedulers import ASHAScheduler  # noqa: E402
-from ray.tune.search.optuna import OptunaSearch  # noqa: E402
 
 from studies.spec import StudySpec  # noqa: E402
 from workers.errors import InfrastructureLost  # noqa: E402
-from workers.tracking import Tracker  # noqa: E402
 from workers.train import TrialConfig, train_trial  # noqa: E402
+
+if TYPE_CHECKING:
+    from workers.tracking import Tracker
 
 log = logging.getLogger(__name__)
 OBJECTIVE = "objective"  # eval loss; the loss ceiling (train.max_loss) for a diverged trial
@@ -87,29 +91,102 @@ def trial_config(spec: StudySpec, trial: dict[str, Any]) -> dict[str, Any]:
                              trial.get("parametrization"))
 
 
+class CheckpointClock:
+    """Whether an evaluation should carry a checkpoint: retries are allowed and `every_s` seconds passed since the
+    last one (or the trial's start); `every_s` = 0: every evaluation."""
+
+    def __init__(self, max_retries: int, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.enabled, self.every_s, self.clock = max_retries > 0, every_s, clock
+        self.last = clock()
+
+    def __call__(self) -> bool:
+        now = self.clock()
+        if not self.enabled or now - self.last < self.every_s:
+            return False
+        self.last = now
+        return True
+
+
+REPORT_EVERY_S = 10.0  # the longest a trial's evaluations wait to be reported (MLflow's live view lags this much)
+
+
+class ReportClock:
+    """Whether an evaluation at `step` is reported to Tune now, or kept for the next report.
+
+    Tune's function trainables report synchronously: the training thread waits at every report until the driver
+    has processed it (scheduler, searcher, callbacks) and asks for the next, so each report is a pause of one
+    driver round trip. Evaluations are therefore reported in batches: at the first evaluation at or past each ASHA
+    rung (`rungs`; its decisions see what they saw when every evaluation was reported), when `every_s` passed
+    since the last report, and with the final result; the rows in between ride along (`BATCH_KEY`)."""
+
+    def __init__(self, rungs: list[int], every_s: float = REPORT_EVERY_S, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.rungs, self.every_s, self.clock = sorted(rungs), every_s, clock
+        self.last = clock()
+
+    def __call__(self, step: int) -> bool:
+        now, at_rung = self.clock(), bool(self.rungs) and step >= self.rungs[0]
+        self.rungs = [r for r in self.rungs if r > step]
+        if at_rung or now - self.last >= self.every_s:
+            self.last = now
+            return True
+        return False
+
+
+def asha_rungs(spec: StudySpec, phase: str) -> list[int]:
+    """The steps ASHA may judge a tune trial at: grace·η^k up to the budget (Ray's rungs are among them)."""
+    t = spec.tune
+    if phase != "tune" or not t.asha.enabled:
+        return []
+    rungs, rung, max_t = [], t.asha.grace_steps, spec.steps_for("tune")
+    while rung <= max_t:
+        rungs.append(rung)
+        rung *= t.asha.reduction_factor
+    return rungs
+
+
+BATCH_KEY = "earlier_rows"  # a report's evaluations before its own, as JSON (Tune's loggers skip a string)
+
+
 def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cpus: float) -> None:
-    """One Tune trial: train (from its last checkpoint when Tune restarts it), report each evaluation with a
-    checkpoint, then one final result with the status."""
+    """One Tune trial: train (from its last checkpoint when Tune restarts it), report each evaluation, then one final
+    result with the status. An evaluation carries a checkpoint when retries are allowed and `checkpoint_every_s` of
+    training passed since the last one: each checkpoint costs a save, a copy to storage and (with num_to_keep)
+    Tune's snapshot of the whole experiment, so a short trial makes none and a long one one per interval."""
+    entered = time.time()  # with `left`: the trainable's own span (the orchestration benchmark splits the overhead)
     spec = StudySpec.model_validate(spec_dict)
     trial = planned_trial(spec, phase, config, tune.get_context().get_trial_id())
     cfg = TrialConfig.from_dict(trial_config(spec, trial))
     torch.set_num_threads(max(1, int(cpus)))
     resume = _checkpointed_state()
     resumed = {"resumed_from": resume["step"]} if resume else {}
+    due = CheckpointClock(spec.resources.max_retries, spec.resources.checkpoint_every_s)
+    report_now = ReportClock(asha_rungs(spec, phase))
+    kept: list[dict[str, Any]] = []  # evaluations since the last report
 
     def checkpoint(row: dict[str, Any], state: dict[str, Any]) -> None:
         if row["step"] >= cfg.steps:  # the last step comes with the final result
             return
+        save = due()
+        if not (report_now(row["step"]) or save):
+            kept.append(dict(row))
+            return
+        result = {**row, **resumed, OBJECTIVE: row["eval_loss"], BATCH_KEY: json.dumps(kept)}
+        kept.clear()
+        if not save:
+            tune.report(result)
+            return
         with tempfile.TemporaryDirectory(prefix="ptctl-ckpt-") as folder:  # tune.report copies it to storage
             torch.save(state, Path(folder) / STATE_FILE)
-            tune.report({**row, **resumed, OBJECTIVE: row["eval_loss"]},
-                        checkpoint=tune.Checkpoint.from_directory(folder))
+            tune.report(result, checkpoint=tune.Checkpoint.from_directory(folder))
 
     result = train_trial(cfg, checkpoint=checkpoint, resume=resume)
     last = result.history[-1] if result.history else {"step": result.steps}
     final = {k: getattr(result, k) for k in FINAL_KEYS}
     objective = result.eval_loss if result.status == "completed" else cfg.max_loss
-    tune.report({**last, **final, **resumed, "step": result.steps, OBJECTIVE: objective})
+    earlier = [r for r in kept if r["step"] < last["step"]]
+    tune.report({**last, **final, **resumed, "step": result.steps, OBJECTIVE: objective, BATCH_KEY: json.dumps(earlier),
+                 "trainable_entered": entered, "trainable_left": time.time()})
 
 
 def _checkpointed_state() -> dict[str, Any] | None:
@@ -135,8 +212,21 @@ def _trial_error(trial) -> str:
     return failure_cause(Path(path).read_text(errors="replace") if path and Path(path).exists() else None)
 
 
+class _TrialRef:
+    """What the deferred writes need of a Tune trial, read when Tune hands it over (the trial object changes)."""
+
+    def __init__(self, trial) -> None:
+        self.trial_id, self.config = trial.trial_id, dict(trial.config)
+
+
 class MlflowTrials(tune.Callback):
-    """Nested MLflow runs for the trials of one phase, written from the driver (one SQLite writer)."""
+    """Nested MLflow runs for the trials of one phase, written from the driver (one SQLite writer).
+
+    The writes run in order on one background thread, so Tune's loop does not wait on MLflow between trials (a
+    trial's run, params, metrics and end were ≈ 10 % of a short tune phase's wall time when written inline);
+    `flush` (at the experiment's end, and by `run_phase` whatever happens) waits for them and raises the first
+    error. What a handler reads from a trial is read when Tune calls it; only the MLflow calls are deferred.
+    """
 
     def __init__(self, spec: StudySpec, study_id: str, phase: str, phase_run: str, tracking_uri: str,
                  tags: dict[str, Any] | None = None, instance: str | None = None) -> None:
@@ -149,13 +239,34 @@ class MlflowTrials(tune.Callback):
         self._tagged: dict[str, int] = {}  # trial id → the checkpoint step it was last resumed from (tagged)
         self._stepped = False  # on_step_begin has run: a restored experiment's finished trials are counted
         self.notify: Callable[[dict[str, Any]], None] | None = None  # told of each finished trial
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []
 
     def __getstate__(self) -> dict:  # Tune pickles callbacks with the experiment; clients stay behind
         return {**self.__dict__, "_tracker": None, "_runs": {}, "_logged": {}, "_tagged": {}, "_stepped": False,
-                "notify": None}
+                "notify": None, "_writer": None, "_pending": []}
+
+    def _later(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run `fn(*args)` on the writer thread, after every write submitted before it."""
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-trials")
+        self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
+        self._pending.append(self._writer.submit(fn, *args))
+
+    def flush(self) -> None:
+        """Wait for every deferred write; raise the first that failed."""
+        pending, self._pending = self._pending, []
+        errors = [f.exception() for f in pending if f.exception() is not None]  # exception() waits
+        if errors:
+            raise errors[0]
+
+    def on_experiment_end(self, trials, **info) -> None:
+        self.flush()
 
     @property
     def tracker(self) -> Tracker:
+        from workers.tracking import Tracker  # the driver's: trial actors import this module without MLflow
+
         if self._tracker is None:
             self._tracker = Tracker(StudySpec.model_validate(self.spec_dict).experiment_name(), self.uri)
         return self._tracker
@@ -186,25 +297,33 @@ class MlflowTrials(tune.Callback):
                              "eval_loss": last.get("eval_loss"), "restored": True})
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
-        self._run(trial)
+        self._later(self._run, _TrialRef(trial))
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        self._later(self._result, _TrialRef(trial), dict(result))
+
+    def _result(self, trial: _TrialRef, result: dict[str, Any]) -> None:
         run = self._run(trial)
         if result.get("resumed_from") and self._tagged.get(trial.trial_id) != result["resumed_from"]:
             self.tracker.set_tags(run, {"resumed_from_step": result["resumed_from"]})
             self._tagged[trial.trial_id] = result["resumed_from"]
-        if result["step"] <= self._logged.get(trial.trial_id, 0):  # a restart's repeat of a step the run has
+        rows = []  # a restart's repeats of steps the run has are dropped
+        for each in [*json.loads(result.get(BATCH_KEY) or "[]"), result]:
+            if each["step"] > max(self._logged.get(trial.trial_id, 0), rows[-1]["step"] if rows else 0):
+                rows.append({k: v for k, v in each.items() if k == "step" or k.startswith(METRIC_PREFIXES)})
+        if not rows:
             return
-        row = {k: v for k, v in result.items() if k == "step" or k.startswith(METRIC_PREFIXES)}
-        self.tracker.log_metrics(run, [row])
-        self._logged[trial.trial_id] = row["step"]
-        collapsed = sorted(k.rsplit(".", 1)[1] for k, v in row.items() if k.startswith("tau.collapse.") and v)
-        if collapsed:  # TauGPT's collapse warning (analysis.taumode), also visible in the runs table
-            self.tracker.set_tags(self._run(trial), {"taumode_collapse": f"step {row['step']}: {', '.join(collapsed)}"})
+        self.tracker.log_metrics(run, rows)
+        self._logged[trial.trial_id] = rows[-1]["step"]
+        for row in rows:
+            collapsed = sorted(k.rsplit(".", 1)[1] for k, v in row.items() if k.startswith("tau.collapse.") and v)
+            if collapsed:  # TauGPT's collapse warning (analysis.taumode), also visible in the runs table
+                self.tracker.set_tags(run, {"taumode_collapse": f"step {row['step']}: {', '.join(collapsed)}"})
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         """The trial's worker failed and Tune restarts it (from its last checkpoint): the run stays `running`."""
-        self.tracker.set_tags(self._run(trial), {"retries": trial.num_failures, "last_failure": _trial_error(trial)})
+        tags = {"retries": trial.num_failures, "last_failure": _trial_error(trial)}
+        self._later(lambda ref: self.tracker.set_tags(self._run(ref), tags), _TrialRef(trial))
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         last = trial.last_result or {}
@@ -218,8 +337,11 @@ class MlflowTrials(tune.Callback):
 
     def _end(self, trial, status: str, run_status: str, eval_loss: float | None,
              tags: dict[str, Any] | None = None) -> None:
-        self.tracker.set_tags(self._run(trial), {"status": status, **(tags or {})})
-        self.tracker.finish(self._run(trial), run_status)
+        def write(ref: _TrialRef) -> None:
+            self.tracker.set_tags(self._run(ref), {"status": status, **(tags or {})})
+            self.tracker.finish(self._run(ref), run_status)
+
+        self._later(write, _TrialRef(trial))
         if self.notify is not None:
             self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": status, "eval_loss": eval_loss})
 
@@ -249,7 +371,13 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
             tuner = tune.Tuner(trainable, param_space=_param_space(planned), tune_config=_tune_config(spec, phase),
                                run_config=tune.RunConfig(name=experiment, storage_path=str(storage), verbose=0,
                                                          log_to_file=True, **faults))
-        grid = tuner.fit()
+        try:
+            grid = tuner.fit()
+        except BaseException:
+            with contextlib.suppress(Exception):  # what the runs could still record; the fit's error is the cause
+                callback.flush()
+            raise
+        callback.flush()  # the trials' runs are complete before the caller reads or prunes them
     except (ray.exceptions.RaySystemError, ray.exceptions.ActorDiedError, ray.exceptions.NodeDiedError,
             ray.exceptions.RpcError) as exc:
         raise InfrastructureLost(f"Ray failed during the {phase} phase ({type(exc).__name__}: {exc}); "
@@ -277,6 +405,9 @@ def _param_space(planned: list[dict] | None) -> dict[str, Any]:
 def _tune_config(spec: StudySpec, phase: str) -> tune.TuneConfig:
     if phase != "tune":  # trial actors are reused: no process start, torch import or data load per trial
         return tune.TuneConfig(metric=OBJECTIVE, mode="min", reuse_actors=True)
+    import optuna  # the driver's searcher: trial actors import this module without Optuna
+    from ray.tune.search.optuna import OptunaSearch
+
     t = spec.tune
     space = {name: optuna.distributions.FloatDistribution(r.low, r.high, log=r.log)
              for name, r in spec.space.searched().items()}

@@ -78,3 +78,23 @@ def test_report_shows_a_failed_certificate():
     cert = certify(verify_table([2.0], [1.5] * 3 + [2.1] * 59))
     md = render_report(study=STUDY, tables={}, certificate=cert, lr_drift=None, plots={})
     assert "**not certified**" in md and "NOT certified" in md
+
+
+def test_cost_section_states_the_proxy_share_of_one_target_run():
+    from analysis.report import cost_line
+
+    cost = {"rows": [{"phase": "tune", "trials": 6, "steps": 100, "flops": 7.0e9, "trial_wall_s": 3.0,
+                      "phase_wall_s": 9.0},
+                     {"phase": "transfer", "trials": 2, "steps": 60, "flops": 2.0e11, "trial_wall_s": 8.0,
+                      "phase_wall_s": None},
+                     {"phase": "verify", "trials": 8, "steps": 240, "flops": 3.0e10, "trial_wall_s": 12.0,
+                      "phase_wall_s": 20.0}],
+            "targets": {"32": {"flops": 1.0e10, "wall_s": 4.0}, "64": {"flops": 1.0e11, "wall_s": 4.0}}}
+    assert cost_line(cost) == ("proxy cost = 7.0 % FLOPs / 75.0 % wall time of one target run at width 64; "
+                               "tune + verify = 37.0 % FLOPs / 375.0 % wall time")
+    text = render_report(study={"name": "s"}, tables={}, certificate=None, lr_drift=None, plots={}, cost=cost)
+    section = text.split("## cost", 1)[1]
+    assert "**proxy cost = 7.0 %" in section and "| tune | 6 | 100 | 7e+09 | 7 | 3 | 75 | 9 |" in section
+    no_target = render_report(study={"name": "s"}, tables={}, certificate=None, lr_drift=None, plots={},
+                              cost={"rows": cost["rows"][:1], "targets": {}})
+    assert "no transfer width" in no_target

@@ -117,6 +117,7 @@ def test_content_hash_is_sha256_of_the_sorted_compact_json():
     spec = StudySpec.model_validate(MINIMAL)
     data = spec.as_dict()
     data["resources"].pop("max_retries")  # how faults are handled, not what is computed
+    data["resources"].pop("checkpoint_every_s")
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     assert spec.content_hash() == hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -126,6 +127,9 @@ def test_max_retries_has_a_bounded_default_and_keeps_the_study_id():
     assert spec.resources.max_retries == 2
     retried = StudySpec.model_validate(spec_dict(**{"resources.max_retries": 5}))
     assert retried.resources.max_retries == 5 and retried.content_hash() == spec.content_hash()
+    assert spec.resources.checkpoint_every_s == 30
+    rarer = StudySpec.model_validate(spec_dict(**{"resources.checkpoint_every_s": 0}))
+    assert rarer.content_hash() == spec.content_hash()
     with pytest.raises(ValidationError, match="max_retries"):
         StudySpec.model_validate(spec_dict(**{"resources.max_retries": 11}))
 

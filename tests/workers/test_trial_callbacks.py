@@ -1,12 +1,23 @@
 """MlflowTrials and run_phase's restore wiring, without running Ray: a restored phase counts the trials that
 had finished before it (the CLI's progress bar), and runs with this run's callback and retry settings."""
 
+import json
+import time
 from types import SimpleNamespace
 
+import pytest
 from ray import tune
 
 from studies import load_catalog
-from workers.ray_runner import MlflowTrials, _renew, failure_cause
+from workers.ray_runner import (
+    BATCH_KEY,
+    CheckpointClock,
+    MlflowTrials,
+    ReportClock,
+    _renew,
+    asha_rungs,
+    failure_cause,
+)
 
 
 def _callback():
@@ -57,3 +68,108 @@ def test_failure_cause_is_one_line():
     assert failure_cause("The actor died unexpectedly before finishing this task.\nmore") == \
         "The actor died unexpectedly before finishing this task."
     assert failure_cause(None) == "unknown error"
+
+
+class _SlowTracker:
+    """Our Tracker's interface, each write taking `delay` seconds (an MLflow store under load)."""
+
+    def __init__(self, delay: float, fail_on: str | None = None) -> None:
+        self.delay, self.fail_on, self.calls = delay, fail_on, []
+
+    def _write(self, name, *args):
+        time.sleep(self.delay)
+        if name == self.fail_on:
+            raise ConnectionError(f"{name}: the store is down")
+        self.calls.append((name, *args))
+
+    def trial_run(self, study_id, phase, key, phase_run, tags, instance=None):
+        self._write("trial_run", key)
+        return f"run-{key}"
+
+    def log_params(self, run, params):
+        self._write("log_params", run)
+
+    def last_step(self, run, key):
+        return 0
+
+    def log_metrics(self, run, rows):
+        self._write("log_metrics", run, rows[0]["step"])
+
+    def set_tags(self, run, tags):
+        self._write("set_tags", run, tags.get("status"))
+
+    def finish(self, run, status="FINISHED"):
+        self._write("finish", run, status)
+
+
+def test_trial_runs_are_written_off_tunes_loop_in_order():
+    callback, events = _callback()
+    callback._tracker = _SlowTracker(0.2)
+    trial = SimpleNamespace(trial_id="t1", config={}, last_result={"status": "completed", "eval_loss": 4.0},
+                            num_failures=0, error_file=None)
+    start = time.perf_counter()
+    callback.on_trial_start(0, [], trial)
+    callback.on_trial_result(0, [], trial, {"step": 10, "train_loss": 5.0, "eval_loss": 4.5})
+    callback.on_trial_complete(0, [], trial)
+    assert time.perf_counter() - start < 0.2  # Tune's loop did not wait for the six writes (1.2 s)
+    assert [e["status"] for e in events] == ["completed"]  # the progress bar is told at once
+    callback.flush()
+    assert [c[0] for c in callback._tracker.calls] == ["trial_run", "log_params", "log_metrics", "set_tags", "finish"]
+    assert callback._tracker.calls[-1] == ("finish", "run-tune-t1", "FINISHED")
+
+
+def test_a_failed_deferred_write_is_raised_by_flush():
+    callback, _ = _callback()
+    callback._tracker = _SlowTracker(0.0, fail_on="log_metrics")
+    trial = SimpleNamespace(trial_id="t1", config={}, last_result={}, num_failures=0, error_file=None)
+    callback.on_trial_start(0, [], trial)
+    callback.on_trial_result(0, [], trial, {"step": 10, "train_loss": 5.0})
+    with pytest.raises(ConnectionError, match="log_metrics"):
+        callback.flush()
+    callback.flush()  # reported once
+
+
+def test_checkpoint_clock():
+    now = [0.0]
+    every_30 = CheckpointClock(max_retries=2, every_s=30, clock=lambda: now[0])
+    due = []
+    for t in (0.5, 10, 29.9, 30, 31, 60.5):
+        now[0] = t
+        due.append(every_30())
+    assert due == [False, False, False, True, False, True]  # a 6-s trial: no checkpoint at all
+    always = CheckpointClock(max_retries=2, every_s=0, clock=lambda: now[0])
+    assert always() and always()
+    assert not CheckpointClock(max_retries=0, every_s=0, clock=lambda: now[0])()  # no retries: no use for one
+
+
+def test_report_clock_batches_evaluations_between_rungs():
+    now = [0.0]
+    clock = ReportClock(rungs=[10, 30, 90], every_s=10, clock=lambda: now[0])
+    reported = []
+    for step in range(5, 101, 5):  # an evaluation every 5 steps, 0.1 s apart: only ASHA's rungs are reported
+        now[0] += 0.1
+        reported += [step] if clock(step) else []
+    assert reported == [10, 30, 90]
+    slow = ReportClock(rungs=[], every_s=10, clock=lambda: now[0])
+    now[0] += 10.0
+    assert slow(5) and not slow(10)  # live progress at least every 10 s
+
+
+def test_asha_rungs_cover_rays():
+    spec = load_catalog("tiny")  # grace 10, η 3, 30 steps: Ray judges at 10 and 30
+    assert asha_rungs(spec, "tune") == [10, 30]
+    assert asha_rungs(spec, "verify") == []
+
+
+def test_batched_rows_are_logged_once_each():
+    callback, _ = _callback()
+    callback._tracker = tracker = _SlowTracker(0.0)
+    logged = []
+    tracker.log_metrics = lambda run, rows: logged.extend(r["step"] for r in rows)
+    trial = SimpleNamespace(trial_id="t1", config={}, last_result={}, num_failures=0, error_file=None)
+    callback.on_trial_result(0, [], trial, {"step": 30, "eval_loss": 4.0, BATCH_KEY: json.dumps(
+        [{"step": 10, "eval_loss": 5.0}, {"step": 20, "eval_loss": 4.5}])})
+    callback.on_trial_result(0, [], trial, {"step": 40, "eval_loss": 3.9,
+                                            BATCH_KEY: json.dumps([{"step": 20, "eval_loss": 4.5}])})
+    callback.flush()
+    assert logged == [10, 20, 30, 40]

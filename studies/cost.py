@@ -1,0 +1,156 @@
+"""What a study costs against the model it is for: FLOPs (and wall time) of tune, verify and validate as a
+share of one training run at each target width (no torch, Ray or MLflow).
+
+μTransfer is worth doing when the proxy is cheap: the μP paper tuned GPT-3 6.7B's hparams on a proxy for
+≈ 7 % of one pretraining run. `plan_cost` computes that figure from the spec alone, before anything
+trains (`ptctl study plan SPEC`, `ptctl transfer --dry-run`); `measured_cost` recomputes it from the trial
+tables of a finished study (the steps each trial really ran, and their wall time).
+
+FLOPs are training FLOPs as `studies.budget.train_flops` counts them: matmuls from the shapes, 3 × forward,
+over steps × batch sequences; evaluations (forward only, the same for proxy and target) are left out. A
+trial at width w running s steps costs s · batch · c(w), with c(w) the training FLOPs of one sequence. The
+planned tune phase is the ASHA expectation: every trial reaches the first rung (grace g), 1/η of them each
+next rung g·η^k, 1/η^K the full budget (synchronous successive halving; asynchronous promotion runs a few
+more); `max_flops` is every trial at its full budget. The vocabulary is `data.vocab_size` (a tokenizer's
+cap: a corpus with fewer distinct tokens makes the decoder term an upper bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from studies.budget import train_flops
+from studies.spec import StudySpec
+
+CHECK_PHASES = ("tune", "verify", "validate")  # the cost of tuning and checking, against the target runs
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    phase: str
+    trials: int
+    steps: float  # optimizer steps over all trials (tune with ASHA: the expectation)
+    flops: float  # training FLOPs over all trials (tune with ASHA: the expectation)
+    max_flops: float  # every trial at its full budget
+    widths: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CostPlan:
+    phases: list[PhaseCost]
+    targets: dict[int, float] = field(default_factory=dict)  # target width → FLOPs of one training run there
+
+    def flops(self, phases: tuple[str, ...] = CHECK_PHASES) -> float:
+        return sum(p.flops for p in self.phases if p.phase in phases)
+
+    def share(self, width: int, phases: tuple[str, ...] = CHECK_PHASES) -> float:
+        """FLOPs of `phases` as a fraction of one training run at target `width`."""
+        return self.flops(phases) / self.targets[width]
+
+
+def sequence_flops(spec: StudySpec, width: int) -> float:
+    """Training FLOPs of one sequence at `width` (3 × forward, `data.mask_rate` of it decoded)."""
+    return train_flops(spec.model.family, spec.model.arch, width, spec.data.vocab_size, spec.data.seq_len,
+                       spec.data.mask_rate, 1, spec.tune.base_width)
+
+
+def asha_steps(max_t: int, grace: int, eta: int) -> float:
+    """Expected steps of one trial under synchronous successive halving with rungs g·η^k < max_t."""
+    rungs = []
+    rung = grace
+    while rung < max_t:
+        rungs.append(rung)
+        rung *= eta
+    steps, start = 0.0, 0
+    for k, end in enumerate([*rungs, max_t]):
+        steps += (end - start) / eta ** k
+        start = end
+    return steps
+
+
+def _phase(spec: StudySpec, phase: str, runs: list[tuple[int, float]], full_steps: int) -> PhaseCost:
+    """`runs`: (width, steps) per trial."""
+    batch = spec.train.batch_size
+    per_seq = {w: sequence_flops(spec, w) for w in {w for w, _ in runs}}
+    return PhaseCost(phase, len(runs), sum(s for _, s in runs), sum(s * batch * per_seq[w] for w, s in runs),
+                     sum(full_steps * batch * per_seq[w] for w, _ in runs), tuple(sorted(per_seq)))
+
+
+def planned_runs(spec: StudySpec) -> dict[str, list[tuple[int, float]]]:
+    """Per phase, (width, steps) of each planned trial; tune's steps are ASHA's expectation."""
+    t, runs = spec.tune, {}
+    steps = spec.steps_for("tune")
+    if t.asha.enabled:
+        steps = asha_steps(steps, t.asha.grace_steps, t.asha.reduction_factor)
+    runs["tune"] = [(t.base_width, steps)] * t.num_trials
+    if spec.transfer is not None:
+        runs["transfer"] = [(w, spec.steps_for("transfer")) for w in spec.transfer.widths
+                            for _ in range(spec.transfer.seeds)]
+    if spec.verify is not None:
+        v = spec.verify
+        runs["verify"] = [(spec.verify_width(), spec.steps_for("verify"))] * (v.centre_seeds + v.resolved_n_samples())
+    if spec.validate_ is not None:
+        v = spec.validate_
+        runs["validate"] = [(w, spec.steps_for("validate")) for _ in v.parametrizations for w in v.widths
+                            for _ in v.lrs for _ in range(v.seeds)]
+    return runs
+
+
+def plan_cost(spec: StudySpec) -> CostPlan:
+    """The planned FLOPs of every phase and of one training run at each transfer width."""
+    if spec.compare is not None:
+        raise ValueError("a compare study's budgets are its own cost account (report: compare, train_flops); "
+                         "plan a study with transfer widths instead")
+    phases = [_phase(spec, name, runs, spec.steps_for(name)) for name, runs in planned_runs(spec).items()]
+    widths = spec.transfer.widths if spec.transfer is not None else []
+    targets = {w: spec.train.steps * spec.train.batch_size * sequence_flops(spec, w) for w in widths}
+    return CostPlan(phases, targets)
+
+
+def measured_cost(spec: StudySpec, tables: dict[str, Any], phase_wall_s: dict[str, float] | None = None
+                  ) -> dict[str, Any]:
+    """The cost of a finished study from its trial tables (`phase` → DataFrame with width, steps, wall_time_s).
+
+    Returns `{"rows": [...], "targets": {width: {"flops", "wall_s"}}, "metrics": {...}}`: one row per phase with
+    its trials, steps run, FLOPs, Σ trial wall time and, where known, the phase's elapsed wall time; a target's
+    wall time is the median wall time of the transfer trials at that width. `metrics` are flat numbers for
+    MLflow (`cost.<phase>.flops`, `cost.proxy_pct.w<W>` = tune FLOPs as % of one run at W, `cost.checks_pct.w<W>`
+    = tune + verify + validate, and the same for wall time as `*_wall_pct`).
+    """
+    if spec.compare is not None:
+        return {"rows": [], "targets": {}, "metrics": {}}
+    walls, batch = phase_wall_s or {}, spec.train.batch_size
+    try:
+        widths = {int(w) for t in tables.values() if t is not None for w in t["width"]}
+        per_seq = {w: sequence_flops(spec, w) for w in widths | set(spec.transfer.widths if spec.transfer else [])}
+    except ValueError:  # a family without a FLOP formula (TauGPT): wall time only
+        per_seq = None
+    rows = []
+    for phase, table in tables.items():
+        if phase not in (*CHECK_PHASES, "transfer") or table is None or table.empty:
+            continue
+        steps = table["steps"].fillna(0)
+        flops = None if per_seq is None else float(sum(
+            float(s) * batch * per_seq[int(w)] for w, s in zip(table["width"], steps, strict=True)))
+        rows.append({"phase": phase, "trials": len(table), "steps": int(steps.sum()), "flops": flops,
+                     "trial_wall_s": float(table["wall_time_s"].fillna(0).sum()), "phase_wall_s": walls.get(phase)})
+    targets: dict[int, dict[str, float | None]] = {}
+    transfer = tables.get("transfer")
+    for w in (spec.transfer.widths if spec.transfer is not None else []):
+        at = transfer[transfer["width"] == w]["wall_time_s"].dropna() if transfer is not None else []
+        targets[w] = {"flops": None if per_seq is None else spec.train.steps * batch * per_seq[w],
+                      "wall_s": float(at.median()) if len(at) else None}
+    metrics: dict[str, float] = {}
+    for row in rows:
+        if row["flops"] is not None:
+            metrics[f"cost.{row['phase']}.flops"] = row["flops"]
+        metrics[f"cost.{row['phase']}.trial_wall_s"] = row["trial_wall_s"]
+    for w, target in targets.items():
+        for name, phases in (("proxy", ("tune",)), ("checks", CHECK_PHASES)):
+            chosen = [r for r in rows if r["phase"] in phases]
+            if target["flops"]:
+                metrics[f"cost.{name}_pct.w{w}"] = 100 * sum(r["flops"] for r in chosen) / target["flops"]
+            if target["wall_s"]:
+                metrics[f"cost.{name}_wall_pct.w{w}"] = 100 * sum(r["trial_wall_s"] for r in chosen) / target["wall_s"]
+    return {"rows": rows, "targets": targets, "metrics": metrics}

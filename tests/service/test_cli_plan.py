@@ -1,0 +1,63 @@
+"""`ptctl study plan`, `ptctl transfer --dry-run`: the proxy cost share from the spec alone, no torch, Ray, MLflow."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from studies import load_catalog
+from studies.cost import plan_cost
+
+ROOT = Path(__file__).parents[2]
+GPU_SPEC = ROOT / "studies" / "catalog" / "paper_pt_minipile.yaml"
+PROBE = """
+import json, sys
+from service.cli import main
+rc = main(sys.argv[1:])
+print("MODULES " + json.dumps(sorted({m.split(".")[0] for m in sys.modules} & {"torch", "ray", "mlflow"})))
+sys.exit(rc)
+"""
+
+
+def _ptctl(*args: str) -> tuple[int, str, list[str]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env, timeout=120)
+    out, _, modules = done.stdout.rpartition("MODULES ")
+    return done.returncode, out + done.stderr, json.loads(modules or "[]")
+
+
+def test_transfer_dry_run_prints_the_gpu_specs_cost_share_without_training():
+    rc, out, heavy = _ptctl("transfer", "--spec", str(GPU_SPEC), "--from-width", "128", "--to", "1024", "--dry-run")
+    assert rc == 0, out
+    assert heavy == []  # no torch, Ray or MLflow: nothing can train
+    data = load_catalog("paper_pt_minipile").as_dict()
+    data["tune"]["base_width"], data["transfer"]["widths"], data["verify"] = 128, [1024], None
+    from studies.spec import StudySpec
+
+    plan = plan_cost(StudySpec.model_validate(data))
+    share = 100 * plan.share(1024, ("tune",))
+    line = re.search(r"proxy cost = ([\d.]+) % of one target run at width 1024", out)
+    assert line and float(line.group(1)) == pytest.approx(share, abs=0.05), out
+    rows = {m.group(1): int(m.group(2)) for m in re.finditer(r"│ (\w+)\*? +│ +(\d+) │", out)}
+    assert rows == {"tune": 64, "transfer": 1, "validate": 48}  # no --verify: no verify phase
+    # 64 trials at width 128 under ASHA (rungs 6k, 18k, 54k of 90k steps), against 90k steps at width 1024
+    assert 0 < share < 100
+
+
+def test_study_plan_lists_every_phase_and_target():
+    rc, out, heavy = _ptctl("study", "plan", str(GPU_SPEC))
+    assert rc == 0 and heavy == [], out
+    for w in (512, 1024, 2048, 3072):
+        assert f"of one target run at width {w}" in out
+    assert "verify" in out and "65" in out  # 3 centre seeds + 62 samples
+
+
+def test_study_plan_bad_file_is_one_line():
+    rc, out, _ = _ptctl("study", "plan", "nope.yaml")
+    assert rc == 2 and "no spec file nope.yaml" in out
