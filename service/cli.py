@@ -168,33 +168,16 @@ def _run_with_progress(spec, study_id: str | None = None):
 
 
 def _print_summary(spec, state) -> None:
-    import pandas as pd
-
+    """The study's story in the terminal (`service.summary`), whichever phases it ran."""
+    from service.summary import StudyView, print_summary
     from workers.driver import studies_dir
     from workers.tracking import Tracker
 
-    art = studies_dir() / state.study_id / "artifacts"
-    tune = state.phases["tune"]
-    hp = tune["best_hparams"]
-    console.print(f"study [bold]{state.study_id}[/]: {state.status}; tuned at width {spec.tune.base_width} "
-                  f"(best eval loss {tune['best_eval_loss']:.4f}"
-                  + (f", reused from {tune['reused_from']}" if tune.get("reused_from") else "") + ")")
-    console.print("hparams: " + ", ".join(f"{k}={v:.4g}" for k, v in hp.items()))
     tracker = Tracker(spec.experiment_name(), spec.resources.tracking.tracking_uri)
     runs = {r.data.tags.get("trial_key"): r.info.run_id for r in tracker.runs(state.study_id, "trial", state.instance)}
-    table = Table(title="zero-shot transfer")
-    for col in ("width", "seed", "params", "eval loss", "status"):
-        table.add_column(col, justify="left" if col == "status" else "right")
-    table.add_column("MLflow run", overflow="fold", min_width=32)
-    for row in pd.read_csv(art / "transfer_trials.csv").sort_values(["width", "seed"]).itertuples():
-        table.add_row(str(row.width), str(row.seed), f"{int(row.params):,}" if row.params == row.params else "—",
-                      f"{row.eval_loss:.4f}", row.status, runs.get(row.trial_id, "—"))
-    console.print(table)
-    cert = state.phases.get("verify", {}).get("certificate")
-    if cert:
-        console.print(f"[{'green' if cert['certified'] else 'yellow'}]verify:[/] {cert['verdict']}")
-    console.print(f"report: {art / 'report.md'}\nMLflow: {tracker.uri} (experiment {spec.experiment_name()!r}; "
-                  f"`mlflow ui --backend-store-uri {tracker.uri}`)")
+    view = StudyView(spec=spec, state=dict(state.__dict__), art=studies_dir() / state.study_id / "artifacts",
+                     runs=runs, runs_link=tracker.runs_link())
+    print_summary(console, view)
 
 
 def cmd_laplacian(args: argparse.Namespace) -> int:

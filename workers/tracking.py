@@ -277,6 +277,14 @@ class Tracker:
         """`status`: FINISHED, FAILED or KILLED."""
         self.client.set_terminated(run_id, status)
 
+    def runs_link(self) -> str:
+        """The experiment's runs table in the MLflow UI (its ML view): on a server, its URL; on a local store,
+        the URL `mlflow ui` serves it at, with the command that starts it."""
+        path = f"#/experiments/{self.experiment_id}/runs"
+        if _is_server(self.uri):
+            return f"{self.uri.rstrip('/')}/{path}"
+        return f"http://127.0.0.1:5000/{path} (after `mlflow ui --backend-store-uri {self.uri}`)"
+
     def link(self, run_id: str) -> str:
         """Where the run lives (the MLflow UI shows it under this experiment and run id)."""
         return f"{self.uri}#/experiments/{self.experiment_id}/runs/{run_id}"
