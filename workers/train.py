@@ -60,6 +60,7 @@ class TrialConfig:
     eval_batches: int = 8  # cap on fixed held-out batches per evaluation
     log_every: int = 10
     max_loss: float = 1e3  # a finite loss above this (ln|V| is ~10) also counts as diverged
+    uniform_margin: float | None = 1.0  # an eval loss above ln|V| + this (worse than uniform) is diverged; None: off
     seed: int = 0
     device: str = "auto"  # "auto" | "cpu" | "cuda"
 
@@ -246,6 +247,10 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
             if not math.isfinite(eval_loss) or eval_loss > cfg.max_loss:
                 return _result("diverged", math.nan, best, loss_value, step, tokens, start, params, history,
                                f"eval loss became {eval_loss} at step {step}")
+            if cfg.uniform_margin is not None and eval_loss > math.log(data.vocab_size) + cfg.uniform_margin:
+                return _result("diverged", math.nan, best, loss_value, step, tokens, start, params, history,
+                               f"eval loss {eval_loss:.4g} at step {step} is worse than uniform prediction "
+                               f"(ln|V| = {math.log(data.vocab_size):.4g}, + uniform_margin {cfg.uniform_margin:g})")
             stale = 0 if eval_loss < best else stale + 1
             best = min(best, eval_loss)
             if cfg.plateau_patience and stale >= cfg.plateau_patience:
