@@ -42,6 +42,7 @@ from analysis import (
     certify,
     compare_table,
     lr_drift,
+    neighbour_advice,
     plot_compare,
     plot_mutransfer,
     plot_transfer,
@@ -225,7 +226,7 @@ class StudyDriver:
     def phase_transfer(self) -> dict[str, Any]:
         table, source = self._trials_or_reuse("transfer", transfer_trials(self.spec, self.centre()))
         summary = transfer_table(table)
-        plot_transfer(table, self.art / "transfer.png")
+        plot_transfer(pd.concat([self.table("tune"), table], ignore_index=True), self.art / "transfer.png")
         summary.to_csv(self.art / "transfer_summary.csv", index=False)
         result = {"widths": summary.to_dict(orient="records"), "reused_from": source}
         self._finish_phase("transfer", result, [self.art / "transfer.png", self.art / "transfer_summary.csv"])
@@ -419,8 +420,14 @@ class StudyDriver:
                          budget=f"{spec.steps_for('compare')} steps × batch {spec.train.batch_size}",
                          widths={f: info["widths"] for f, info in
                                  self.state.phases.get("compare", {}).get("widths", {}).items()})
-        text = render_report(study=study, tables=tables, certificate=Certificate(**cert) if cert else None,
-                             lr_drift=LRDrift(**drift) if drift else None, plots=plots, hparams=spec.space.HPARAMS)
+        certificate = Certificate(**cert) if cert else None
+        advice = None
+        if certificate is not None and not certificate.certified and "verify" in tables:
+            advice = neighbour_advice(tables["verify"], self.centre(), list(spec.space.searched()),
+                                      certificate.tolerance)
+        text = render_report(study=study, tables=tables, certificate=certificate,
+                             lr_drift=LRDrift(**drift) if drift else None, plots=plots, hparams=spec.space.HPARAMS,
+                             advice=advice)
         path = self.art / "report.md"
         path.write_text(text)
         self.tracker.log_artifacts(self.state.runs["study"], [path, self.art / "trials.csv"])
