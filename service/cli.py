@@ -208,7 +208,8 @@ def cmd_transfer(args: argparse.Namespace) -> int:
     spec = _load_spec(args.spec)
     update: dict = {"tune": spec.tune.model_copy(update={"base_width": args.from_width,
                                                           **({"num_trials": args.trials} if args.trials else {})}),
-                    "transfer": spec.transfer.model_copy(update={"widths": sorted(args.to)})}
+                    "transfer": spec.transfer.model_copy(update={"widths": sorted(args.to)}),
+                    "validate": None}  # tune → transfer (→ verify) only; `ptctl study run` runs a spec's lr sweep
     if not args.verify:
         update["verify"] = None
     elif spec.verify is not None and spec.verify.width not in (None, *args.to):

@@ -56,9 +56,11 @@ from studies.plan import (
     compare_stages,
     compare_trials,
     compare_widths,
+    reused_centre_seeds,
     transfer_trials,
     validate_trials,
     verify_trials,
+    with_reused_centre,
 )
 from studies.spec import StudySpec
 from workers.data import DataConfig, data_dir
@@ -174,13 +176,14 @@ class StudyDriver:
             self._save()
         return self.state.runs[phase]
 
-    def _run_trials(self, phase: str, planned: list[dict] | None = None) -> pd.DataFrame:
+    def _run_trials(self, phase: str, planned: list[dict] | None = None, keep: frozenset[str] = frozenset()
+                    ) -> pd.DataFrame:
         callback = MlflowTrials(self.spec, self.study_id, phase, self._phase_run(phase), self.tracker.uri,
                                 instance=self.state.instance)
         callback.notify = lambda info: self.emit("trial_done", info)
         table = run_phase(self.spec, phase, self.dir / "ray", callback, planned,
                           experiment=experiment_name(self.study_id, phase))
-        self.tracker.prune_trials(self.study_id, phase, set(table.trial_id), instance=self.state.instance)
+        self.tracker.prune_trials(self.study_id, phase, set(table.trial_id) | keep, instance=self.state.instance)
         table.to_csv(self.art / f"{phase}_trials.csv", index=False)
         return table
 
@@ -234,13 +237,33 @@ class StudyDriver:
 
     def phase_verify(self) -> dict[str, Any]:
         v, centre = self.spec.verify, self.centre()
-        table = self._run_trials("verify", verify_trials(self.spec, centre))
+        reused = reused_centre_seeds(self.spec) if (self.art / "transfer_trials.csv").exists() else []
+        keys = frozenset(f"verify-centre-s{seed - v.seed}" for seed in reused)
+        table = self._run_trials("verify", verify_trials(self.spec, centre, reused), keys)
+        if reused:
+            table = with_reused_centre(self.spec, table, self.table("transfer"))
+            table.to_csv(self.art / "verify_trials.csv", index=False)
+            self._record_reused(table[table["trial_id"].isin(keys)])
         cert = certify(table, p=v.p, alpha=v.alpha, tolerance=v.tolerance)
         _write_json(self.art / "certificate.json", cert.model_dump())
         plot_verify(table, centre, list(self.spec.space.searched()), self.art / "verify.png")
         self._finish_phase("verify", {"certificate": cert.model_dump()},
                            [self.art / "certificate.json", self.art / "verify.png"])
         return cert.model_dump()
+
+    def _record_reused(self, rows: pd.DataFrame) -> None:
+        """A verify trial run for each centre run copied from transfer: tagged `reused_from`, its final eval loss
+        logged, so the verify phase's runs are all there in MLflow (and counted by the progress)."""
+        parent = self._phase_run("verify")
+        for row in rows.itertuples():
+            tags = {"width": row.width, "seed": row.seed, "status": row.status, "is_centre": True,
+                    "reused_from": str(row.message).removeprefix("reused from ")}
+            run = self.tracker.trial_run(self.study_id, "verify", row.trial_id, parent,
+                                         {k: str(v) for k, v in tags.items()}, instance=self.state.instance)
+            self.tracker.log_metrics(run, [{"step": int(row.steps), "eval_loss": row.eval_loss}])
+            self.tracker.finish(run)
+            self.emit("trial_done", {"phase": "verify", "trial_id": row.trial_id, "status": row.status,
+                                     "eval_loss": float(row.eval_loss), "reused": True})
 
     def phase_validate(self) -> dict[str, Any]:
         table = self._run_trials("validate", validate_trials(self.spec, self.centre()))
