@@ -69,6 +69,7 @@ from workers.paths import redact_uri
 from workers.ray_runner import MlflowTrials, experiment_name, run_phase
 from workers.tracking import Tracker, default_tracking_uri
 from workers.train import load_data
+from workers.verdicts import phase_verdict, provenance_tags, study_verdict
 
 log = logging.getLogger(__name__)
 Event = Callable[[str, dict[str, Any]], None]
@@ -192,9 +193,13 @@ class StudyDriver:
         self.tracker.log_artifacts(run, [self.art / f"{phase}_trials.csv", *files])
         numeric = {k: v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         self.tracker.log_metrics(run, [{"step": 0, **numeric}])
+        verdict = phase_verdict(self.spec, phase, result)
+        self.tracker.log_verdict(run, verdict.params, verdict.metrics, verdict.tags, verdict.sentence)
+        self.tracker.log_table(run, self.table(phase), f"{phase}_trials.json")
         self.tracker.finish(run)
         self.state.phases[phase] = {"status": "done", **result}
         self._save()
+        self._log_study_verdict()
         log.info("%s: %s phase done", self.study_id, phase)
         if phase in REUSABLE and not result.get("reused_from"):  # the index names the study that ran it
             _write_json(self._index_path(), {**self._index(), phase_key(self.spec, phase): self.study_id})
@@ -394,10 +399,25 @@ class StudyDriver:
             spec = self.spec
             self.state.runs["study"] = self.tracker.study_run(self.study_id, {
                 "spec_hash": self.state.spec_hash, "model": spec.model.family, "study_dir": str(self.dir),
-                "ray_experiment": str(self.dir / "ray"), "mlflow.note.content": spec.description},
-                self.state.instance)
+                "ray_experiment": str(self.dir / "ray"), "mlflow.note.content": spec.description,
+                **provenance_tags(spec.name)}, self.state.instance)
             self.tracker.log_artifacts(self.state.runs["study"], [self.art / "spec.yaml"])
+            self._log_dataset(self.state.runs["study"])
             self._save()
+
+    def _log_study_verdict(self) -> None:
+        """Every finished phase's verdict on the study run; its description: the spec's, then the sentences."""
+        verdict = study_verdict(self.spec, self.state.phases)
+        description = "\n\n".join(s for s in (self.spec.description, verdict.sentence) if s)
+        self.tracker.log_verdict(self.state.runs["study"], verdict.params, verdict.metrics, verdict.tags,
+                                 description)
+
+    def _log_dataset(self, run: str) -> None:
+        data = self.spec.data
+        digest = hashlib.sha256(json.dumps(data.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+        name = data.source if data.path is None else f"{data.source}:{Path(data.path).name}"
+        source = data.path or f"ptctl built-in corpus {data.source!r}"
+        self.tracker.log_dataset(run, name, digest, source, "local" if data.path else "code")
 
     def _fail(self, exc: Exception, phase: str | None) -> StudyError:
         """Record how the study ended (state.json, then its open MLflow runs); the error to raise."""
@@ -453,7 +473,9 @@ class StudyDriver:
                              advice=advice)
         path = self.art / "report.md"
         path.write_text(text)
-        self.tracker.log_artifacts(self.state.runs["study"], [path, self.art / "trials.csv"])
+        figures = [self.art / name for name in plots.values()]  # beside report.md, so its links resolve in MLflow
+        self.tracker.log_artifacts(self.state.runs["study"], [path, self.art / "trials.csv", *figures])
+        self.tracker.log_table(self.state.runs["study"], all_trials, "trials.json")
         return path
 
 

@@ -106,6 +106,7 @@ class TrialResult:
     params: int
     history: list[dict[str, Any]] = field(default_factory=list)
     message: str = ""
+    lr_multipliers: dict[str, float] = field(default_factory=dict)  # per parameter group: its lr / the base lr
 
 
 @functools.lru_cache(maxsize=4)
@@ -188,6 +189,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
     params = sum(p.numel() for p in model.parameters())
     opt = make_optimizer(model, cfg)
     base_lrs = [g["lr"] for g in opt.param_groups]
+    info = (params, {g["name"]: g["lr"] / cfg.lr for g in opt.param_groups})  # the result's model facts
     batches = data.train_batches(cfg.batch_size, seed=cfg.seed)
     calibrate = getattr(model, "calibrate", None)  # TauGPT: τ from the first batch (and periodically)
     monitor_ids = (data.eval_batches(cfg.batch_size)[0].input_ids.to(device)  # fixed: comparable over steps
@@ -233,7 +235,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
         loss_value = float(loss.detach())
         tokens += int(batch.attention_mask.sum())
         if not math.isfinite(loss_value) or loss_value > cfg.max_loss:
-            return _result("diverged", math.nan, best, loss_value, step, tokens, start, params, history,
+            return _result("diverged", math.nan, best, loss_value, step, tokens, start, info, history,
                            f"loss became {loss_value} at step {step}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -245,10 +247,10 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
         if evaluated:
             eval_loss = evaluate(model, data, cfg, device)
             if not math.isfinite(eval_loss) or eval_loss > cfg.max_loss:
-                return _result("diverged", math.nan, best, loss_value, step, tokens, start, params, history,
+                return _result("diverged", math.nan, best, loss_value, step, tokens, start, info, history,
                                f"eval loss became {eval_loss} at step {step}")
             if cfg.uniform_margin is not None and eval_loss > math.log(data.vocab_size) + cfg.uniform_margin:
-                return _result("diverged", math.nan, best, loss_value, step, tokens, start, params, history,
+                return _result("diverged", math.nan, best, loss_value, step, tokens, start, info, history,
                                f"eval loss {eval_loss:.4g} at step {step} is worse than uniform prediction "
                                f"(ln|V| = {math.log(data.vocab_size):.4g}, + uniform_margin {cfg.uniform_margin:g})")
             stale = 0 if eval_loss < best else stale + 1
@@ -275,7 +277,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
                                        best=best, eval_loss=eval_loss, train_loss=loss_value, tokens=tokens,
                                        stale=stale, plateau_scale=plateau_scale,
                                        wall_time_s=time.perf_counter() - start))
-    return _result("completed", eval_loss, best, loss_value, cfg.steps, tokens, start, params, history)
+    return _result("completed", eval_loss, best, loss_value, cfg.steps, tokens, start, info, history)
 
 
 def _state(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
@@ -311,11 +313,12 @@ def _monitor(model: torch.nn.Module, input_ids: torch.Tensor, step: int, monitor
             **{f"tau.collapse.{layer}": float(layer in flagged) for layer in layers}}
 
 
-def _result(status, eval_loss, best, train_loss, steps, tokens, start, params, history, message=""):
+def _result(status, eval_loss, best, train_loss, steps, tokens, start, model_info, history, message=""):
     wall = time.perf_counter() - start
+    params, multipliers = model_info
     return TrialResult(status=status, eval_loss=eval_loss, best_eval_loss=best, train_loss=train_loss,
                        steps=steps, tokens=tokens, wall_time_s=wall, tokens_per_s=tokens / max(wall, 1e-9),
-                       params=params, history=history, message=message)
+                       params=params, history=history, message=message, lr_multipliers=multipliers)
 
 
 def with_hparams(cfg: TrialConfig, hparams: dict[str, float]) -> TrialConfig:
