@@ -118,8 +118,8 @@ class TrainSpec(BaseModel):
     log_every: PosInt = Field(10, description="steps between logged training metrics")
     max_loss: float = Field(1e3, gt=0, description="a finite loss above this also counts as diverged")
     uniform_margin: float | None = Field(
-        1.0, description="an eval loss above ln|V| + this (nats; worse than predicting every token uniformly) "
-        "is recorded diverged; null: off")
+        1.0, description="an eval loss above ln|V| (uniform prediction) + this many nats is recorded diverged "
+        "(above the untrained loss + this, when the model starts above ln|V|); null: off")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto': cuda when available")
 
     @field_validator("betas", mode="before")

@@ -265,6 +265,8 @@ class StudyDriver:
                     "reused_from": str(row.message).removeprefix("reused from ")}
             run = self.tracker.trial_run(self.study_id, "verify", row.trial_id, parent,
                                          {k: str(v) for k, v in tags.items()}, instance=self.state.instance)
+            self.tracker.log_params(run, self.spec.trial_config(int(row.width), self.centre(), int(row.seed),
+                                                                self.spec.steps_for("verify")))
             self.tracker.log_metrics(run, [{"step": int(row.steps), "eval_loss": row.eval_loss}])
             self.tracker.finish(run)
             self.emit("trial_done", {"phase": "verify", "trial_id": row.trial_id, "status": row.status,

@@ -60,7 +60,7 @@ class TrialConfig:
     eval_batches: int = 8  # cap on fixed held-out batches per evaluation
     log_every: int = 10
     max_loss: float = 1e3  # a finite loss above this (ln|V| is ~10) also counts as diverged
-    uniform_margin: float | None = 1.0  # an eval loss above ln|V| + this (worse than uniform) is diverged; None: off
+    uniform_margin: float | None = 1.0  # eval loss > max(ln|V|, untrained loss) + this: diverged; None: off
     seed: int = 0
     device: str = "auto"  # "auto" | "cpu" | "cuda"
 
@@ -202,6 +202,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
     loss_value = math.nan
     tokens = 0
     plateau_scale, stale = 1.0, 0
+    start_loss = math.nan  # the untrained model's loss (the first batch's, before any update)
     start = time.perf_counter()
     first = 1
     if resume is not None:
@@ -215,6 +216,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
         best, eval_loss, loss_value = resume["best"], resume["eval_loss"], resume["train_loss"]
         tokens = resume["tokens"]
         plateau_scale, stale = resume["plateau_scale"], resume["stale"]
+        start_loss = resume.get("start_loss", math.nan)
         start -= resume["wall_time_s"]
         torch.set_rng_state(resume["rng"])
         if resume.get("cuda_rng") is not None and device.type == "cuda":
@@ -233,6 +235,8 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
         if hasattr(model, "aux_loss"):  # e.g. UT's ACT ponder cost (0 without ACT)
             loss = loss + model.aux_loss().to(loss.device)
         loss_value = float(loss.detach())
+        if step == 1:
+            start_loss = loss_value
         tokens += int(batch.attention_mask.sum())
         if not math.isfinite(loss_value) or loss_value > cfg.max_loss:
             return _result("diverged", math.nan, best, loss_value, step, tokens, start, info, history,
@@ -249,10 +253,10 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
             if not math.isfinite(eval_loss) or eval_loss > cfg.max_loss:
                 return _result("diverged", math.nan, best, loss_value, step, tokens, start, info, history,
                                f"eval loss became {eval_loss} at step {step}")
-            if cfg.uniform_margin is not None and eval_loss > math.log(data.vocab_size) + cfg.uniform_margin:
+            blown = _blown_up(eval_loss, data.vocab_size, start_loss, cfg.uniform_margin)
+            if blown:
                 return _result("diverged", math.nan, best, loss_value, step, tokens, start, info, history,
-                               f"eval loss {eval_loss:.4g} at step {step} is worse than uniform prediction "
-                               f"(ln|V| = {math.log(data.vocab_size):.4g}, + uniform_margin {cfg.uniform_margin:g})")
+                               f"eval loss {eval_loss:.4g} at step {step} is {blown}")
             stale = 0 if eval_loss < best else stale + 1
             best = min(best, eval_loss)
             if cfg.plateau_patience and stale >= cfg.plateau_patience:
@@ -275,9 +279,22 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
             if evaluated and checkpoint is not None:
                 checkpoint(row, _state(step, model, opt, device, history=list(history), monitored=list(monitored),
                                        best=best, eval_loss=eval_loss, train_loss=loss_value, tokens=tokens,
-                                       stale=stale, plateau_scale=plateau_scale,
+                                       stale=stale, plateau_scale=plateau_scale, start_loss=start_loss,
                                        wall_time_s=time.perf_counter() - start))
     return _result("completed", eval_loss, best, loss_value, cfg.steps, tokens, start, info, history)
+
+
+def _blown_up(eval_loss: float, vocab_size: int, start_loss: float, margin: float | None) -> str:
+    """Why `eval_loss` counts as diverged although finite ('' if it does not): worse than predicting every token
+    uniformly (ln|V|), or than the untrained model when that started higher, by more than `margin` nats."""
+    if margin is None:
+        return ""
+    uniform = math.log(vocab_size)
+    reference = max(uniform, start_loss) if math.isfinite(start_loss) else uniform
+    if eval_loss <= reference + margin:
+        return ""
+    return (f"worse than uniform prediction (ln|V| = {uniform:.4g}; untrained {start_loss:.4g}) by more than "
+            f"train.uniform_margin = {margin:g}")
 
 
 def _state(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
