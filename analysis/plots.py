@@ -151,7 +151,8 @@ def plot_mutransfer(table: pd.DataFrame, path: str | Path) -> Limits:
                 curve = curves[(curves["parametrization"] == param) & (curves["width"] == width)]
                 ok = np.isfinite(curve["eval_loss"])
                 x = np.log2(curve["lr"])
-                ax.plot(x[ok], curve["eval_loss"][ok], "o-", ms=3, color=colour, label=f"width {width}")
+                shown = ok & (curve["eval_loss"] <= (limits[1] if limits else np.inf))  # off-scale: a ^ marker
+                ax.plot(x[shown], curve["eval_loss"][shown], "o-", ms=3, color=colour, label=f"width {width}")
                 best = optima.get((param, width))
                 if best is not None:
                     star = best.log2_lr_interp if best.log2_lr_interp is not None else best.log2_lr
