@@ -156,7 +156,8 @@ def plot_mutransfer(table: pd.DataFrame, path: str | Path) -> Limits:
                 best = optima.get((param, width))
                 if best is not None:
                     star = best.log2_lr_interp if best.log2_lr_interp is not None else best.log2_lr
-                    ax.scatter([star], [best.eval_loss], marker="*", s=140, color=colour, edgecolors="black",
+                    on_curve = float(np.interp(star, x[ok], curve["eval_loss"][ok]))  # where the curve passes
+                    ax.scatter([star], [on_curve], marker="*", s=140, color=colour, edgecolors="black",
                                linewidths=0.5, zorder=3)
                 mark_diverged(ax, x[~ok].to_numpy(), color=colour, label=None)
                 clip_loss_axis(ax, limits, x[ok], curve["eval_loss"][ok], color=colour, label=None)
