@@ -9,7 +9,7 @@ install:
 	$(PY) -m pip install -q --no-deps "mup==1.0.0"
 
 demo: install
-	ptctl transfer --spec studies/catalog/cpu_demo.yaml --from-width 32 --to 64 --to 128 --verify
+	ptctl study run studies/catalog/cpu_demo.yaml
 
 test: install
 	$(PY) -m ruff check .

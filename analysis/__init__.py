@@ -43,7 +43,8 @@ activation such as ``z_logits.iter2``, ``head_logits.iter0``, ``msg_dep.iter1`` 
 and ``rms`` its root-mean-square at that step (rows repeated over seeds are averaged).
 
 Modules: ``certificate`` (the verify phase's local-optimality certificate), ``distance``
-(relative distance from the centre), ``transfer`` (per-width summary, lr drift), ``coord``
+(relative distance from the centre), ``neighbours`` (where an uncertified centre's better neighbours
+lie), ``transfer`` (per-width summary, lr drift), ``coord``
 (coordinate-check slopes, verdict, plot), ``plots`` (the study's figures), ``compare`` (families at
 equal parameter budgets: table and figure), ``report`` (Markdown).
 """
@@ -52,6 +53,7 @@ from analysis.certificate import Certificate, certify, confidence, min_samples, 
 from analysis.compare import compare_table, plot_compare
 from analysis.coord import CoordOffence, CoordVerdict, coord_slopes, coord_verdict, plot_coord
 from analysis.distance import relative_distance
+from analysis.neighbours import NeighbourAdvice, neighbour_advice
 from analysis.plots import plot_mutransfer, plot_transfer, plot_tune_history, plot_verify
 from analysis.report import markdown_table, render_report
 from analysis.table import HPARAMS, PHASES, STATUSES
@@ -66,6 +68,7 @@ __all__ = [
     "CoordVerdict",
     "LRDrift",
     "LROptimum",
+    "NeighbourAdvice",
     "certify",
     "compare_table",
     "confidence",
@@ -76,6 +79,7 @@ __all__ = [
     "lr_optima",
     "markdown_table",
     "min_samples",
+    "neighbour_advice",
     "plot_compare",
     "plot_coord",
     "plot_mutransfer",

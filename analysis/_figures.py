@@ -1,4 +1,11 @@
-"""Headless figure plumbing shared by the plotting functions: the Agg backend and save-and-close."""
+"""Headless figure plumbing shared by the plotting functions: the Agg backend, save-and-close, and a loss axis
+clipped to its informative range.
+
+A loss axis is scaled by the losses that say something: the upper limit is the Tukey fence q3 + 3·IQR of the
+finite losses (at least 5% of their median above q3), so one blown-up run (loss 100 among losses of 5) does
+not flatten every curve. Points above it are drawn as ^ markers on the top edge with their value; diverged
+runs (no finite loss) as x markers there.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +21,16 @@ matplotlib.use("Agg")  # no display on workers or in CI; figures only ever go to
 
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
+FENCE = 3.0  # the upper limit's multiple of the inter-quartile range above q3
+
 
 @contextmanager
 def figure(
-    path: str | Path, nrows: int = 1, ncols: int = 1, panel: tuple[float, float] = (5.0, 4.0)
+    path: str | Path, nrows: int = 1, ncols: int = 1, panel: tuple[float, float] = (5.0, 4.0), sharey: bool = False
 ) -> Iterator[np.ndarray]:
     """Yield a 2-D array of axes; on exit save the figure as a PNG at `path` and close it."""
-    fig, axes = plt.subplots(nrows, ncols, figsize=(panel[0] * ncols, panel[1] * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(panel[0] * ncols, panel[1] * nrows), squeeze=False,
+                             sharey=sharey)
     try:
         yield axes
         fig.tight_layout()
@@ -35,3 +45,33 @@ def mark_diverged(ax: Axes, x: Sequence[float], **style: object) -> None:
     if len(x):
         style = {"color": "grey", "label": "diverged", "clip_on": False} | style
         ax.plot(x, [1.0] * len(x), "x", transform=ax.get_xaxis_transform(), **style)
+
+
+def loss_limits(losses: Sequence[float]) -> tuple[float, float] | None:
+    """The informative (low, high) range of a loss axis: the finite losses up to the Tukey fence, padded 5%.
+    None when there is no finite loss."""
+    values = np.asarray([v for v in losses if np.isfinite(v)], dtype=float)
+    if values.size == 0:
+        return None
+    q1, median, q3 = np.percentile(values, [25, 50, 75])
+    fence = q3 + max(FENCE * (q3 - q1), 0.05 * abs(median))
+    kept = values[values <= fence]
+    lo, hi = float(kept.min()), float(kept.max())
+    pad = 0.05 * (hi - lo) or 0.01 * abs(hi) or 0.01
+    return lo - pad, hi + pad
+
+
+def clip_loss_axis(ax: Axes, limits: tuple[float, float] | None, x: Sequence[float], y: Sequence[float],
+                   **style: object) -> None:
+    """Set the y-limits to `limits` and mark the points (x, y) above them as ^ markers with their value."""
+    if limits is None:
+        return
+    ax.set_ylim(*limits)
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    above = np.isfinite(y) & (y > limits[1])
+    if above.any():
+        style = {"color": "grey", "label": "off the scale (value shown)", "clip_on": False} | style
+        ax.plot(x[above], [1.0] * int(above.sum()), "^", transform=ax.get_xaxis_transform(), **style)
+        for xi, yi in zip(x[above], y[above], strict=True):
+            ax.annotate(f"{yi:.3g}", (xi, 1.0), xycoords=("data", "axes fraction"), xytext=(0, -10),
+                        textcoords="offset points", ha="center", fontsize="x-small", color=style["color"])

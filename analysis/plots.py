@@ -1,6 +1,9 @@
 """The study's figures, each written as a PNG to a path the caller gives.
 
-`plot_verify` is the μP-PT paper's Figure 1; `plot_mutransfer` is the μTransfer lr-vs-width plot.
+`plot_mutransfer` (the lr alignment: one panel per parametrization, one curve per width, shared axes) is the
+report's headline figure; `plot_verify` is the μP-PT paper's Figure 1. Every loss axis is clipped to its
+informative range (`analysis._figures.loss_limits`): blown-up points are ^ markers with their value on the
+top edge, diverged runs x markers. Each function returns its panels' y-limits.
 The coordinate-check plot lives beside its numbers in `analysis.coord`.
 """
 
@@ -14,18 +17,20 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from analysis._figures import figure, mark_diverged
+from analysis._figures import clip_loss_axis, figure, loss_limits, mark_diverged
 from analysis.certificate import verify_losses
 from analysis.distance import relative_distance
 from analysis.table import judged_loss, phase_rows
-from analysis.transfer import lr_curves, transfer_table
+from analysis.transfer import lr_curves, lr_optima, transfer_table
+
+Limits = list[tuple[float, float] | None]
 
 _STAR = {"marker": "*", "s": 220, "color": "red", "zorder": 3, "label": "centre"}
 
 
 def plot_verify(
     table: pd.DataFrame, centre: Mapping[str, float], hparams: Sequence[str], path: str | Path
-) -> None:
+) -> Limits:
     """The verify phase as two panels: loss against relative distance D, and the ranked losses.
 
     The centre (mean over its seeds) is a red star at D=0 and at its rank among the N samples;
@@ -38,10 +43,12 @@ def plot_verify(
     ranked = np.sort(samples[finite].to_numpy())
     rank = 1 + int((ranked < centre_loss).sum())
     positions = np.arange(1, len(ranked) + 1) + (np.arange(1, len(ranked) + 1) >= rank)
+    limits = loss_limits([*ranked, centre_loss])
     with figure(path, ncols=2) as axes:
         ax = axes[0, 0]
         ax.scatter(distance[finite], samples[finite], s=14, label=f"samples (N={len(samples)})")
         mark_diverged(ax, distance[~finite].to_numpy())
+        clip_loss_axis(ax, limits, distance[finite], samples[finite])
         ax.scatter([0.0], [centre_loss], **_STAR)
         ax.set(xlabel="relative distance D from the centre", ylabel="eval loss", title="loss vs distance")
         ax.legend(fontsize="small")
@@ -49,34 +56,56 @@ def plot_verify(
         ax.plot(positions, ranked, "o-", ms=3, lw=0.8, label="samples, ranked")
         ax.scatter([rank], [centre_loss], **_STAR)
         ax.axhline(centre_loss, color="red", lw=0.8, ls="--")
+        clip_loss_axis(ax, limits, positions, ranked)
         dropped = f"; {int((~finite).sum())} diverged not shown" if (~finite).any() else ""
         ax.set(xlabel="rank", ylabel="eval loss", title=f"centre ranks {rank} of {len(ranked) + 1}{dropped}")
         ax.legend(fontsize="small")
+    return [limits, limits]
 
 
-def plot_transfer(table: pd.DataFrame, path: str | Path) -> None:
-    """The transfer phase's eval loss against width (log2 axis), with seed-std error bars."""
+def plot_transfer(table: pd.DataFrame, path: str | Path) -> Limits:
+    """Eval loss against width (log2 axis): the tuned base width (the best completed tune trial, when the table
+    has tune rows) and the transfer widths; seed-std error bars only when a width has more than one seed."""
     summary = transfer_table(table)
+    base = None
+    if "tune" in set(table["phase"]):
+        tune = phase_rows(table, "tune")
+        done = tune[(tune["status"] == "completed") & np.isfinite(tune["eval_loss"].astype(float))]
+        if not done.empty:
+            base = done.loc[done["eval_loss"].astype(float).idxmin()]
+    seeds = bool((summary["n_seeds"] > 1).any())
+    losses = [*summary["eval_loss_mean"], *([base["eval_loss"]] if base is not None else [])]
+    limits = loss_limits(losses)
     with figure(path) as axes:
         ax = axes[0, 0]
         ax.errorbar(
             summary["width"],
             summary["eval_loss_mean"],
-            yerr=summary["eval_loss_std"].fillna(0.0),
+            yerr=summary["eval_loss_std"].fillna(0.0) if seeds else None,
             fmt="o-",
             capsize=3,
-            label="mean ± std over seeds",
+            label="transferred: mean ± std over seeds" if seeds else "transferred (one seed per width)",
         )
+        widths, params = list(summary["width"]), list(summary["params"])
+        if base is not None:
+            ax.scatter([base["width"]], [base["eval_loss"]], marker="s", s=50, color="black", zorder=3,
+                       label="tuned at the base width")
+            if len(summary):
+                ax.plot([base["width"], widths[0]], [base["eval_loss"], summary["eval_loss_mean"].iloc[0]],
+                        ls=":", color="black", lw=1)
+            widths, params = [int(base["width"]), *widths], [base.get("params", np.nan), *params]
         mark_diverged(ax, summary.loc[summary["n_diverged"] > 0, "width"].to_numpy(), label="a seed diverged")
+        clip_loss_axis(ax, limits, summary["width"], summary["eval_loss_mean"])
         ax.set_xscale("log", base=2)
-        labels = [f"{w}\n{p / 1e6:.3g}M" for w, p in zip(summary["width"], summary["params"], strict=True)]
-        ax.set_xticks(summary["width"], labels)
+        labels = [f"{w}\n{p / 1e6:.3g}M" if p == p else str(w) for w, p in zip(widths, params, strict=True)]
+        ax.set_xticks(widths, labels)
         ax.minorticks_off()
         ax.set(xlabel="width (params)", ylabel="eval loss", title="transfer: the tuned hparams at each width")
         ax.legend(fontsize="small")
+    return [limits]
 
 
-def plot_tune_history(table: pd.DataFrame, path: str | Path) -> None:
+def plot_tune_history(table: pd.DataFrame, path: str | Path) -> Limits:
     """The tune phase's eval loss per trial in completion order (the table's row order), and the best so far.
 
     Trials stopped early by the scheduler are hollow markers, diverged trials x markers at the top.
@@ -86,6 +115,7 @@ def plot_tune_history(table: pd.DataFrame, path: str | Path) -> None:
     finite = loss[np.isfinite(loss)]
     stopped = (rows.loc[finite.index, "status"] == "stopped").to_numpy()
     best = loss.where(np.isfinite(loss)).reindex(rows.index).cummin().ffill()
+    limits = loss_limits(finite)
     with figure(path, panel=(7.0, 4.0)) as axes:
         ax = axes[0, 0]
         ax.scatter(finite.index[~stopped] + 1, finite[~stopped], s=16, label="completed")
@@ -93,33 +123,55 @@ def plot_tune_history(table: pd.DataFrame, path: str | Path) -> None:
         ax.scatter(finite.index[stopped] + 1, finite[stopped], s=16, **hollow)
         mark_diverged(ax, loss.index[np.isinf(loss)] + 1)
         ax.plot(rows.index + 1, best, drawstyle="steps-post", color="black", lw=1, label="best so far")
+        clip_loss_axis(ax, limits, finite.index + 1, finite)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlabel="trial (completion order)", ylabel="eval loss", title=f"tune: {len(rows)} trials")
         ax.legend(fontsize="small")
+    return [limits]
 
 
-def plot_mutransfer(table: pd.DataFrame, path: str | Path) -> None:
-    """The validate sweep: eval loss against log2(lr), one curve per width, one panel per parametrization.
-
-    Each curve's optimum is a filled star; diverged points are x markers at the top.
-    """
+def plot_mutransfer(table: pd.DataFrame, path: str | Path) -> Limits:
+    """The lr alignment (the headline figure): eval loss against log2(lr), one curve per width, one panel per
+    parametrization, shared axes. Each curve's optimum, interpolated in log lr, is a star; each panel's title
+    gives its drift per doubling of width."""
     curves = lr_curves(table)
     present = curves["parametrization"].unique().tolist()
     params = [p for p in ("mup", "standard") if p in present] + sorted(set(present) - {"mup", "standard"})
     widths = sorted(curves["width"].unique())
     colours = matplotlib.colormaps["viridis"](np.linspace(0.0, 0.9, len(widths)))
-    with figure(path, ncols=len(params)) as axes:
+    finite = curves[np.isfinite(curves["eval_loss"])]
+    try:
+        optima = {(o.parametrization, o.width): o for o in lr_optima(curves)}
+    except ValueError:  # a width where every lr diverged: no optimum there
+        optima = {(o.parametrization, o.width): o for o in lr_optima(finite)} if not finite.empty else {}
+    limits = loss_limits(curves["eval_loss"])
+    with figure(path, ncols=len(params), sharey=True) as axes:
         for ax, param in zip(axes[0], params, strict=True):
             for colour, width in zip(colours, widths, strict=True):
                 curve = curves[(curves["parametrization"] == param) & (curves["width"] == width)]
                 ok = np.isfinite(curve["eval_loss"])
                 x = np.log2(curve["lr"])
-                ax.plot(x[ok], curve["eval_loss"][ok], "o-", ms=3, color=colour, label=f"width {width}")
-                if ok.any():
-                    best = curve["eval_loss"][ok].idxmin()
-                    ax.scatter(
-                        [x[best]], [curve["eval_loss"][best]], marker="*", s=120, color=colour, zorder=3
-                    )
+                shown = ok & (curve["eval_loss"] <= (limits[1] if limits else np.inf))  # off-scale: a ^ marker
+                ax.plot(x[shown], curve["eval_loss"][shown], "o-", ms=3, color=colour, label=f"width {width}")
+                best = optima.get((param, width))
+                if best is not None:
+                    star = best.log2_lr_interp if best.log2_lr_interp is not None else best.log2_lr
+                    on_curve = float(np.interp(star, x[ok], curve["eval_loss"][ok]))  # where the curve passes
+                    ax.scatter([star], [on_curve], marker="*", s=140, color=colour, edgecolors="black",
+                               linewidths=0.5, zorder=3)
                 mark_diverged(ax, x[~ok].to_numpy(), color=colour, label=None)
-            ax.set(xlabel="log2(lr)", ylabel="eval loss (mean over seeds)", title=param)
-            ax.legend(fontsize="small")
+                clip_loss_axis(ax, limits, x[ok], curve["eval_loss"][ok], color=colour, label=None)
+            ax.set(xlabel="log2(lr)", title=f"{param}{_drift_title(optima, param)}")
+            ax.legend(fontsize="small", title="★ optimum (interpolated)", title_fontsize="x-small")
+        axes[0, 0].set_ylabel("eval loss (mean over seeds)")
+    return [limits] * len(params)
+
+
+def _drift_title(optima: Mapping, param: str) -> str:
+    """': optimum drifts +0.00 log2(lr) per doubling' from the interpolated optima, or '' with < 2 widths."""
+    points = [(np.log2(w), o.log2_lr_interp if o.log2_lr_interp is not None else o.log2_lr)
+              for (p, w), o in sorted(optima.items()) if p == param]
+    if len(points) < 2:
+        return ""
+    x, y = zip(*points, strict=True)
+    return f": optimum drifts {float(np.polyfit(x, y, 1)[0]) + 0.0:+.2f} log2(lr)/doubling"

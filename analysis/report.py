@@ -11,6 +11,7 @@ import pandas as pd
 
 from analysis.certificate import Certificate
 from analysis.compare import compare_table
+from analysis.neighbours import NeighbourAdvice
 from analysis.table import HPARAMS, PHASES, STATUSES, judged_loss, phase_rows
 from analysis.transfer import LRDrift, transfer_table
 
@@ -50,6 +51,7 @@ def render_report(
     plots: Mapping[str, str],
     hparams: Sequence[str] = HPARAMS,
     cost: Mapping[str, Any] | None = None,
+    advice: NeighbourAdvice | None = None,
 ) -> str:
     """Render a study's Markdown report.
 
@@ -62,8 +64,10 @@ def render_report(
         plots: figure name → PNG path relative to where the report is written. A figure named after
             a phase (`tune`, `transfer`, `verify`, `validate`) is linked in that phase's section, the
             others (e.g. `coord`) under "figures".
+            The `validate` figure (the lr alignment) is the report's headline, first after the title.
         hparams: the hparam columns shown beside the best tune trials.
         cost: `studies.cost.measured_cost`'s account (rows per phase, targets per width), shown under "cost".
+        advice: where an uncertified centre's better neighbours lie (`analysis.neighbour_advice`).
     """
     study_id = study.get("id", study.get("study_id"))
     title = f"# Study {study.get('name', 'unnamed')}" + (f" (`{study_id}`)" if study_id else "")
@@ -75,15 +79,24 @@ def render_report(
         sections["transfer"] = [markdown_table(transfer_table(tables["transfer"]))]
     if certificate is not None:
         sections["verify"] = [_verify_section(certificate)]
+        if advice is not None and not certificate.certified:
+            sections["verify"].append(f"**where the better neighbours lie:** {advice.text}")
     if lr_drift is not None:
         sections["validate"] = [_validate_section(lr_drift)]
     if "compare" in tables:
         sections["compare"] = [_compare_section(tables["compare"])]
+    headline = []
     for name, path in plots.items():
+        if name == "validate":
+            headline = ["## lr alignment (the headline)",
+                        "Eval loss against the learning rate at each width, under each parametrization: under μP the "
+                        f"optimum (★) should stay put as width grows.\n\n![{name}]({path})"]
+            sections.setdefault("validate", []).append("The lr-alignment figure heads this report.")
+            continue
         sections.setdefault(name if name in PHASES else "figures", []).append(f"![{name}]({path})")
     if cost and cost.get("rows"):
         sections["cost"] = [cost_section(cost)]
-    parts = [title, "## spec", "\n".join(summary) or "_no spec summary given_"]
+    parts = [title, *headline, "## spec", "\n".join(summary) or "_no spec summary given_"]
     for name in (*PHASES, "cost", "figures"):
         if name in sections:
             parts += [f"## {name}", *sections[name]]

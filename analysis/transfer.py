@@ -76,13 +76,15 @@ class LROptimum(BaseModel):
     log2_lr: float
     eval_loss: float  # mean over seeds
     at_grid_edge: bool  # the smallest or largest lr swept: the true optimum may lie outside the grid
+    log2_lr_interp: float | None = None  # the vertex of the parabola through the best lr and its neighbours (log2 lr)
+    lr_interp: float | None = None  # 2 ** log2_lr_interp: the optimum the drift is fitted to (None: older states)
 
 
 class LRDrift(BaseModel):
     """The validate phase's verdict: does the optimal lr stay put as width grows under μP?"""
 
     optima: list[LROptimum]
-    drift: dict[str, float]  # per parametrization: slope of optimal log2(lr) vs log2(width), per doubling
+    drift: dict[str, float]  # per parametrization: slope of the interpolated optimal log2(lr) vs log2(width)
     mup_drift: float
     standard_drift: float | None  # None when the sweep has no standard runs
     threshold: float  # passes when |mup_drift| <= threshold
@@ -90,8 +92,26 @@ class LRDrift(BaseModel):
     verdict: str
 
 
+def interpolate_optimum(log2_lrs: np.ndarray, losses: np.ndarray, best: int) -> float:
+    """The optimum in log2(lr): the vertex of the parabola through grid point `best` and its two neighbours.
+
+    The grid point itself when it sits on the grid's edge, a neighbour diverged (no finite loss) or the three
+    points are not convex; the vertex is kept between the two neighbours.
+    """
+    if best == 0 or best == len(log2_lrs) - 1:
+        return float(log2_lrs[best])
+    x, y = log2_lrs[best - 1 : best + 2], losses[best - 1 : best + 2]
+    if not np.isfinite(y).all():
+        return float(log2_lrs[best])
+    a, b, _ = np.polyfit(x, y, 2)
+    if a <= 0:
+        return float(log2_lrs[best])
+    return float(np.clip(-b / (2 * a), x[0], x[2]))
+
+
 def lr_optima(curves: pd.DataFrame) -> list[LROptimum]:
-    """The lowest-loss lr per (parametrization, width) of `lr_curves`' output; ties go to the smaller lr."""
+    """The lowest-loss lr per (parametrization, width) of `lr_curves`' output (ties go to the smaller lr),
+    with the optimum interpolated in log2(lr) by `interpolate_optimum`."""
     optima = []
     for (param, width), curve in curves.groupby(["parametrization", "width"]):
         if np.isinf(curve["eval_loss"]).all():
@@ -99,7 +119,10 @@ def lr_optima(curves: pd.DataFrame) -> list[LROptimum]:
                 f"every lr diverged for {param} at width {width}: "
                 "add smaller learning rates to the validate sweep"
             )
+        curve = curve.sort_values("lr")
         best = curve.loc[curve["eval_loss"].idxmin()]
+        position = int(np.flatnonzero(curve.index == best.name)[0])
+        interp = interpolate_optimum(np.log2(curve["lr"].to_numpy()), curve["eval_loss"].to_numpy(), position)
         optima.append(
             LROptimum(
                 parametrization=str(param),
@@ -108,6 +131,8 @@ def lr_optima(curves: pd.DataFrame) -> list[LROptimum]:
                 log2_lr=float(np.log2(best["lr"])),
                 eval_loss=float(best["eval_loss"]),
                 at_grid_edge=bool(best["lr"] in (curve["lr"].min(), curve["lr"].max())),
+                log2_lr_interp=interp,
+                lr_interp=float(2.0**interp),
             )
         )
     return optima
@@ -132,13 +157,14 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
                 f"({param} has {rows['width'].tolist()}); "
                 "add a width to the validate sweep"
             )
-        drift[str(param)] = float(np.polyfit(np.log2(rows["width"]), rows["log2_lr"], 1)[0])
+        drift[str(param)] = float(np.polyfit(np.log2(rows["width"]), rows["log2_lr_interp"], 1)[0])
     if "mup" not in drift:
         raise ValueError(f"the validate sweep has no mup runs (parametrizations: {sorted(drift)}); add them")
     passed = abs(drift["mup"]) <= threshold
     verdict = (
         f"mup's optimal lr drifts {drift['mup']:+.2f} log2(lr) per doubling of width "
-        f"(|drift| {'≤' if passed else '>'} {threshold:g}: {'pass' if passed else 'fail'})"
+        f"(optimum interpolated in log lr; |drift| {'≤' if passed else '>'} {threshold:g}: "
+        f"{'pass' if passed else 'fail'})"
     )
     if "standard" in drift:
         verdict += f"; standard drifts {drift['standard']:+.2f}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -170,37 +169,16 @@ def _run_with_progress(spec, study_id: str | None = None):
 
 
 def _print_summary(spec, state) -> None:
-    import pandas as pd
-
+    """The study's story in the terminal (`service.summary`), whichever phases it ran."""
+    from service.summary import StudyView, print_summary
     from workers.driver import studies_dir
     from workers.tracking import Tracker
 
-    art = studies_dir() / state.study_id / "artifacts"
-    tune = state.phases["tune"]
-    hp = tune["best_hparams"]
-    console.print(f"study [bold]{state.study_id}[/]: {state.status}; tuned at width {spec.tune.base_width} "
-                  f"(best eval loss {tune['best_eval_loss']:.4f}"
-                  + (f", reused from {tune['reused_from']}" if tune.get("reused_from") else "") + ")")
-    console.print("hparams: " + ", ".join(f"{k}={v:.4g}" for k, v in hp.items()))
     tracker = Tracker(spec.experiment_name(), spec.resources.tracking.tracking_uri)
     runs = {r.data.tags.get("trial_key"): r.info.run_id for r in tracker.runs(state.study_id, "trial", state.instance)}
-    table = Table(title="zero-shot transfer")
-    for col in ("width", "seed", "params", "eval loss", "status"):
-        table.add_column(col, justify="left" if col == "status" else "right")
-    table.add_column("MLflow run", overflow="fold", min_width=32)
-    for row in pd.read_csv(art / "transfer_trials.csv").sort_values(["width", "seed"]).itertuples():
-        table.add_row(str(row.width), str(row.seed), f"{int(row.params):,}" if row.params == row.params else "—",
-                      f"{row.eval_loss:.4f}", row.status, runs.get(row.trial_id, "—"))
-    console.print(table)
-    cert = state.phases.get("verify", {}).get("certificate")
-    if cert:
-        console.print(f"[{'green' if cert['certified'] else 'yellow'}]verify:[/] {cert['verdict']}")
-    if (art / "cost.json").exists():
-        from analysis.report import cost_line
-
-        console.print(f"cost: {cost_line(json.loads((art / 'cost.json').read_text()))}")
-    console.print(f"report: {art / 'report.md'}\nMLflow: {tracker.uri} (experiment {spec.experiment_name()!r}; "
-                  f"`mlflow ui --backend-store-uri {tracker.uri}`)")
+    view = StudyView(spec=spec, state=dict(state.__dict__), art=studies_dir() / state.study_id / "artifacts",
+                     runs=runs, runs_link=tracker.runs_link())
+    print_summary(console, view)
 
 
 def cmd_laplacian(args: argparse.Namespace) -> int:
@@ -257,7 +235,8 @@ def _transfer_spec(args: argparse.Namespace):
     spec = _load_spec(args.spec)
     update: dict = {"tune": spec.tune.model_copy(update={"base_width": args.from_width,
                                                           **({"num_trials": args.trials} if args.trials else {})}),
-                    "transfer": spec.transfer.model_copy(update={"widths": sorted(args.to)})}
+                    "transfer": spec.transfer.model_copy(update={"widths": sorted(args.to)}),
+                    "validate": None}  # tune → transfer (→ verify) only; `ptctl study run` runs a spec's lr sweep
     if not args.verify:
         update["verify"] = None
     elif spec.verify is not None and spec.verify.width not in (None, *args.to):

@@ -43,8 +43,9 @@ def transfer_trials(spec: StudySpec, hparams: dict[str, float]) -> list[dict]:
             for w in spec.transfer.widths for s in range(spec.transfer.seeds)]
 
 
-def verify_trials(spec: StudySpec, centre: dict[str, float]) -> list[dict]:
-    """The centre with `centre_seeds` seeds, then N samples around it at the verify width.
+def verify_trials(spec: StudySpec, centre: dict[str, float], skip_centre_seeds: list[int] | tuple = ()) -> list[dict]:
+    """The centre with `centre_seeds` seeds (but `skip_centre_seeds`: runs reused from transfer), then N samples
+    around it at the verify width.
 
     Each searched hparam is drawn independently and uniformly in [(1-δ)x, (1+δ)x] (`sampling: log`:
     uniformly in log space over the same interval); frozen hparams stay at the centre. Samples
@@ -56,7 +57,7 @@ def verify_trials(spec: StudySpec, centre: dict[str, float]) -> list[dict]:
         raise ValueError("this study has no verify section: add verify: {} to the spec")
     width, delta = spec.verify_width(), v.delta
     trials = [_trial("verify", f"centre-s{s}", width, v.seed + s, centre, is_centre=True)
-              for s in range(v.centre_seeds)]
+              for s in range(v.centre_seeds) if v.seed + s not in skip_centre_seeds]
     rng = random.Random(v.seed)
     searched = list(spec.space.searched())  # in the family's hparam order
     for i in range(v.resolved_n_samples()):
@@ -67,6 +68,30 @@ def verify_trials(spec: StudySpec, centre: dict[str, float]) -> list[dict]:
                 else rng.uniform(lo, hi)
         trials.append(_trial("verify", f"sample{i:03d}", width, v.seed, sample))
     return trials
+
+
+def reused_centre_seeds(spec: StudySpec) -> list[int]:
+    """The verify centre's seeds whose run is a transfer run already: same width, seed and steps (and the same
+    centre hparams, the tune winner, by construction). The verify phase copies those rows instead of training."""
+    v, t = spec.verify, spec.transfer
+    if v is None or t is None or spec.verify_width() not in t.widths or spec.steps_for("verify") != spec.steps_for(
+            "transfer"):
+        return []
+    return [v.seed + s for s in range(v.centre_seeds) if v.seed + s < t.seeds]
+
+
+def with_reused_centre(spec: StudySpec, verify: pd.DataFrame, transfer: pd.DataFrame) -> pd.DataFrame:
+    """The verify table with the reused centre runs (`reused_centre_seeds`) copied in from the transfer table as
+    `verify-centre-s<k>` rows, is_centre True, their `message` naming the transfer run."""
+    width, seeds = spec.verify_width(), reused_centre_seeds(spec)
+    rows = transfer[(transfer["width"] == width) & transfer["seed"].isin(seeds)].copy()
+    if rows.empty:
+        return verify
+    source = rows["trial_id"].astype(str)
+    rows["phase"], rows["is_centre"] = "verify", True
+    rows["trial_id"] = [f"verify-centre-s{s - spec.verify.seed}" for s in rows["seed"]]
+    rows["message"] = "reused from " + source
+    return pd.concat([rows, verify], ignore_index=True).sort_values("trial_id", kind="stable", ignore_index=True)
 
 
 def validate_trials(spec: StudySpec, centre: dict[str, float]) -> list[dict]:

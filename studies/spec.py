@@ -117,6 +117,9 @@ class TrainSpec(BaseModel):
     eval_batches: PosInt = Field(8, description="cap on fixed held-out batches per evaluation")
     log_every: PosInt = Field(10, description="steps between logged training metrics")
     max_loss: float = Field(1e3, gt=0, description="a finite loss above this also counts as diverged")
+    uniform_margin: float | None = Field(
+        1.0, description="an eval loss above ln|V| (uniform prediction) + this many nats is recorded diverged "
+        "(above the untrained loss + this, when the model starts above ln|V|); null: off")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto': cuda when available")
 
     @field_validator("betas", mode="before")

@@ -45,6 +45,7 @@ from analysis import (
     certify,
     compare_table,
     lr_drift,
+    neighbour_advice,
     plot_compare,
     plot_mutransfer,
     plot_transfer,
@@ -59,9 +60,11 @@ from studies.plan import (
     compare_stages,
     compare_trials,
     compare_widths,
+    reused_centre_seeds,
     transfer_trials,
     validate_trials,
     verify_trials,
+    with_reused_centre,
 )
 from studies.spec import StudySpec
 from workers.data import DataConfig, data_dir
@@ -70,6 +73,7 @@ from workers.paths import redact_uri
 from workers.ray_runner import MlflowTrials, experiment_name, run_phase
 from workers.tracking import Tracker, default_tracking_uri
 from workers.train import load_data
+from workers.verdicts import phase_verdict, provenance_tags, study_verdict
 
 log = logging.getLogger(__name__)
 Event = Callable[[str, dict[str, Any]], None]
@@ -187,13 +191,14 @@ class StudyDriver:
             self._save()
         return self.state.runs[phase]
 
-    def _run_trials(self, phase: str, planned: list[dict] | None = None) -> pd.DataFrame:
+    def _run_trials(self, phase: str, planned: list[dict] | None = None, keep: frozenset[str] = frozenset()
+                    ) -> pd.DataFrame:
         callback = MlflowTrials(self.spec, self.study_id, phase, self._phase_run(phase), self.tracker.uri,
                                 instance=self.state.instance)
         callback.notify = lambda info: self.emit("trial_done", info)
         table = run_phase(self.spec, phase, self.dir / "ray", callback, planned,
                           experiment=experiment_name(self.study_id, phase))
-        self.tracker.prune_trials(self.study_id, phase, set(table.trial_id), instance=self.state.instance)
+        self.tracker.prune_trials(self.study_id, phase, set(table.trial_id) | keep, instance=self.state.instance)
         table.to_csv(self.art / f"{phase}_trials.csv", index=False)
         return table
 
@@ -202,9 +207,13 @@ class StudyDriver:
         self.tracker.log_artifacts(run, [self.art / f"{phase}_trials.csv", *files])
         numeric = {k: v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         self.tracker.log_metrics(run, [{"step": 0, **numeric}])
+        verdict = phase_verdict(self.spec, phase, result)
+        self.tracker.log_verdict(run, verdict.params, verdict.metrics, verdict.tags, verdict.sentence)
+        self.tracker.log_table(run, self.table(phase), f"{phase}_trials.json")
         self.tracker.finish(run)
         self.state.phases[phase] = {"status": "done", **result}
         self._save()
+        self._log_study_verdict()
         log.info("%s: %s phase done", self.study_id, phase)
         if phase in REUSABLE and not result.get("reused_from"):  # the index names the study that ran it
             record_phase(self._index_path(), phase_key(self.spec, phase), self.study_id)
@@ -239,7 +248,7 @@ class StudyDriver:
     def phase_transfer(self) -> dict[str, Any]:
         table, source = self._trials_or_reuse("transfer", transfer_trials(self.spec, self.centre()))
         summary = transfer_table(table)
-        plot_transfer(table, self.art / "transfer.png")
+        plot_transfer(pd.concat([self.table("tune"), table], ignore_index=True), self.art / "transfer.png")
         summary.to_csv(self.art / "transfer_summary.csv", index=False)
         result = {"widths": summary.to_dict(orient="records"), "reused_from": source}
         self._finish_phase("transfer", result, [self.art / "transfer.png", self.art / "transfer_summary.csv"])
@@ -247,13 +256,35 @@ class StudyDriver:
 
     def phase_verify(self) -> dict[str, Any]:
         v, centre = self.spec.verify, self.centre()
-        table = self._run_trials("verify", verify_trials(self.spec, centre))
+        reused = reused_centre_seeds(self.spec) if (self.art / "transfer_trials.csv").exists() else []
+        keys = frozenset(f"verify-centre-s{seed - v.seed}" for seed in reused)
+        table = self._run_trials("verify", verify_trials(self.spec, centre, reused), keys)
+        if reused:
+            table = with_reused_centre(self.spec, table, self.table("transfer"))
+            table.to_csv(self.art / "verify_trials.csv", index=False)
+            self._record_reused(table[table["trial_id"].isin(keys)])
         cert = certify(table, p=v.p, alpha=v.alpha, tolerance=v.tolerance)
         _write_json(self.art / "certificate.json", cert.model_dump())
         plot_verify(table, centre, list(self.spec.space.searched()), self.art / "verify.png")
         self._finish_phase("verify", {"certificate": cert.model_dump()},
                            [self.art / "certificate.json", self.art / "verify.png"])
         return cert.model_dump()
+
+    def _record_reused(self, rows: pd.DataFrame) -> None:
+        """A verify trial run for each centre run copied from transfer: tagged `reused_from`, its final eval loss
+        logged, so the verify phase's runs are all there in MLflow (and counted by the progress)."""
+        parent = self._phase_run("verify")
+        for row in rows.itertuples():
+            tags = {"width": row.width, "seed": row.seed, "status": row.status, "is_centre": True,
+                    "reused_from": str(row.message).removeprefix("reused from ")}
+            run = self.tracker.trial_run(self.study_id, "verify", row.trial_id, parent,
+                                         {k: str(v) for k, v in tags.items()}, instance=self.state.instance)
+            self.tracker.log_params(run, self.spec.trial_config(int(row.width), self.centre(), int(row.seed),
+                                                                self.spec.steps_for("verify")))
+            self.tracker.log_metrics(run, [{"step": int(row.steps), "eval_loss": row.eval_loss}])
+            self.tracker.finish(run)
+            self.emit("trial_done", {"phase": "verify", "trial_id": row.trial_id, "status": row.status,
+                                     "eval_loss": float(row.eval_loss), "reused": True})
 
     def phase_validate(self) -> dict[str, Any]:
         table = self._run_trials("validate", validate_trials(self.spec, self.centre()))
@@ -393,10 +424,25 @@ class StudyDriver:
             spec = self.spec
             self.state.runs["study"] = self.tracker.study_run(self.study_id, {
                 "spec_hash": self.state.spec_hash, "model": spec.model.family, "study_dir": str(self.dir),
-                "ray_experiment": str(self.dir / "ray"), "mlflow.note.content": spec.description},
-                self.state.instance)
+                "ray_experiment": str(self.dir / "ray"), "mlflow.note.content": spec.description,
+                **provenance_tags(spec.name)}, self.state.instance)
             self.tracker.log_artifacts(self.state.runs["study"], [self.art / "spec.yaml"])
+            self._log_dataset(self.state.runs["study"])
             self._save()
+
+    def _log_study_verdict(self) -> None:
+        """Every finished phase's verdict on the study run; its description: the spec's, then the sentences."""
+        verdict = study_verdict(self.spec, self.state.phases)
+        description = "\n\n".join(s for s in (self.spec.description, verdict.sentence) if s)
+        self.tracker.log_verdict(self.state.runs["study"], verdict.params, verdict.metrics, verdict.tags,
+                                 description)
+
+    def _log_dataset(self, run: str) -> None:
+        data = self.spec.data
+        digest = hashlib.sha256(json.dumps(data.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+        name = data.source if data.path is None else f"{data.source}:{Path(data.path).name}"
+        source = data.path or f"ptctl built-in corpus {data.source!r}"
+        self.tracker.log_dataset(run, name, digest, source, "local" if data.path else "code")
 
     def _fail(self, exc: Exception, phase: str | None) -> StudyError:
         """Record how the study ended (state.json, then its open MLflow runs); the error to raise."""
@@ -446,12 +492,20 @@ class StudyDriver:
         _write_json(self.art / "cost.json", cost)
         if cost["metrics"]:
             self.tracker.log_metrics(self.state.runs["study"], [{"step": 0, **cost["metrics"]}])
-        text = render_report(study=study, tables=tables, certificate=Certificate(**cert) if cert else None,
+        certificate = Certificate(**cert) if cert else None
+        advice = None
+        if certificate is not None and not certificate.certified and "verify" in tables:
+            advice = neighbour_advice(tables["verify"], self.centre(), list(spec.space.searched()),
+                                      certificate.tolerance)
+        text = render_report(study=study, tables=tables, certificate=certificate,
                              lr_drift=LRDrift(**drift) if drift else None, plots=plots, hparams=spec.space.HPARAMS,
-                             cost=cost)
+                             advice=advice, cost=cost)
         path = self.art / "report.md"
         path.write_text(text)
-        self.tracker.log_artifacts(self.state.runs["study"], [path, self.art / "trials.csv", self.art / "cost.json"])
+        figures = [self.art / name for name in plots.values()]  # beside report.md, so its links resolve in MLflow
+        self.tracker.log_artifacts(self.state.runs["study"],
+                                   [path, self.art / "trials.csv", self.art / "cost.json", *figures])
+        self.tracker.log_table(self.state.runs["study"], all_trials, "trials.json")
         return path
 
 

@@ -40,6 +40,7 @@ from ray.tune.schedulers import ASHAScheduler  # noqa: E402
 from studies.spec import StudySpec  # noqa: E402
 from workers.errors import InfrastructureLost  # noqa: E402
 from workers.train import TrialConfig, train_trial  # noqa: E402
+from workers.verdicts import trial_run_name  # noqa: E402
 
 if TYPE_CHECKING:
     from workers.tracking import Tracker
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 OBJECTIVE = "objective"  # eval loss; the loss ceiling (train.max_loss) for a diverged trial
 STATE_FILE = "state.pt"  # a trial checkpoint: `workers.train`'s resumable state, torch.save'd
 FINAL_KEYS = ("status", "eval_loss", "best_eval_loss", "steps", "tokens", "wall_time_s", "params", "message")
+GROUP_MULT = "group_lr_mult."  # final-result prefix of the per-group lr multipliers (μP), logged as `lr_mult.*` params
 
 
 def ensure_ray() -> None:
@@ -183,6 +185,7 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
     result = train_trial(cfg, checkpoint=checkpoint, resume=resume)
     last = result.history[-1] if result.history else {"step": result.steps}
     final = {k: getattr(result, k) for k in FINAL_KEYS}
+    final.update({f"{GROUP_MULT}{group}": mult for group, mult in result.lr_multipliers.items()})
     objective = result.eval_loss if result.status == "completed" else cfg.max_loss
     earlier = [r for r in kept if r["step"] < last["step"]]
     tune.report({**last, **final, **resumed, "step": result.steps, OBJECTIVE: objective, BATCH_KEY: json.dumps(earlier),
@@ -217,6 +220,13 @@ class _TrialRef:
 
     def __init__(self, trial) -> None:
         self.trial_id, self.config = trial.trial_id, dict(trial.config)
+        self.experiment_tag = getattr(trial, "experiment_tag", None)
+
+
+def _trial_number(trial) -> int | None:
+    """The trial's 1-based number in its experiment (Tune's experiment tag starts `7_lr=...`), if it has one."""
+    head = str(getattr(trial, "experiment_tag", "") or "").split("_", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 class MlflowTrials(tune.Callback):
@@ -279,7 +289,9 @@ class MlflowTrials(tune.Callback):
                     "is_centre": planned["is_centre"], "ray_trial_id": trial.trial_id,
                     **{k: planned[k] for k in ("family", "budget") if k in planned}, **self.tags}
             run = self.tracker.trial_run(self.study_id, self.phase, planned["trial_key"], self.phase_run,
-                                         {k: str(v) for k, v in tags.items()}, instance=self.instance)
+                                         {k: str(v) for k, v in tags.items()}, instance=self.instance,
+                                         name=trial_run_name(planned["trial_key"], planned["hparams"],
+                                                             _trial_number(trial)))
             self.tracker.log_params(run, trial_config(spec, planned))
             self._logged[trial.trial_id] = self.tracker.last_step(run, "train_loss")
             self._runs[trial.trial_id] = run
@@ -329,6 +341,12 @@ class MlflowTrials(tune.Callback):
         last = trial.last_result or {}
         status = last.get("status", "stopped")  # no status: stopped by ASHA
         why = {"diverged_reason": last.get("message") or "unknown"} if status == "diverged" else {}
+        run = self._run(trial)
+        if "step" in last:  # how far it trained: an early-stopped trial's budget used
+            self.tracker.log_metrics(run, [{"step": int(last["step"]), "steps_done": int(last["step"])}])
+        mults = {f"lr_mult.{k.removeprefix(GROUP_MULT)}": v for k, v in last.items() if k.startswith(GROUP_MULT)}
+        if mults:
+            self.tracker.log_params(run, mults)
         self._end(trial, status, "FINISHED", last.get("eval_loss"), why)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import requests
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 from workers.paths import data_dir
@@ -45,6 +45,8 @@ PARENT = "mlflow.parentRunId"
 INSTANCE = "study_instance"  # tag: the study instance (state.json's `instance`) that created the run
 REOPENED = ("KILLED", "FAILED")  # run statuses a resumed study sets back to RUNNING
 MAX_PARAM = 6000  # MLflow's limit on a param value
+KIND_TAG = "mlflow.experimentKind"  # the UI's view of an experiment: custom_model_development = the ML runs table
+NOTE = "mlflow.note.content"  # a run's description in the UI
 RETRY_S = 300.0  # default of PTCTL_MLFLOW_RETRY_S: how long a call waits for an unreachable tracking server
 for _name, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
                       ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")):
@@ -163,8 +165,9 @@ class Tracker:
         if found:
             return found.experiment_id
         location = None if _is_server(self.uri) else (artifact_root() / name).as_uri()
-        try:
-            return self.client.create_experiment(name, artifact_location=location)
+        try:  # a model-training experiment: the UI opens on its runs table, not the GenAI view
+            return self.client.create_experiment(name, artifact_location=location,
+                                                 tags={KIND_TAG: "custom_model_development"})
         except MlflowException:
             found = self.client.get_experiment_by_name(name)
             if found is None:
@@ -201,8 +204,8 @@ class Tracker:
         return self.run(phase, _key(study_id, "phase", instance, phase=phase), parent)
 
     def trial_run(self, study_id: str, phase: str, trial_key: str, parent: str, tags: dict[str, str],
-                  instance: str | None = None) -> str:
-        return self.run(trial_key, _key(study_id, "trial", instance, trial_key=trial_key), parent,
+                  instance: str | None = None, name: str | None = None) -> str:
+        return self.run(name or trial_key, _key(study_id, "trial", instance, trial_key=trial_key), parent,
                         {"phase": phase, **tags})
 
     def runs(self, study_id: str, kind: str, instance: str | None = None) -> list:
@@ -275,6 +278,24 @@ class Tracker:
         for i in range(0, len(metrics), 500):
             self.client.log_batch(run_id, metrics=metrics[i:i + 500])
 
+    def log_verdict(self, run_id: str, params: dict[str, Any], metrics: list[dict[str, Any]], tags: dict[str, Any],
+                    description: str | None = None) -> None:
+        """A verdict (`workers.verdicts.Verdict`'s fields): params once, metric rows, tags, and the run's
+        description (`mlflow.note.content`) when given."""
+        self.log_params(run_id, params)
+        self.log_metrics(run_id, metrics)
+        self.set_tags(run_id, {**tags, **({NOTE: description} if description else {})})
+
+    def log_table(self, run_id: str, table: Any, artifact_file: str) -> None:
+        """A trial table as an MLflow table artifact (the UI's artifact view and `mlflow.load_table`)."""
+        self.client.log_table(run_id, table.astype(object).where(table.notna(), None), artifact_file)
+
+    def log_dataset(self, run_id: str, name: str, digest: str, source: str, source_type: str = "local",
+                    context: str = "training") -> None:
+        """The run's dataset as an MLflow input (the runs table's Dataset column)."""
+        dataset = Dataset(name=name, digest=digest, source_type=source_type, source=source)
+        self.client.log_inputs(run_id, [DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])])
+
     def last_step(self, run_id: str, key: str) -> int:
         """The highest step of metric `key` the run holds (0: none), so a restarted trial logs only later steps."""
         return max((m.step for m in self.client.get_metric_history(run_id, key)), default=0)
@@ -286,6 +307,14 @@ class Tracker:
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         """`status`: FINISHED, FAILED or KILLED."""
         self.client.set_terminated(run_id, status)
+
+    def runs_link(self) -> str:
+        """The experiment's runs table in the MLflow UI (its ML view): on a server, its URL; on a local store,
+        the URL `mlflow ui` serves it at, with the command that starts it."""
+        path = f"#/experiments/{self.experiment_id}/runs"
+        if _is_server(self.uri):
+            return f"{self.uri.rstrip('/')}/{path}"
+        return f"http://127.0.0.1:5000/{path} (after `mlflow ui --backend-store-uri {self.uri}`)"
 
     def link(self, run_id: str) -> str:
         """Where the run lives (the MLflow UI shows it under this experiment and run id)."""

@@ -60,6 +60,7 @@ class TrialConfig:
     eval_batches: int = 8  # cap on fixed held-out batches per evaluation
     log_every: int = 10
     max_loss: float = 1e3  # a finite loss above this (ln|V| is ~10) also counts as diverged
+    uniform_margin: float | None = 1.0  # eval loss > max(ln|V|, untrained loss) + this: diverged; None: off
     seed: int = 0
     device: str = "auto"  # "auto" | "cpu" | "cuda"
 
@@ -105,6 +106,7 @@ class TrialResult:
     params: int
     history: list[dict[str, Any]] = field(default_factory=list)
     message: str = ""
+    lr_multipliers: dict[str, float] = field(default_factory=dict)  # per parameter group: its lr / the base lr
 
 
 @functools.lru_cache(maxsize=4)
@@ -187,6 +189,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
     params = sum(p.numel() for p in model.parameters())
     opt = make_optimizer(model, cfg)
     base_lrs = [g["lr"] for g in opt.param_groups]
+    info = (params, {g["name"]: g["lr"] / cfg.lr for g in opt.param_groups})  # the result's model facts
     batches = data.train_batches(cfg.batch_size, seed=cfg.seed)
     calibrate = getattr(model, "calibrate", None)  # TauGPT: τ from the first batch (and periodically)
     monitor_ids = (data.eval_batches(cfg.batch_size)[0].input_ids.to(device)  # fixed: comparable over steps
@@ -199,6 +202,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
     loss_value = math.nan
     tokens = 0
     plateau_scale, stale = 1.0, 0
+    start_loss = math.nan  # the untrained model's loss (the first batch's, before any update)
     start = time.perf_counter()
     first = 1
     if resume is not None:
@@ -212,6 +216,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
         best, eval_loss, loss_value = resume["best"], resume["eval_loss"], resume["train_loss"]
         tokens = resume["tokens"]
         plateau_scale, stale = resume["plateau_scale"], resume["stale"]
+        start_loss = resume.get("start_loss", math.nan)
         start -= resume["wall_time_s"]
         torch.set_rng_state(resume["rng"])
         if resume.get("cuda_rng") is not None and device.type == "cuda":
@@ -230,9 +235,11 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
         if hasattr(model, "aux_loss"):  # e.g. UT's ACT ponder cost (0 without ACT)
             loss = loss + model.aux_loss().to(loss.device)
         loss_value = float(loss.detach())
+        if step == 1:
+            start_loss = loss_value
         tokens += int(batch.attention_mask.sum())
         if not math.isfinite(loss_value) or loss_value > cfg.max_loss:
-            return _result("diverged", math.nan, best, loss_value, step, tokens, start, params, history,
+            return _result("diverged", math.nan, best, loss_value, step, tokens, start, info, history,
                            f"loss became {loss_value} at step {step}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -244,8 +251,12 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
         if evaluated:
             eval_loss = evaluate(model, data, cfg, device)
             if not math.isfinite(eval_loss) or eval_loss > cfg.max_loss:
-                return _result("diverged", math.nan, best, loss_value, step, tokens, start, params, history,
+                return _result("diverged", math.nan, best, loss_value, step, tokens, start, info, history,
                                f"eval loss became {eval_loss} at step {step}")
+            blown = _blown_up(eval_loss, data.vocab_size, start_loss, cfg.uniform_margin)
+            if blown:
+                return _result("diverged", math.nan, best, loss_value, step, tokens, start, info, history,
+                               f"eval loss {eval_loss:.4g} at step {step} is {blown}")
             stale = 0 if eval_loss < best else stale + 1
             best = min(best, eval_loss)
             if cfg.plateau_patience and stale >= cfg.plateau_patience:
@@ -268,9 +279,22 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
             if evaluated and checkpoint is not None:
                 checkpoint(row, _state(step, model, opt, device, history=list(history), monitored=list(monitored),
                                        best=best, eval_loss=eval_loss, train_loss=loss_value, tokens=tokens,
-                                       stale=stale, plateau_scale=plateau_scale,
+                                       stale=stale, plateau_scale=plateau_scale, start_loss=start_loss,
                                        wall_time_s=time.perf_counter() - start))
-    return _result("completed", eval_loss, best, loss_value, cfg.steps, tokens, start, params, history)
+    return _result("completed", eval_loss, best, loss_value, cfg.steps, tokens, start, info, history)
+
+
+def _blown_up(eval_loss: float, vocab_size: int, start_loss: float, margin: float | None) -> str:
+    """Why `eval_loss` counts as diverged although finite ('' if it does not): worse than predicting every token
+    uniformly (ln|V|), or than the untrained model when that started higher, by more than `margin` nats."""
+    if margin is None:
+        return ""
+    uniform = math.log(vocab_size)
+    reference = max(uniform, start_loss) if math.isfinite(start_loss) else uniform
+    if eval_loss <= reference + margin:
+        return ""
+    return (f"worse than uniform prediction (ln|V| = {uniform:.4g}; untrained {start_loss:.4g}) by more than "
+            f"train.uniform_margin = {margin:g}")
 
 
 def _state(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
@@ -306,11 +330,12 @@ def _monitor(model: torch.nn.Module, input_ids: torch.Tensor, step: int, monitor
             **{f"tau.collapse.{layer}": float(layer in flagged) for layer in layers}}
 
 
-def _result(status, eval_loss, best, train_loss, steps, tokens, start, params, history, message=""):
+def _result(status, eval_loss, best, train_loss, steps, tokens, start, model_info, history, message=""):
     wall = time.perf_counter() - start
+    params, multipliers = model_info
     return TrialResult(status=status, eval_loss=eval_loss, best_eval_loss=best, train_loss=train_loss,
                        steps=steps, tokens=tokens, wall_time_s=wall, tokens_per_s=tokens / max(wall, 1e-9),
-                       params=params, history=history, message=message)
+                       params=params, history=history, message=message, lr_multipliers=multipliers)
 
 
 def with_hparams(cfg: TrialConfig, hparams: dict[str, float]) -> TrialConfig:

@@ -207,3 +207,26 @@ def test_a_concatenated_table_with_repeated_index_labels():
     assert table.index.duplicated().any()
     cert = certify(table)
     assert (cert.n_samples, cert.n_better, cert.centre_rank) == (62, 1, 2)
+
+
+def test_neighbour_advice_names_the_directions_of_the_better_samples():
+    from analysis.neighbours import neighbour_advice
+
+    rows = [{"is_centre": True, "seed": s, "eval_loss": 5.0 + s / 100} for s in range(3)]
+    # better samples: larger lr, mixed w_H; worse samples: smaller lr
+    rows += [{"lr": 1.3, "w_H": 0.8 + 0.4 * (i % 2), "eval_loss": 4.8} for i in range(4)]
+    rows += [{"lr": 0.7, "w_H": 1.1, "eval_loss": 5.3} for _ in range(6)]
+    table = trials(rows, phase="verify")
+    centre = {"lr": 1.0, "w_H": 1.0}
+    advice = neighbour_advice(table, centre, ["lr", "w_H"], tolerance=0.01)
+    assert advice.n_better == 4 and advice.n_samples == 10
+    assert [d.hparam for d in advice.directions] == ["lr"]
+    assert advice.directions[0].median_change == pytest.approx(0.3)
+    assert "larger lr" in advice.text and "tune.num_trials" in advice.text and "train.steps" in advice.text
+
+
+def test_neighbour_advice_without_better_samples():
+    from analysis.neighbours import neighbour_advice
+
+    advice = neighbour_advice(verify_table([5.0, 5.01], [5.2] * 5), {"lr": 1.0}, ["lr"], tolerance=0.01)
+    assert advice.n_better == 0 and advice.directions == [] and "full N" in advice.text

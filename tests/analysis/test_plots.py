@@ -72,3 +72,33 @@ def test_plot_coord(tmp_path, with_param):
         table = table[table["parametrization"] == "mup"].drop(columns="parametrization")
     plot_coord(table, tmp_path / "coord.png")
     assert_png(tmp_path / "coord.png")
+
+
+def test_a_blown_up_point_does_not_set_the_loss_scale(tmp_path):
+    table = sweep_table(paper_like_optimum)
+    table.loc[(table["parametrization"] == "mup") & (table["lr"] == 2.0**-4) & (table["width"] == 512),
+              "eval_loss"] = 100.0
+    limits = plot_mutransfer(table, tmp_path / "mutransfer.png")
+    assert_png(tmp_path / "mutransfer.png")
+    assert len(limits) == 2 and limits[0] == limits[1]  # shared axes
+    low, high = limits[0]
+    sane = table.loc[table["eval_loss"] < 100, "eval_loss"]
+    assert sane.max() < high < 6.0 and low < sane.min()  # every sane point shown, the 100 off the scale
+
+
+def test_loss_limits_keep_a_tight_spread_and_drop_outliers():
+    from analysis._figures import loss_limits
+
+    low, high = loss_limits([5.0, 5.1, 5.2, 5.3, 97.0, float("inf"), float("nan")])
+    assert 4.9 < low < 5.0 and 5.3 < high < 5.4
+    assert loss_limits([float("inf")]) is None
+    assert loss_limits([5.0]) == pytest.approx((4.95, 5.05))
+
+
+def test_plot_transfer_includes_the_base_width_and_its_scale(tmp_path):
+    tune = trials([{"width": 32, "eval_loss": 3.5, "status": "completed"},
+                   {"width": 32, "eval_loss": 3.2, "status": "stopped"}])
+    transfer = trials([{"width": w, "eval_loss": 3.3 - 0.1 * i} for i, w in enumerate([64, 128])], phase="transfer")
+    [limits] = plot_transfer(pd.concat([tune, transfer]), tmp_path / "transfer.png")
+    assert_png(tmp_path / "transfer.png")
+    assert limits[0] < 3.2 and 3.5 < limits[1] < 3.6  # the base width's best completed trial (3.5) is in view

@@ -61,7 +61,9 @@ def test_report_has_every_phase_verdict_table_and_link():
     assert "| mup | 0 |" in md and "| standard | -1 |" in md
     # figures: phase figures in their sections, the rest at the end
     assert "![verify](verify.png)" in md.split("## verify")[1].split("## validate")[0]
-    assert "![validate](mutransfer.png)" in md.split("## validate")[1]
+    # the lr alignment is the headline: first after the title, not repeated in its section
+    assert md.split("\n\n")[1] == "## lr alignment (the headline)"
+    assert md.count("![validate](mutransfer.png)") == 1 and md.index("![validate]") < md.index("## spec")
     assert "## figures\n\n![coord](coord.png)" in md
     # sections in phase order
     assert md.index("## tune") < md.index("## transfer") < md.index("## verify") < md.index("## validate")
@@ -98,3 +100,14 @@ def test_cost_section_states_the_proxy_share_of_one_target_run():
     no_target = render_report(study={"name": "s"}, tables={}, certificate=None, lr_drift=None, plots={},
                               cost={"rows": cost["rows"][:1], "targets": {}})
     assert "no transfer width" in no_target
+
+
+def test_report_says_where_the_better_neighbours_lie():
+    from analysis import neighbour_advice
+
+    table = verify_table([2.0, 2.01], [1.5] * 3 + [2.1] * 59)
+    cert = certify(table)
+    advice = neighbour_advice(table, dict.fromkeys(("lr",), 1.0), ["lr"], cert.tolerance)
+    md = render_report(study=STUDY, tables={}, certificate=cert, lr_drift=None, plots={}, advice=advice)
+    verify = md.split("## verify")[1]
+    assert "where the better neighbours lie" in verify and "tune.num_trials" in verify

@@ -106,3 +106,22 @@ def test_transfer_table_with_repeated_index_labels():
     one = trials([{"eval_loss": 3.0, "seed": 0}, {"status": "diverged", "seed": 1}], phase="transfer")
     out = transfer_table(pd.concat([one, one]), phase=None)
     assert (out.loc[0, "n_seeds"], out.loc[0, "n_diverged"]) == (2, 2)
+
+
+def test_lr_optimum_is_interpolated_between_grid_points():
+    """A parabola through the best grid lr and its neighbours finds an optimum between grid points; the drift
+    fits the interpolated optima (the grid alone would say -0.4 for a true drift of -0.3)."""
+    table = sweep_table(lambda p, w: -9.0 - 0.3 * np.log2(w / 64), parametrizations=("mup",))
+    drift = lr_drift(table, threshold=0.5)
+    interp = [o.log2_lr_interp for o in drift.optima]
+    assert interp == pytest.approx([-9.0 - 0.3 * i for i in range(len(SWEEP_WIDTHS))])
+    assert [o.log2_lr for o in drift.optima] == [-9.0, -9.0, -10.0, -10.0]  # the grid points are kept
+    assert drift.mup_drift == pytest.approx(-0.3)
+    assert "interpolated" in drift.verdict
+
+
+def test_lr_optimum_next_to_a_diverged_lr_stays_on_the_grid():
+    table = sweep_table(lambda p, w: -9.3, parametrizations=("mup",))
+    table.loc[table["lr"] == 2.0**-10, "status"] = "diverged"
+    optima = lr_drift(table).optima
+    assert all(o.log2_lr_interp == o.log2_lr == -9.0 for o in optima)

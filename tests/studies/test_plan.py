@@ -60,3 +60,40 @@ def test_transfer_and_validate_grids(spec):
     assert len(grid) == 2 * 2 * 3
     assert {t["parametrization"] for t in grid} == {"mup", "standard"}
     assert {t["hparams"]["lr"] for t in grid} == {0.001, 0.01, 0.1}
+
+
+def test_the_verify_centre_reuses_the_identical_transfer_run(spec):
+    """tiny: transfer trains width 32 seed 0 for 30 steps, the verify centre's first seed is that same run."""
+    from studies.plan import reused_centre_seeds, with_reused_centre
+
+    centre = spec.space.defaults()
+    assert reused_centre_seeds(spec) == [0]
+    planned = verify_trials(spec, centre, skip_centre_seeds=reused_centre_seeds(spec))
+    assert [t["seed"] for t in planned if t["is_centre"]] == [1]
+    transfer = pd.DataFrame([{"trial_id": "transfer-w32-s0", "phase": "transfer", "width": 32, "seed": 0,
+                              "status": "completed", "eval_loss": 5.0, "is_centre": False, "message": ""}])
+    ran = pd.DataFrame([{"trial_id": "verify-centre-s1", "phase": "verify", "width": 32, "seed": 1,
+                         "status": "completed", "eval_loss": 5.1, "is_centre": True, "message": ""}])
+    table = with_reused_centre(spec, ran, transfer)
+    reused = table[table["trial_id"] == "verify-centre-s0"].iloc[0]
+    assert (reused["phase"], bool(reused["is_centre"]), reused["eval_loss"]) == ("verify", True, 5.0)
+    assert "transfer-w32-s0" in reused["message"] and len(table) == 2
+    # another verify budget or width: nothing to reuse
+    assert reused_centre_seeds(StudySpec.model_validate({**spec.as_dict(), "verify": {
+        **spec.as_dict()["verify"], "steps": 20}})) == []
+
+
+def test_the_demo_tells_the_whole_story_and_cpu_certify_runs_the_full_n():
+    demo, certify = load_catalog("cpu_demo"), load_catalog("cpu_certify")
+    assert demo.phases() == ["tune", "transfer", "verify", "validate"]
+    assert len(demo.transfer.widths) >= 2 and min(demo.transfer.widths) > demo.tune.base_width
+    assert set(demo.validate_.parametrizations) == {"mup", "standard"}
+    assert demo.validate_.widths[-1] in demo.transfer.widths
+    assert reused_centre_seeds_of(demo) and reused_centre_seeds_of(certify)
+    assert certify.verify.resolved_n_samples() == 59
+
+
+def reused_centre_seeds_of(spec):
+    from studies.plan import reused_centre_seeds
+
+    return reused_centre_seeds(spec)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -60,6 +61,45 @@ def test_all_phases_finish_with_artifacts(tiny_study):
     assert "centre" in (art / "report.md").read_text()
 
 
+def test_mlflow_tells_the_study_at_a_glance(tiny_study):
+    """The study and phase runs carry the verdicts, figures, tables, dataset and provenance; trial runs are named
+    for a reader and carry steps_done and the per-group lr multipliers; the reused verify centre is a run."""
+    from mlflow import MlflowClient
+
+    from workers.tracking import Tracker
+
+    spec, state, _ = tiny_study
+    tracker = Tracker(spec.experiment_name())
+    client = MlflowClient(tracker.uri)
+    assert client.get_experiment(tracker.experiment_id).tags.get("mlflow.experimentKind") == \
+        "custom_model_development"
+    study = client.get_run(state.runs["study"])
+    best = state.phases["tune"]["best_hparams"]
+    assert float(study.data.params["best.lr"]) == pytest.approx(best["lr"])
+    assert study.data.params["base_width"] == "16" and study.data.params["target_widths"] == "32"
+    assert study.data.tags["certified"] in ("true", "false")
+    assert {"upper_bound", "n_better", "centre_rank"} <= set(study.data.metrics)
+    note = study.data.tags["mlflow.note.content"]
+    assert "Tuned at width 16" in note and "Certificate:" in note
+    assert study.data.tags["mlflow.user"] and "mlflow.source.name" in study.data.tags
+    assert [d.dataset.name for d in study.inputs.dataset_inputs] == ["shakespeare"]
+    artifacts = {a.path for a in client.list_artifacts(study.info.run_id)}
+    assert {"report.md", "tune_history.png", "transfer.png", "verify.png", "trials.json"} <= artifacts
+    transfer = client.get_run(state.runs["transfer"])
+    assert [(m.step, round(m.value, 6)) for m in client.get_metric_history(transfer.info.run_id, "eval_loss")] == \
+        [(32, round(state.phases["transfer"]["widths"][0]["eval_loss_mean"], 6))]
+    assert "transfer_trials.json" in {a.path for a in client.list_artifacts(transfer.info.run_id)}
+    trials = tracker.runs(state.study_id, "trial", state.instance)
+    tune_names = [r.info.run_name for r in trials if r.data.tags["phase"] == "tune"]
+    assert all(re.fullmatch(r"tune-\d\d lr=\d\.\de-\d+", n) for n in tune_names), tune_names
+    stopped = [r for r in trials if r.data.tags["status"] == "stopped"]
+    assert all(r.data.metrics["steps_done"] < spec.train.steps for r in stopped)
+    assert all("lr_mult.hidden" in r.data.params for r in trials if r.data.tags["status"] == "completed"
+               and "reused_from" not in r.data.tags)
+    reused = [r for r in trials if r.data.tags.get("reused_from")]
+    assert [r.data.tags["reused_from"] for r in reused] == ["transfer-w32-s0"]
+
+
 def test_verify_cli_reuses_tune_and_transfer(tiny_study, capsys):
     from service.cli import main
 
@@ -99,7 +139,9 @@ def test_mlflow_hierarchy(tiny_study):
         assert float(params["lr"]) > 0 and params["model_hp.width"] == tags["width"]
         assert tags["status"] in ("completed", "stopped")
     completed = [r for r in runs["trial"] if r.data.tags["status"] == "completed"]
-    assert all("eval_loss" in r.data.metrics and "lr_hidden" in r.data.metrics for r in completed)
+    assert all("eval_loss" in r.data.metrics for r in completed)
+    # a reused verify centre run holds the final eval loss and names the transfer run whose curves it is
+    assert all("lr_hidden" in r.data.metrics for r in completed if "reused_from" not in r.data.tags)
     assert "tune" in phases and any(a.path == "tune_trials.csv" for a in
                                     __import__("mlflow").MlflowClient(os.environ.get("MLFLOW_TRACKING_URI") or
                                     f"sqlite:///{tiny_study[2].parents[1] / 'mlflow.db'}")

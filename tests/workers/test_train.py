@@ -164,3 +164,14 @@ def test_a_resumed_trial_ends_exactly_where_an_undisturbed_one_ends(kw):
     drop = ("tokens_per_s",)
     assert [{k: v for k, v in r.items() if k not in drop} for r in resumed.history] == \
         [{k: v for k, v in r.items() if k not in drop} for r in full.history]
+
+
+def test_an_eval_loss_worse_than_uniform_prediction_is_diverged():
+    """Above max(ln|V|, the untrained loss) + uniform_margin the run is recorded diverged (with why), not completed
+    or stopped; a run that merely has not learned yet (lr ≈ 0) is not."""
+    blown = train_trial(_cfg(steps=10, eval_every=10, uniform_margin=-100.0))
+    assert blown.status == "diverged" and math.isnan(blown.eval_loss)
+    assert "worse than uniform prediction" in blown.message and "step 10" in blown.message
+    assert train_trial(_cfg(steps=10, eval_every=10, uniform_margin=None)).status == "completed"
+    idle = train_trial(_cfg(steps=10, eval_every=10, lr=1e-12, uniform_margin=0.3))
+    assert idle.status == "completed"

@@ -1,0 +1,114 @@
+"""The end-of-study summary the CLI prints: the story of a study in the terminal, for any subset of phases.
+
+In order: the transferred hparams (tune's winner), the loss per width (the tuned base width, then each
+transfer width), the lr-drift verdict per parametrization (validate; optima interpolated in log lr), the
+certificate (verify) and where its better neighbours lie, then the report, its figures and the MLflow runs
+table. A section whose phase did not run (or left no table) is left out; nothing here trains or logs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from analysis import Certificate, LRDrift, neighbour_advice
+from studies.spec import StudySpec
+
+FIGURES = ("mutransfer", "transfer", "verify", "tune_history", "compare")  # the headline figure first
+
+
+@dataclass
+class StudyView:
+    """What the summary reads: the spec, `state.json` as a dict, the artifacts folder and MLflow's run ids."""
+
+    spec: StudySpec
+    state: dict[str, Any]
+    art: Path
+    runs: dict[str, str]  # trial_key → MLflow run id ({} when unknown)
+    runs_link: str | None  # the experiment's runs table in the MLflow UI, or how to open it
+
+
+def _table(view: StudyView, phase: str) -> pd.DataFrame | None:
+    path = view.art / f"{phase}_trials.csv"
+    return pd.read_csv(path) if path.exists() else None
+
+
+def print_summary(console: Console, view: StudyView) -> None:
+    """Print every section the study's finished phases support."""
+    phases, spec = view.state.get("phases", {}), view.spec
+    console.print(f"study [bold]{view.state.get('study_id')}[/]: {view.state.get('status', 'unknown')}")
+    tune = phases.get("tune", {})
+    if tune.get("status") == "done":
+        reused = f", reused from {tune['reused_from']}" if tune.get("reused_from") else ""
+        console.print(f"tuned at width {spec.tune.base_width} over {tune.get('n_trials', '?')} trials "
+                      f"(best eval loss {tune['best_eval_loss']:.4f}{reused})")
+        console.print("transferred hparams: " + ", ".join(f"{k}={v:.4g}" for k, v in tune["best_hparams"].items()))
+        _width_table(console, view, tune)
+    drift = phases.get("validate", {}).get("lr_drift")
+    if drift:
+        _drift_section(console, LRDrift(**drift))
+    cert = phases.get("verify", {}).get("certificate")
+    if cert:
+        _certificate_section(console, view, Certificate(**cert))
+    if (view.art / "cost.json").exists():
+        from analysis.report import cost_line
+
+        console.print(f"cost: {cost_line(json.loads((view.art / 'cost.json').read_text()))}")
+    report = view.art / "report.md"
+    if report.exists():
+        console.print(f"report: {report}")
+    figures = [view.art / f"{name}.png" for name in FIGURES if (view.art / f"{name}.png").exists()]
+    if figures:
+        console.print("figures: " + ", ".join(str(f) for f in figures), soft_wrap=True)
+    if view.runs_link:
+        console.print(f"MLflow runs: {view.runs_link}", soft_wrap=True)
+
+
+def _width_table(console: Console, view: StudyView, tune: dict[str, Any]) -> None:
+    """The tuned base width, then every transfer trial: the μTransfer story as a loss per width."""
+    table = Table(title="eval loss per width (the tuned hparams, zero-shot above the base width)")
+    for col in ("width", "seed", "params", "eval loss", "status"):
+        table.add_column(col, justify="left" if col == "status" else "right")
+    table.add_column("MLflow run", overflow="fold", min_width=32)
+    table.add_row(str(view.spec.tune.base_width), "", "", f"{tune['best_eval_loss']:.4f}", "tuned (base)", "")
+    transfer = _table(view, "transfer")
+    if transfer is not None:
+        for row in transfer.sort_values(["width", "seed"]).itertuples():
+            params = f"{int(row.params):,}" if row.params == row.params else "—"
+            loss = f"{row.eval_loss:.4f}" if row.eval_loss == row.eval_loss else "—"
+            table.add_row(str(row.width), str(row.seed), params, loss, str(row.status),
+                          view.runs.get(row.trial_id, "—"))
+    console.print(table)
+
+
+def _drift_section(console: Console, drift: LRDrift) -> None:
+    """The optimal lr per width under each parametrization and its drift per doubling of width."""
+    table = Table(title="lr sweep (validate): optimal lr per width, interpolated in log lr")
+    for col in ("parametrization", "width", "best grid lr", "interpolated lr", "eval loss"):
+        table.add_column(col, justify="right")
+    for o in sorted(drift.optima, key=lambda o: (o.parametrization != "mup", o.parametrization, o.width)):
+        interp = f"{o.lr_interp:.3g}" if o.lr_interp is not None else "—"
+        edge = " (grid edge)" if o.at_grid_edge else ""
+        table.add_row(o.parametrization, str(o.width), f"{o.lr:.3g}{edge}", interp, f"{o.eval_loss:.4f}")
+    console.print(table)
+    for param, value in drift.drift.items():
+        console.print(f"lr drift, {param}: {value + 0.0:+.2f} log2(lr) per doubling of width")
+    console.print(f"[{'green' if drift.passed else 'red'}]lr drift:[/] {drift.verdict}", soft_wrap=True)
+
+
+def _certificate_section(console: Console, view: StudyView, cert: Certificate) -> None:
+    colour = "green" if cert.certified else "yellow"
+    console.print(f"[{colour}]certificate:[/] {cert.verdict}", soft_wrap=True)
+    verify = _table(view, "verify")
+    if cert.certified or verify is None:
+        return
+    centre = view.state.get("phases", {}).get("tune", {}).get("best_hparams")
+    if centre:
+        advice = neighbour_advice(verify, centre, list(view.spec.space.searched()), cert.tolerance)
+        console.print(f"where the better neighbours lie: {advice.text}", soft_wrap=True)

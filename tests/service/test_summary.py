@@ -1,0 +1,99 @@
+"""The CLI's end-of-study summary for any subset of phases, from a study folder written by hand (no training)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from analysis import HPARAMS, certify, lr_drift
+from service import summary
+from studies.spec import StudySpec
+from tests.analysis._tables import paper_like_optimum, sweep_table, trials, verify_table
+
+
+def _spec(**sections) -> StudySpec:
+    data = {"name": "sum", "model": {"family": "pt", "arch": {"n_channels": 2, "rank": 4}},
+            "data": {"source": "shakespeare"}, "tune": {"base_width": 64}, **sections}
+    return StudySpec.model_validate(data)
+
+
+def _study(tmp_path, spec: StudySpec, phases: dict, tables: dict) -> summary.StudyView:
+    art = tmp_path / "artifacts"
+    art.mkdir()
+    for name, table in tables.items():
+        table.to_csv(art / f"{name}_trials.csv", index=False)
+    (art / "report.md").write_text("# report\n")
+    (art / "mutransfer.png").write_bytes(b"png")
+    state = {"study_id": "sum-1", "status": "succeeded", "phases": phases}
+    return summary.StudyView(spec=spec, state=state, art=art, runs={"t000": "run-abc"}, runs_link="http://ui/#/runs")
+
+
+def _printed(view: summary.StudyView) -> str:
+    console = Console(record=True, width=200)
+    summary.print_summary(console, view)
+    return console.export_text()
+
+
+TUNE = {"status": "done", "best_hparams": {**dict.fromkeys(HPARAMS, 1.0), "lr": 0.01}, "best_eval_loss": 5.1,
+        "n_trials": 4}
+
+
+def test_tune_and_validate_only(tmp_path):
+    sweep = sweep_table(paper_like_optimum)
+    drift = lr_drift(sweep)
+    view = _study(tmp_path, _spec(transfer=None, verify=None,
+                                  validate={"widths": [64, 128], "lrs": [0.001, 0.01, 0.1]}),
+                  {"tune": TUNE, "validate": {"status": "done", "lr_drift": drift.model_dump()}},
+                  {"tune": trials([{"eval_loss": 5.1}]), "validate": sweep})
+    text = _printed(view)
+    assert "lr=0.01" in text
+    assert "mup" in text and "standard" in text and "+0.00" in text and "-1.00" in text
+    assert "per doubling" in text
+    assert "report" in text and "mutransfer.png" in text and "http://ui/#/runs" in text
+    assert "tuned (base)" in text and "completed" not in text  # the width table holds the base width only
+
+
+def test_every_phase(tmp_path):
+    transfer = trials([{"width": w, "eval_loss": 5.0 - w / 1000, "params": 10 * w} for w in (128, 256)],
+                      phase="transfer")
+    verify = verify_table([5.0, 5.01, 5.02], [5.1] * 10)
+    cert = certify(verify)
+    view = _study(tmp_path, _spec(transfer={"widths": [128, 256]}, verify={"n_samples": 10}),
+                  {"tune": TUNE, "transfer": {"status": "done"}, "verify": {"certificate": cert.model_dump()}},
+                  {"tune": trials([{"eval_loss": 5.1, "width": 64}]), "transfer": transfer, "verify": verify})
+    text = _printed(view)
+    for width in ("64", "128", "256"):
+        assert width in text
+    assert "run-abc" in text  # the transfer trial t000's MLflow run
+    assert cert.verdict[:40] in text
+
+
+@pytest.mark.parametrize("phases", [{}, {"tune": {"status": "running"}}])
+def test_nothing_finished(tmp_path, phases):
+    text = _printed(_study(tmp_path, _spec(transfer={"widths": [128]}), phases, {}))
+    assert "sum-1" in text
+
+
+def test_cli_summary_of_a_tune_validate_study(tmp_path, monkeypatch):
+    """`ptctl study run`'s summary for a study without a transfer phase (it once exited 2 reading
+    transfer_trials.csv) through the CLI's own function, with a real MLflow store."""
+    from service import cli
+    from workers.driver import StudyState
+
+    monkeypatch.setenv("PTCTL_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    sweep = sweep_table(paper_like_optimum)
+    spec = _spec(transfer=None, verify=None, validate={"widths": [64, 128], "lrs": [0.001, 0.01, 0.1]})
+    art = tmp_path / "studies" / "sum-1" / "artifacts"
+    art.mkdir(parents=True)
+    sweep.to_csv(art / "validate_trials.csv", index=False)
+    state = StudyState("sum-1", "hash", "succeeded", instance="i1",
+                       phases={"tune": TUNE, "validate": {"status": "done", "lr_drift": lr_drift(sweep).model_dump()}})
+    console = Console(record=True, width=200)
+    monkeypatch.setattr(cli, "console", console)
+    cli._print_summary(spec, state)
+    text = console.export_text()
+    assert "-1.00" in text and "#/experiments/" in text
+    json.dumps(text)

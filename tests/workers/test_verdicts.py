@@ -1,0 +1,41 @@
+"""The verdicts the MLflow runs carry, built from phase results as state.json keeps them (no MLflow here)."""
+
+from analysis import certify, lr_drift
+from studies import load_catalog
+from tests.analysis._tables import paper_like_optimum, sweep_table, verify_table
+from workers.verdicts import phase_verdict, provenance_tags, study_verdict, trial_run_name
+
+SPEC = load_catalog("cpu_demo")
+TUNE = {"status": "done", "best_hparams": {**SPEC.space.defaults(), "lr": 0.0044}, "best_eval_loss": 5.8,
+        "n_trials": 10}
+
+
+def test_each_phase_verdict():
+    tune = phase_verdict(SPEC, "tune", TUNE)
+    assert tune.params["best.lr"] == 0.0044 and tune.params["base_width"] == 32
+    assert "lr=4.4e-3" in tune.sentence
+    transfer = phase_verdict(SPEC, "transfer", {"widths": [{"width": 64, "eval_loss_mean": 5.7},
+                                                           {"width": 128, "eval_loss_mean": 5.5}]})
+    assert transfer.params["target_widths"] == "64,128"
+    assert transfer.metrics == [{"step": 64, "eval_loss": 5.7}, {"step": 128, "eval_loss": 5.5}]
+    cert = certify(verify_table([5.0, 5.01], [5.2] * 8))
+    verify = phase_verdict(SPEC, "verify", {"certificate": cert.model_dump()})
+    assert verify.tags == {"certified": "false"}
+    assert {"upper_bound", "n_better", "centre_rank"} <= set(verify.metrics[0])
+    drift = lr_drift(sweep_table(paper_like_optimum))
+    validate = phase_verdict(SPEC, "validate", {"lr_drift": drift.model_dump()})
+    assert round(validate.metrics[0]["lr_drift.standard"], 6) == -1.0 and validate.tags["lr_drift_passed"] == "true"
+
+
+def test_study_verdict_merges_the_finished_phases():
+    verdict = study_verdict(SPEC, {"tune": TUNE, "transfer": {"status": "running"}})
+    assert "best.lr" in verdict.params and verdict.sentence.startswith("Tuned at width 32")
+    assert "Zero-shot" not in verdict.sentence
+
+
+def test_trial_run_names_and_provenance():
+    assert trial_run_name("tune-2c5b1a0e", {"lr": 0.0044}, number=7) == "tune-07 lr=4.4e-3"
+    assert trial_run_name("verify-sample003", {"lr": 0.012}) == "verify-sample003 lr=1.2e-2"
+    assert trial_run_name("validate-mup-w32-lr0.002-s0", {"lr": 0.002}) == "validate-mup-w32-lr0.002-s0"
+    tags = provenance_tags("demo")
+    assert tags["mlflow.user"] and tags["mlflow.source.name"]
