@@ -22,6 +22,7 @@ block medians, with the min and max block median beside it.
 
     python3 benchmarks/bench_pt.py --device cpu --steps 5 --repeats 3 --json results.json
     python3 benchmarks/bench_pt.py --device cuda --steps 20 --repeats 5
+    python3 benchmarks/bench_pt.py --threads 2 --profile 3 --configs ptb --models pt   # op breakdown
 
 Results go to docs/LOG.md (see benchmarks/README.md).
 """
@@ -149,6 +150,18 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+def profile_steps(step, n_steps: int, device: str) -> str:
+    """torch.profiler over `n_steps` train steps: the ops' self time, largest first (the LOG's breakdown)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(n_steps):
+            step()
+    key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=20)
+
+
 def worker(spec: dict) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -200,6 +213,10 @@ def worker(spec: dict) -> dict:
     counted = fc.get_total_flops() * (B / small.shape[0]) / (B * n)
     model.zero_grad(set_to_none=True)
 
+    if spec.get("profile"):
+        step()  # warm-up outside the trace
+        sync()
+        return {"config": spec["name"], "model": spec["model"], "profile": profile_steps(step, spec["profile"], dev.type)}
     sync()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -291,6 +308,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--configs", default="small,ptb", help=f"comma-separated subset of {list(CONFIGS)}")
+    ap.add_argument("--models", default="pt,ut", help="comma-separated subset of pt, ut")
+    ap.add_argument("--profile", type=int, default=0, help="profile this many steps per model and print the ops")
     ap.add_argument("--json", type=Path, default=None, help="write all results and the environment here")
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -308,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.configs.split(","):
         steps = args.ptb_steps if (name == "ptb" and args.ptb_steps) else args.steps
         repeats = args.ptb_repeats if (name == "ptb" and args.ptb_repeats) else args.repeats
-        for model in ("pt", "ut"):
+        for model in args.models.split(","):
             spec = {
                 "name": name,
                 "config": CONFIGS[name],
@@ -322,10 +341,16 @@ def main(argv: list[str] | None = None) -> None:
                 "warmup": args.warmup,
                 "steps": steps,
                 "repeats": repeats,
+                "profile": args.profile,
             }
             t0 = time.time()
             results.append(run_one(spec))
             print(f"[{name}/{model}] done in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+            if args.profile:
+                print(f"\n## {name}/{model}: {args.profile} steps, {args.threads or 'default'} threads\n")
+                print(results[-1]["profile"], flush=True)
+    if args.profile:
+        return
     env = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": args.device,
