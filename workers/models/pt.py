@@ -172,10 +172,12 @@ class _Offsets:
         self.k = torch.cat(ks) if ks else empty  # (P,) bucket of each near pair
         self.i = torch.cat(di) if di else empty  # (P,) dependent
         self.j = torch.cat(hj) if hj else empty  # (P,) head
-        self.n = n
+        self.n, self.gamma = n, gamma
+        # the same near pairs as whole diagonals: (s = i - j, bucket) for 0 < |s| ≤ γ, |s| < n
+        self.near = [(s, s + gamma + 1 if s < 0 else s + gamma) for s in range(-gamma, gamma + 1) if 0 < abs(s) < n]
 
 
-def head_scores(q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
+def head_scores_indexed(q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
     """F[b,c,i,j] = Σ_k M[k,i,j] <q_k[i], k_k[j]>.  q, k: (B, n, K, h, r) → (B, h, n, n)."""
     far = q[:, :, 0].transpose(1, 2) @ k[:, :, 0].permute(0, 2, 3, 1)  # (B, h, n, n)
     F_ = torch.where(o.far_neg, far, 0.0)
@@ -187,7 +189,7 @@ def head_scores(q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
         F_ = F_.reshape(Bsz, h, n * n).index_add(-1, o.i * n + o.j, vals.transpose(1, 2)).view(Bsz, h, n, n)
     return F_
 
-def gather(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> torch.Tensor:
+def gather_indexed(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> torch.Tensor:
     """ctx[b,i,k,c] = Σ_j A[c,i,j]·M[k,i,j]·x_k[j]   (transpose: Σ_j A[c,j,i]·M[k,j,i]·x_k[j]).
 
     A: (B, h, n, n); x: (B, n, K, h, r) → (B, n, K, h, r), laid out for one GEMM back to d.
@@ -207,6 +209,49 @@ def gather(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> to
         ctx = ctx.view(Bsz, n * K, h, r).index_add(1, recv * K + o.k, vals).view(Bsz, n, K, h, r)
     return ctx
 
+
+
+# the diagonal kernels (recompute=True): the same sums as the indexed ones above, with each near bucket
+# one diagonal of the (n, n) score matrix and one shifted slice of x, and the far masks as triu/tril.
+def _near_slices(s: int, n: int) -> tuple[slice, slice]:
+    """Dependents i and heads j = i − s of the pairs at signed offset s, as slices of 0..n−1."""
+    i0, i1 = max(s, 0), n + min(s, 0)
+    return slice(i0, i1), slice(i0 - s, i1 - s)
+
+
+def head_scores(q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
+    """F[b,c,i,j] = Σ_k M[k,i,j] <q_k[i], k_k[j]>.  q, k: (B, n, K, h, r) → (B, h, n, n)."""
+    g = o.gamma
+    F_ = (q[:, :, 0].transpose(1, 2) @ k[:, :, 0].permute(0, 2, 3, 1)).triu_(g + 1)  # far_neg: j > i + γ
+    F_ += (q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1)).tril_(-g - 1)  # far_pos: j < i − γ
+    for s, kb in o.near:  # F[i, i − s], one diagonal per near bucket
+        dep, head = _near_slices(s, o.n)
+        F_.diagonal(-s, -2, -1).copy_((q[:, dep, kb] * k[:, head, kb]).sum(-1).transpose(1, 2))
+    return F_
+
+
+def gather(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> torch.Tensor:
+    """ctx[b,i,k,c] = Σ_j A[c,i,j]·M[k,i,j]·x_k[j]   (transpose: Σ_j A[c,j,i]·M[k,j,i]·x_k[j]).
+
+    A: (B, h, n, n); x: (B, n, K, h, r) → (B, n, K, h, r), every element written once.
+    """
+    g, n = o.gamma, o.n
+    ctx = torch.empty_like(x)
+    far_neg, far_pos = A.triu(g + 1), A.tril(-g - 1)
+    if transpose:
+        far_neg, far_pos = far_neg.transpose(-1, -2), far_pos.transpose(-1, -2)
+    ctx[:, :, 0] = (far_neg @ x[:, :, 0].transpose(1, 2)).transpose(1, 2)  # (B, h, n, r) → (B, n, h, r)
+    ctx[:, :, -1] = (far_pos @ x[:, :, -1].transpose(1, 2)).transpose(1, 2)
+    for kb in set(range(1, x.shape[2] - 1)) - {kb for _, kb in o.near}:  # near buckets with no pair (|s| ≥ n)
+        ctx[:, :, kb] = 0.0
+    for s, kb in o.near:
+        dep, head = _near_slices(s, n)
+        recv, send = (head, dep) if transpose else (dep, head)
+        a = A.diagonal(-s, -2, -1).transpose(1, 2)[..., None]  # (B, n − |s|, h, 1): A[c, i, i − s]
+        torch.mul(a, x[:, send, kb], out=ctx[:, recv, kb])
+        ctx[:, : recv.start, kb] = 0.0
+        ctx[:, recv.stop :, kb] = 0.0
+    return ctx
 
 
 class _Scores(torch.autograd.Function):
@@ -353,10 +398,10 @@ class ProbabilisticTransformer(nn.Module):
 
     # ---------------------------------------------------------------------------------------
     def _head_scores(self, q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
-        return _Scores.apply(q, k, o) if self.cfg.recompute else head_scores(q, k, o)
+        return _Scores.apply(q, k, o) if self.cfg.recompute else head_scores_indexed(q, k, o)
 
     def _gather(self, A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> torch.Tensor:
-        return gather(A, x, o, transpose)
+        return (gather if self.cfg.recompute else gather_indexed)(A, x, o, transpose)
 
     def _messages(self, A, q, k, Wu, Wv, o) -> tuple[torch.Tensor, torch.Tensor | None]:
         """G_dep = gather(A, k)·Uᵀ and G_head = gatherᵀ(A, q)·Vᵀ (None with block_msg), each (B, n, d)."""
