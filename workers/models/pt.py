@@ -263,6 +263,7 @@ class _Scores(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, o):
+        k = k.to(q.dtype)  # under autocast both are the projection GEMMs' dtype already
         ctx.save_for_backward(q, k)
         ctx.o = o
         return head_scores(q, k, o)
@@ -270,6 +271,7 @@ class _Scores(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dF):
         q, k = ctx.saved_tensors
+        dF = dF.to(q.dtype)  # backward runs outside autocast: one dtype, as in forward
         return gather(dF, k, ctx.o, transpose=False), gather(dF, q, ctx.o, transpose=True), None
 
 
@@ -285,6 +287,9 @@ class _Messages(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, q, k, Wu, Wv, o, head, gather_fn):
         Bsz, n = q.shape[:2]
+        # one compute dtype, q's: under autocast the bf16 projections, else the model's (autograd casts
+        # each gradient back to its input's dtype, e.g. float32 for A and the weights)
+        A, k, Wu, Wv = (t.to(q.dtype) for t in (A, k, Wu, Wv))
         ctx.save_for_backward(A, q, k, Wu, Wv)
         ctx.o, ctx.head = o, head
         dep = gather_fn(A, k, o, False).view(Bsz, n, -1) @ Wu.T
@@ -294,6 +299,7 @@ class _Messages(torch.autograd.Function):
     def backward(ctx, g_dep, g_head):
         A, q, k, Wu, Wv = ctx.saved_tensors
         o, shape = ctx.o, q.shape
+        g_dep, g_head = g_dep.to(q.dtype), g_head.to(q.dtype)
         rows = shape[0] * shape[1]
         c = (g_dep @ Wu).view(shape)  # d loss / d ctx_dep
         dWu = g_dep.reshape(rows, -1).T @ gather(A, k, o, False).view(rows, -1)
@@ -431,6 +437,9 @@ class ProbabilisticTransformer(nn.Module):
         d, r, m = cfg.width, cfg.r, cfg.m
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
+        if not cfg.recompute and torch.is_autocast_enabled(input_ids.device.type):
+            raise ValueError("PTConfig.recompute=False does not support autocast (its index kernels need one dtype); "
+                             "set recompute: true")
         pad = ~attention_mask  # (B, n)
         o = self._offsets_for(n, input_ids.device)
         U, V = self.factors()  # (K, h, d, r)
