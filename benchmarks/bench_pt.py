@@ -22,6 +22,12 @@ block medians, with the min and max block median beside it.
 
     python3 benchmarks/bench_pt.py --device cpu --steps 5 --repeats 3 --json results.json
     python3 benchmarks/bench_pt.py --device cuda --steps 20 --repeats 5
+    python3 benchmarks/bench_pt.py --threads 2 --profile 3 --configs ptb --models pt   # op breakdown
+    python3 benchmarks/bench_pt.py --models pt,pt-store,ut   # before/after of PTConfig.recompute in one run
+
+Models: `pt` (PTConfig defaults: recompute=True), `pt-store` (recompute=False: the indexed kernels
+differentiated by autograd, the implementation before issue 14), `ut` (the encoder). `--autocast
+bf16` runs every model's forward under torch.autocast; `--compile` wraps each in torch.compile.
 
 Results go to docs/LOG.md (see benchmarks/README.md).
 """
@@ -149,6 +155,18 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+def profile_steps(step, n_steps: int, device: str) -> str:
+    """torch.profiler over `n_steps` train steps: the ops' self time, largest first (the LOG's breakdown)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(n_steps):
+            step()
+    key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=20)
+
+
 def worker(spec: dict) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -161,7 +179,7 @@ def worker(spec: dict) -> dict:
         torch.set_num_threads(spec["threads"])
     dev = torch.device(spec["device"])
     c, B, n, V = spec["config"], spec["batch"], spec["seq"], spec["vocab"]
-    if spec["model"] == "pt":
+    if spec["model"] in ("pt", "pt-store"):
         model = build_model(
             "pt",
             vocab_size=V,
@@ -172,12 +190,15 @@ def worker(spec: dict) -> dict:
             n_iter=c["T"],
             gamma=c["gamma"],
             dropout=spec["dropout"],
+            recompute=spec["model"] == "pt",
         )
         flops = pt_flops(c["d"], c["h"], c["r"], c["T"], c["gamma"], n, V)
     else:
         model = make_ut(V, c["d"], c["h"], c["T"], n)
         flops = ut_flops(c["d"], c["h"], c["T"], n, V)
     model.to(dev).train()
+    if spec.get("compile"):
+        model = torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, V, (B, n), generator=g)
@@ -188,18 +209,27 @@ def worker(spec: dict) -> dict:
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
+    amp = spec.get("autocast", "none")
+
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        mlm_loss(model(ids), labels).backward()
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp == "bf16"):
+            logits = model(ids)
+        mlm_loss(logits.float(), labels).backward()
         opt.step()
 
     # matmul FLOPs torch itself counts, on a 2-sequence batch scaled to B: a check of the formula
     small = ids[:2]
-    with FlopCounterMode(display=False) as fc:
-        mlm_loss(model(small), labels[:2]).backward()
+    with FlopCounterMode(display=False) as fc, torch.autocast(dev.type, torch.bfloat16, enabled=amp == "bf16"):
+        mlm_loss(model(small).float(), labels[:2]).backward()
     counted = fc.get_total_flops() * (B / small.shape[0]) / (B * n)
     model.zero_grad(set_to_none=True)
 
+    if spec.get("profile"):
+        step()  # warm-up outside the trace
+        sync()
+        profile = profile_steps(step, spec["profile"], dev.type)
+        return {"config": spec["name"], "model": spec["model"], "profile": profile}
     sync()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -236,6 +266,7 @@ def worker(spec: dict) -> dict:
         "peak_mem_bytes": peak - base_mem,
         "mem_kind": "cuda max_memory_allocated delta" if dev.type == "cuda" else "peak RSS delta",
         "threads": torch.get_num_threads(),
+        "loadavg_1min": os.getloadavg()[0],  # the machine's load at the end of this model's timing
     }
 
 
@@ -251,28 +282,42 @@ def run_one(spec: dict) -> dict:
     return json.loads(lines[-1][len("RESULT ") :])
 
 
+def device_error(device: str, compile_: bool) -> str | None:
+    """Why this machine cannot run the requested device / compile mode (None when it can)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        built = torch.version.cuda or "none (a CPU-only build)"
+        return (f"--device cuda: no CUDA device is visible to torch {torch.__version__} (CUDA build: {built}); "
+                "run on a GPU machine or use --device cpu")
+    if compile_ and not torch._dynamo.is_dynamo_supported():
+        return f"--compile: torch.compile is not supported on Python {platform.python_version()}; drop --compile"
+    return None
+
+
 def table(results: list[dict]) -> str:
     enc = {r["config"]: r for r in results if r["model"] == "ut"}
     head = (
         "| config | model | params (M) | step ms (median [min–max of repeats]) | tokens/s "
         "| model GFLOP/token (train) | torch-counted / formula | achieved GFLOP/s | peak mem (MiB) "
-        "| PT/encoder FLOP/s |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| PT/encoder FLOP/s | load (1-min) |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = [head]
     for r in results:
         lo, hi = min(r["step_s_block_medians"]), max(r["step_s_block_medians"])
         ut = enc.get(r["config"])
         ratio = r["achieved_flops"] / ut["achieved_flops"] if ut else float("nan")
-        name = "PT" if r["model"] == "pt" else "UT encoder"
+        name = {"pt": "PT", "pt-store": "PT (recompute=False)", "ut": "UT encoder"}[r["model"]]
         c = CONFIGS[r["config"]]
         label = f"{r['config']} (d={c['d']}, h={c['h']}, r={c['r']}, T={c['T']}, γ={c['gamma']})"
-        ratio_s = f"{ratio:.3f}" if r["model"] == "pt" else "1"
+        ratio_s = f"{ratio:.3f}" if r["model"] != "ut" else "1"
         rows.append(
             f"| {label} | {name} | {r['params'] / 1e6:.2f} "
             f"| {r['step_s'] * 1e3:.0f} [{lo * 1e3:.0f}–{hi * 1e3:.0f}] | {r['tokens_per_s']:,.0f} "
             f"| {r['flops']['train_per_token'] / 1e9:.4f} "
             f"| {r['flop_counter_train_per_token'] / r['flops']['train_per_token']:.3f} "
-            f"| {r['achieved_flops'] / 1e9:.1f} | {r['peak_mem_bytes'] / 2**20:,.0f} | {ratio_s} |"
+            f"| {r['achieved_flops'] / 1e9:.1f} | {r['peak_mem_bytes'] / 2**20:,.0f} | {ratio_s} "
+            f"| {r['loadavg_1min']:.1f} |"
         )
     return "\n".join(rows)
 
@@ -291,6 +336,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--configs", default="small,ptb", help=f"comma-separated subset of {list(CONFIGS)}")
+    ap.add_argument("--models", default="pt,ut", help="comma-separated subset of pt, pt-store, ut")
+    ap.add_argument("--autocast", choices=["none", "bf16"], default="none", help="forward under torch.autocast")
+    ap.add_argument("--compile", action="store_true", help="torch.compile each model (inductor)")
+    ap.add_argument("--profile", type=int, default=0, help="profile this many steps per model and print the ops")
     ap.add_argument("--json", type=Path, default=None, help="write all results and the environment here")
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -301,14 +350,15 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda: CUDA is not available")
+    error = device_error(args.device, args.compile)
+    if error:
+        ap.error(error)
     loadavg_before = os.getloadavg()
     results = []
     for name in args.configs.split(","):
         steps = args.ptb_steps if (name == "ptb" and args.ptb_steps) else args.steps
         repeats = args.ptb_repeats if (name == "ptb" and args.ptb_repeats) else args.repeats
-        for model in ("pt", "ut"):
+        for model in args.models.split(","):
             spec = {
                 "name": name,
                 "config": CONFIGS[name],
@@ -322,10 +372,18 @@ def main(argv: list[str] | None = None) -> None:
                 "warmup": args.warmup,
                 "steps": steps,
                 "repeats": repeats,
+                "profile": args.profile,
+                "autocast": args.autocast,
+                "compile": args.compile,
             }
             t0 = time.time()
             results.append(run_one(spec))
             print(f"[{name}/{model}] done in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+            if args.profile:
+                print(f"\n## {name}/{model}: {args.profile} steps, {args.threads or 'default'} threads\n")
+                print(results[-1]["profile"], flush=True)
+    if args.profile:
+        return
     env = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": args.device,
@@ -342,7 +400,8 @@ def main(argv: list[str] | None = None) -> None:
     name_ptb = "ptb" in args.configs.split(",") and (args.ptb_steps or args.ptb_repeats)
     print(
         f"\nbatch {args.batch}, n = {args.seq}, |V| = {args.vocab}, standard parametrization, dropout "
-        f"{args.dropout}, AdamW; {args.device} ({env['threads']} threads, torch {torch.__version__}); "
+        f"{args.dropout}, autocast {args.autocast}, compile {args.compile}, AdamW; "
+        f"{args.device} ({env['threads']} threads, torch {torch.__version__}); "
         f"{args.warmup} warm-up + {args.repeats}×{args.steps} timed steps"
         + (f" (ptb: {args.ptb_repeats or args.repeats}×{args.ptb_steps or args.steps})" if name_ptb else "")
         + "\n"

@@ -58,6 +58,8 @@ class PTArch(BaseModel):
     init_std_hidden: float = Field(0.25, gt=0, description="μP: std of U, V, B = init_std_hidden / √d")
     init_std_output: float = Field(
         1.0, gt=0, description="μP: decoder std = init_std_output / √d0 · (d0/d, or √(d0/d))")
+    recompute: bool = Field(
+        True, description="rebuild per-bucket contexts in backward instead of storing them (exact, less memory)")
     root: Literal[False] = Field(False, description="root-node variant (spec §2.4, SST): not implemented")
 
     @field_validator("root", mode="before")

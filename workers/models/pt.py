@@ -9,6 +9,15 @@ m topics. Comments give shapes as (B, n, d).
 
 μP changes (spec §3.3–3.5) sit inside blocks marked `# --- μP ---`; each is listed in the
 README's rule → code table and guarded by the coordinate-check test.
+
+Memory (`PTConfig.recompute`, default on): per iteration the only (B, n, K, h, r) tensors kept for
+backward are the projections q = P·U and k = P·V themselves. The near-diagonal gathers of the
+head scores and the per-bucket contexts A·k, Aᵀ·q (inputs of the two back-projection GEMMs) are
+recomputed in backward from A, q, k — a few n×n-sized products, not the d ↔ K·h·r GEMMs. The
+backward is hand-written (`_Scores`, `_Messages`): the two bucketed kernels are each other's
+adjoints (dq of the scores is a gather, dA of a gather is a score), so every gradient is written
+once into its own buffer instead of autograd's zero-fill + copy per slice and index op. The
+arithmetic is that of `recompute=False` (tests/workers/test_pt_recompute.py: ≤ 1e-10, float64).
 """
 
 from __future__ import annotations
@@ -61,6 +70,8 @@ class PTConfig:
     init_std_input: float = 1.0  # μP: std of S, width-independent
     init_std_hidden: float = 0.25  # μP: U, V, B std = init_std_hidden / sqrt(d) (1.0 amplifies across iterations)
     init_std_output: float = 1.0  # μP: decoder std = init_std_output/sqrt(d0) · (d0/d or sqrt(d0/d))
+    # execution, not the model: recompute the per-bucket gathers/contexts in backward (exact, less memory)
+    recompute: bool = True
 
     def __post_init__(self) -> None:
         choices = {
@@ -161,7 +172,141 @@ class _Offsets:
         self.k = torch.cat(ks) if ks else empty  # (P,) bucket of each near pair
         self.i = torch.cat(di) if di else empty  # (P,) dependent
         self.j = torch.cat(hj) if hj else empty  # (P,) head
-        self.n = n
+        self.n, self.gamma = n, gamma
+        # the same near pairs as whole diagonals: (s = i - j, bucket) for 0 < |s| ≤ γ, |s| < n
+        self.near = [(s, s + gamma + 1 if s < 0 else s + gamma) for s in range(-gamma, gamma + 1) if 0 < abs(s) < n]
+
+
+def head_scores_indexed(q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
+    """F[b,c,i,j] = Σ_k M[k,i,j] <q_k[i], k_k[j]>.  q, k: (B, n, K, h, r) → (B, h, n, n)."""
+    far = q[:, :, 0].transpose(1, 2) @ k[:, :, 0].permute(0, 2, 3, 1)  # (B, h, n, n)
+    F_ = torch.where(o.far_neg, far, 0.0)
+    far = q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1)
+    F_ = F_ + torch.where(o.far_pos, far, 0.0)
+    if o.k.numel():
+        vals = (q[:, o.i, o.k] * k[:, o.j, o.k]).sum(-1)  # (B, P, h) near-diagonal scores
+        Bsz, h, n, _ = F_.shape
+        F_ = F_.reshape(Bsz, h, n * n).index_add(-1, o.i * n + o.j, vals.transpose(1, 2)).view(Bsz, h, n, n)
+    return F_
+
+def gather_indexed(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> torch.Tensor:
+    """ctx[b,i,k,c] = Σ_j A[c,i,j]·M[k,i,j]·x_k[j]   (transpose: Σ_j A[c,j,i]·M[k,j,i]·x_k[j]).
+
+    A: (B, h, n, n); x: (B, n, K, h, r) → (B, n, K, h, r), laid out for one GEMM back to d.
+    """
+    At = A.transpose(-1, -2) if transpose else A
+    ctx = torch.zeros_like(x)
+    far = torch.where(o.far_neg.T if transpose else o.far_neg, At, 0.0) @ x[:, :, 0].transpose(1, 2)
+    ctx[:, :, 0] = far.transpose(1, 2)  # (B, h, n, r) → (B, n, h, r)
+    far = torch.where(o.far_pos.T if transpose else o.far_pos, At, 0.0) @ x[:, :, -1].transpose(1, 2)
+    ctx[:, :, -1] = far.transpose(1, 2)
+    if o.k.numel():
+        # near pairs (k, i dependent, j head): the receiver is i (dep) or j (head)
+        recv, send = (o.j, o.i) if transpose else (o.i, o.j)
+        a = A[:, :, o.i, o.j]  # (B, h, P)
+        vals = a.transpose(1, 2)[..., None] * x[:, send, o.k]  # (B, P, h, r)
+        Bsz, n, K, h, r = x.shape
+        ctx = ctx.view(Bsz, n * K, h, r).index_add(1, recv * K + o.k, vals).view(Bsz, n, K, h, r)
+    return ctx
+
+
+
+# the diagonal kernels (recompute=True): the same sums as the indexed ones above, with each near bucket
+# one diagonal of the (n, n) score matrix and one shifted slice of x, and the far masks as triu/tril.
+def _near_slices(s: int, n: int) -> tuple[slice, slice]:
+    """Dependents i and heads j = i − s of the pairs at signed offset s, as slices of 0..n−1."""
+    i0, i1 = max(s, 0), n + min(s, 0)
+    return slice(i0, i1), slice(i0 - s, i1 - s)
+
+
+def head_scores(q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
+    """F[b,c,i,j] = Σ_k M[k,i,j] <q_k[i], k_k[j]>.  q, k: (B, n, K, h, r) → (B, h, n, n)."""
+    g = o.gamma
+    F_ = (q[:, :, 0].transpose(1, 2) @ k[:, :, 0].permute(0, 2, 3, 1)).triu_(g + 1)  # far_neg: j > i + γ
+    F_ += (q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1)).tril_(-g - 1)  # far_pos: j < i − γ
+    for s, kb in o.near:  # F[i, i − s], one diagonal per near bucket
+        dep, head = _near_slices(s, o.n)
+        F_.diagonal(-s, -2, -1).copy_((q[:, dep, kb] * k[:, head, kb]).sum(-1).transpose(1, 2))
+    return F_
+
+
+def gather(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> torch.Tensor:
+    """ctx[b,i,k,c] = Σ_j A[c,i,j]·M[k,i,j]·x_k[j]   (transpose: Σ_j A[c,j,i]·M[k,j,i]·x_k[j]).
+
+    A: (B, h, n, n); x: (B, n, K, h, r) → (B, n, K, h, r); no index ops, no autograd.
+    """
+    g, n = o.gamma, o.n
+    ctx = torch.empty_like(x)
+    far_neg, far_pos = A.triu(g + 1), A.tril(-g - 1)
+    if transpose:
+        far_neg, far_pos = far_neg.transpose(-1, -2), far_pos.transpose(-1, -2)
+    ctx[:, :, 0] = (far_neg @ x[:, :, 0].transpose(1, 2)).transpose(1, 2)  # (B, h, n, r) → (B, n, h, r)
+    ctx[:, :, -1] = (far_pos @ x[:, :, -1].transpose(1, 2)).transpose(1, 2)
+    ctx[:, :, 1:-1] = 0.0  # one fill for the rows no near pair reaches (fewer ops than per-bucket fills)
+    for s, kb in o.near:
+        dep, head = _near_slices(s, n)
+        recv, send = (head, dep) if transpose else (dep, head)
+        a = A.diagonal(-s, -2, -1).transpose(1, 2)[..., None]  # (B, n − |s|, h, 1): A[c, i, i − s]
+        torch.mul(a, x[:, send, kb], out=ctx[:, recv, kb])
+    return ctx
+
+
+class _Scores(torch.autograd.Function):
+    """F = head_scores(q, k) with a hand-written backward: dq = gather(dF, k), dk = gatherᵀ(dF, q).
+
+    Both directions are the same two bucketed kernels (F_ij = Σ_k M_kij <q_k[i], k_k[j]> is bilinear),
+    so nothing beyond q and k is kept, and each gradient is written into one buffer.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, o):
+        k = k.to(q.dtype)  # under autocast both are the projection GEMMs' dtype already
+        ctx.save_for_backward(q, k)
+        ctx.o = o
+        return head_scores(q, k, o)
+
+    @staticmethod
+    def backward(ctx, dF):
+        q, k = ctx.saved_tensors
+        dF = dF.to(q.dtype)  # backward runs outside autocast: one dtype, as in forward
+        return gather(dF, k, ctx.o, transpose=False), gather(dF, q, ctx.o, transpose=True), None
+
+
+class _Messages(torch.autograd.Function):
+    """(G_dep, G_head) = (gather(A, k)·Uᵀ, gatherᵀ(A, q)·Vᵀ), keeping only A, q, k, U, V for backward.
+
+    The contexts (B, n, K·h·r) autograd would keep for dU = G_depᵀ·ctx are rebuilt in backward
+    (the gather: far n×n products and near index ops, a small fraction of the d ↔ K·h·r GEMMs).
+    With a context gradient c = g·U: dA = head_scores(c, k) (+ head_scores(q, c_head)),
+    dk = gatherᵀ(A, c), dq = gather(A, c_head). `head` False: G_dep only (block_msg).
+    """
+
+    @staticmethod
+    def forward(ctx, A, q, k, Wu, Wv, o, head, gather_fn):
+        Bsz, n = q.shape[:2]
+        # one compute dtype, q's: under autocast the bf16 projections, else the model's (autograd casts
+        # each gradient back to its input's dtype, e.g. float32 for A and the weights)
+        A, k, Wu, Wv = (t.to(q.dtype) for t in (A, k, Wu, Wv))
+        ctx.save_for_backward(A, q, k, Wu, Wv)
+        ctx.o, ctx.head = o, head
+        dep = gather_fn(A, k, o, False).view(Bsz, n, -1) @ Wu.T
+        return dep, (gather_fn(A, q, o, True).view(Bsz, n, -1) @ Wv.T if head else torch.zeros_like(dep))
+
+    @staticmethod
+    def backward(ctx, g_dep, g_head):
+        A, q, k, Wu, Wv = ctx.saved_tensors
+        o, shape = ctx.o, q.shape
+        g_dep, g_head = g_dep.to(q.dtype), g_head.to(q.dtype)
+        rows = shape[0] * shape[1]
+        c = (g_dep @ Wu).view(shape)  # d loss / d ctx_dep
+        dWu = g_dep.reshape(rows, -1).T @ gather(A, k, o, False).view(rows, -1)
+        dA, dk, dq, dWv = head_scores(c, k, o), gather(A, c, o, True), None, None
+        if ctx.head:
+            c = (g_head @ Wv).view(shape)
+            dWv = g_head.reshape(rows, -1).T @ gather(A, q, o, True).view(rows, -1)
+            dA = dA + head_scores(q, c, o)
+            dq = gather(A, c, o, False)
+        return dA, dq, dk, dWu, dWv, None, None, None
 
 
 class ProbabilisticTransformer(nn.Module):
@@ -256,36 +401,20 @@ class ProbabilisticTransformer(nn.Module):
 
     # ---------------------------------------------------------------------------------------
     def _head_scores(self, q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
-        """F[b,c,i,j] = Σ_k M[k,i,j] <q_k[i], k_k[j]>.  q, k: (B, n, K, h, r) → (B, h, n, n)."""
-        far = q[:, :, 0].transpose(1, 2) @ k[:, :, 0].permute(0, 2, 3, 1)  # (B, h, n, n)
-        F_ = torch.where(o.far_neg, far, 0.0)
-        far = q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1)
-        F_ = F_ + torch.where(o.far_pos, far, 0.0)
-        if o.k.numel():
-            vals = (q[:, o.i, o.k] * k[:, o.j, o.k]).sum(-1)  # (B, P, h) near-diagonal scores
-            Bsz, h, n, _ = F_.shape
-            F_ = F_.reshape(Bsz, h, n * n).index_add(-1, o.i * n + o.j, vals.transpose(1, 2)).view(Bsz, h, n, n)
-        return F_
+        return _Scores.apply(q, k, o) if self.cfg.recompute else head_scores_indexed(q, k, o)
 
     def _gather(self, A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> torch.Tensor:
-        """ctx[b,i,k,c] = Σ_j A[c,i,j]·M[k,i,j]·x_k[j]   (transpose: Σ_j A[c,j,i]·M[k,j,i]·x_k[j]).
+        return (gather if self.cfg.recompute else gather_indexed)(A, x, o, transpose)
 
-        A: (B, h, n, n); x: (B, n, K, h, r) → (B, n, K, h, r), laid out for one GEMM back to d.
-        """
-        At = A.transpose(-1, -2) if transpose else A
-        ctx = torch.zeros_like(x)
-        far = torch.where(o.far_neg.T if transpose else o.far_neg, At, 0.0) @ x[:, :, 0].transpose(1, 2)
-        ctx[:, :, 0] = far.transpose(1, 2)  # (B, h, n, r) → (B, n, h, r)
-        far = torch.where(o.far_pos.T if transpose else o.far_pos, At, 0.0) @ x[:, :, -1].transpose(1, 2)
-        ctx[:, :, -1] = far.transpose(1, 2)
-        if o.k.numel():
-            # near pairs (k, i dependent, j head): the receiver is i (dep) or j (head)
-            recv, send = (o.j, o.i) if transpose else (o.i, o.j)
-            a = A[:, :, o.i, o.j]  # (B, h, P)
-            vals = a.transpose(1, 2)[..., None] * x[:, send, o.k]  # (B, P, h, r)
-            Bsz, n, K, h, r = x.shape
-            ctx = ctx.view(Bsz, n * K, h, r).index_add(1, recv * K + o.k, vals).view(Bsz, n, K, h, r)
-        return ctx
+    def _messages(self, A, q, k, Wu, Wv, o) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """G_dep = gather(A, k)·Uᵀ and G_head = gatherᵀ(A, q)·Vᵀ (None with block_msg), each (B, n, d)."""
+        head = not self.cfg.block_msg
+        if self.cfg.recompute:
+            dep, msg_head = _Messages.apply(A, q, k, Wu, Wv, o, head, self._gather)
+            return dep, (msg_head if head else None)
+        Bsz, n = q.shape[:2]
+        dep = self._gather(A, k, o, False).view(Bsz, n, -1) @ Wu.T
+        return dep, (self._gather(A, q, o, True).view(Bsz, n, -1) @ Wv.T if head else None)
 
     def _mix_h(self, A: torch.Tensor, A_prev: torch.Tensor | None, t: int) -> torch.Tensor:
         """The authors' H step size: A^t = α·A + (1−α)·A^{t−1} after the first iteration."""
@@ -305,6 +434,9 @@ class ProbabilisticTransformer(nn.Module):
         d, r, m = cfg.width, cfg.r, cfg.m
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
+        if not cfg.recompute and torch.is_autocast_enabled(input_ids.device.type):
+            raise ValueError("PTConfig.recompute=False does not support autocast (its index kernels need one dtype); "
+                             "set recompute: true")
         pad = ~attention_mask  # (B, n)
         o = self._offsets_for(n, input_ids.device)
         U, V = self.factors()  # (K, h, d, r)
@@ -347,12 +479,9 @@ class ProbabilisticTransformer(nn.Module):
                 A = A_prev = self._mix_h(torch.softmax(L_h.masked_fill(invalid, NEG), -1), A_prev, t)
                 shown = (cfg.damping_H * L_h + (1 - cfg.damping_H) * F_h).masked_fill(invalid, NEG)
                 L_h = self.drop_h(shown)  # masked again when used, so a dropped NEG never opens a head
-            ctx_dep = self._gather(A, k, o, transpose=False)  # (B, n, K, h, r)
-            msg_dep = ctx_dep.view(Bsz, n, -1) @ Wu.T  # G_dep (B, n, d)
+            msg_dep, msg_head = self._messages(A, q, k, Wu, Wv, o)  # G_dep, G_head (B, n, d)
             msg = cfg.w_unary * X + cfg.w_dep * msg_dep
-            if not cfg.block_msg:
-                ctx_head = self._gather(A, q, o, transpose=True)
-                msg_head = ctx_head.view(Bsz, n, -1) @ Wv.T  # G_head (B, n, d)
+            if msg_head is not None:
                 msg = msg + cfg.w_head * msg_head
             if cfg.topic == "single_split":
                 L_g = (cfg.w_topic * g_scale) * (P @ self.B.T)  # (B, n, m) topic logits
