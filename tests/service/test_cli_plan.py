@@ -37,7 +37,7 @@ def test_transfer_dry_run_prints_the_gpu_specs_cost_share_without_training():
     assert rc == 0, out
     assert heavy == []  # no torch, Ray or MLflow: nothing can train
     data = load_catalog("paper_pt_minipile").as_dict()
-    data["tune"]["base_width"], data["transfer"]["widths"], data["verify"] = 128, [1024], None
+    data["tune"]["base_width"], data["transfer"]["widths"], data["verify"], data["validate"] = 128, [1024], None, None
     from studies.spec import StudySpec
 
     plan = plan_cost(StudySpec.model_validate(data))
@@ -45,7 +45,7 @@ def test_transfer_dry_run_prints_the_gpu_specs_cost_share_without_training():
     line = re.search(r"proxy cost = ([\d.]+) % of one target run at width 1024", out)
     assert line and float(line.group(1)) == pytest.approx(share, abs=0.05), out
     rows = {m.group(1): int(m.group(2)) for m in re.finditer(r"│ (\w+)\*? +│ +(\d+) │", out)}
-    assert rows == {"tune": 64, "transfer": 1, "validate": 48}  # no --verify: no verify phase
+    assert rows == {"tune": 64, "transfer": 1}  # no --verify: no verify phase; `transfer` runs no lr sweep
     # 64 trials at width 128 under ASHA (rungs 6k, 18k, 54k of 90k steps), against 90k steps at width 1024
     assert 0 < share < 100
 
