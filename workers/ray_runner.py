@@ -341,13 +341,17 @@ class MlflowTrials(tune.Callback):
         last = trial.last_result or {}
         status = last.get("status", "stopped")  # no status: stopped by ASHA
         why = {"diverged_reason": last.get("message") or "unknown"} if status == "diverged" else {}
+        self._later(self._complete, _TrialRef(trial), dict(last))
+        self._end(trial, status, "FINISHED", last.get("eval_loss"), why)
+
+    def _complete(self, trial: _TrialRef, last: dict[str, Any]) -> None:
+        """How far the trial trained (an early-stopped trial's budget used) and its per-group lr multipliers."""
         run = self._run(trial)
-        if "step" in last:  # how far it trained: an early-stopped trial's budget used
+        if "step" in last:
             self.tracker.log_metrics(run, [{"step": int(last["step"]), "steps_done": int(last["step"])}])
         mults = {f"lr_mult.{k.removeprefix(GROUP_MULT)}": v for k, v in last.items() if k.startswith(GROUP_MULT)}
         if mults:
             self.tracker.log_params(run, mults)
-        self._end(trial, status, "FINISHED", last.get("eval_loss"), why)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         """Retries used up (or none allowed): the trial is failed, with the cause of its last failure."""

@@ -148,7 +148,7 @@ def test_cancel_resume_storm_ends_as_the_last_answer_says(fresh):
 
 def test_api_tokens_never_reach_a_ray_process(fresh):
     with fresh.client() as api:
-        study_id = _submit(api, "secrets", trials=2)
+        study_id = _submit(api, "secrets", trials=2, steps=400)
         wait_for(lambda: len(ray_work(fresh.data)) >= 2, 120, "a driver and a trial to run")
         leaks = []
         for entry in Path("/proc").iterdir():
@@ -168,7 +168,7 @@ def test_api_tokens_never_reach_a_ray_process(fresh):
 
 def test_losing_the_ray_head_interrupts_and_resume_finishes(fresh):
     with fresh.client() as api:
-        study_id = _submit(api, "headless", trials=4, steps=40)
+        study_id = _submit(api, "headless", trials=4, steps=400)
         wait_for(lambda: _status(api, study_id)["progress"]["tune"]["done"] >= 1, 240, "a finished tune trial")
         head = ray_head.running(fresh.data)
         os.killpg(head.pgid, signal.SIGKILL)  # the whole head: GCS, raylet, the driver and its trials
@@ -189,7 +189,7 @@ def test_losing_the_ray_head_interrupts_and_resume_finishes(fresh):
 
 def test_sigterm_stops_the_api_cleanly_and_drivers_keep_running(fresh):
     with fresh.client() as api:
-        study_id = _submit(api, "outlives", trials=4, steps=40)
+        study_id = _submit(api, "outlives", trials=4, steps=400)
         wait_for(lambda: _drivers(fresh.data), 120, "the study's driver")
     start = fresh.log.stat().st_size
     fresh.proc.send_signal(signal.SIGTERM)

@@ -82,7 +82,7 @@ class _SlowTracker:
             raise ConnectionError(f"{name}: the store is down")
         self.calls.append((name, *args))
 
-    def trial_run(self, study_id, phase, key, phase_run, tags, instance=None):
+    def trial_run(self, study_id, phase, key, phase_run, tags, instance=None, name=None):
         self._write("trial_run", key)
         return f"run-{key}"
 
@@ -107,11 +107,10 @@ def test_trial_runs_are_written_off_tunes_loop_in_order():
     callback._tracker = _SlowTracker(0.2)
     trial = SimpleNamespace(trial_id="t1", config={}, last_result={"status": "completed", "eval_loss": 4.0},
                             num_failures=0, error_file=None)
-    start = time.perf_counter()
     callback.on_trial_start(0, [], trial)
     callback.on_trial_result(0, [], trial, {"step": 10, "train_loss": 5.0, "eval_loss": 4.5})
     callback.on_trial_complete(0, [], trial)
-    assert time.perf_counter() - start < 0.2  # Tune's loop did not wait for the six writes (1.2 s)
+    assert len(callback._tracker.calls) < 5  # Tune's loop did not wait for the five writes (0.2 s each)
     assert [e["status"] for e in events] == ["completed"]  # the progress bar is told at once
     callback.flush()
     assert [c[0] for c in callback._tracker.calls] == ["trial_run", "log_params", "log_metrics", "set_tags", "finish"]
