@@ -189,7 +189,7 @@ def test_losing_the_ray_head_interrupts_and_resume_finishes(fresh):
 
 def test_sigterm_stops_the_api_cleanly_and_drivers_keep_running(fresh):
     with fresh.client() as api:
-        study_id = _submit(api, "outlives", trials=4, steps=400)
+        study_id = _submit(api, "outlives", trials=4, steps=120)
         wait_for(lambda: _drivers(fresh.data), 120, "the study's driver")
     start = fresh.log.stat().st_size
     fresh.proc.send_signal(signal.SIGTERM)
@@ -199,6 +199,6 @@ def test_sigterm_stops_the_api_cleanly_and_drivers_keep_running(fresh):
     assert _drivers(fresh.data), "the driver died with the API"
     fresh.start()
     with fresh.client() as api:
-        final = wait_for(lambda: (d := _status(api, study_id))["status"] in TERMINAL and d, 300,
+        final = wait_for(lambda: (d := _status(api, study_id))["status"] in TERMINAL and d, 600,
                          "the study to finish after the restart", interval=2)
     assert final["status"] == "succeeded", final["error"]
