@@ -16,23 +16,10 @@ from mlflow import MlflowClient
 
 from studies import load_catalog
 from studies.spec import StudySpec
+from tests.service.test_cancel import ray_work
 
 pytestmark = pytest.mark.slow
-SYSTEM = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
 STEPS, EVERY = 200, 20
-
-
-def trial_workers(data_dir: Path) -> dict[int, str]:
-    """pid → title of the Ray workers running trials for this data dir (they inherit PTCTL_DATA_DIR)."""
-    found, marker = {}, f"PTCTL_DATA_DIR={data_dir}".encode()
-    for entry in Path("/proc").iterdir():
-        try:
-            title = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace").strip()
-            if title.startswith("ray::") and title not in SYSTEM and marker in (entry / "environ").read_bytes():
-                found[int(entry.name)] = title
-        except (OSError, ValueError):
-            continue
-    return found
 
 
 def _spec() -> StudySpec:
@@ -48,6 +35,7 @@ def _spec() -> StudySpec:
     return StudySpec.model_validate(data)
 
 
+# ray_work finds the trial workers: run_study runs in this process here, so no driver actor is among them
 def _kill_once_trained(client: MlflowClient, experiment: str, data_dir: Path, killed: dict, stop: threading.Event):
     """SIGKILL the trial worker once a running trial's run holds two evaluations (so a checkpoint exists)."""
     while not stop.is_set():
@@ -57,7 +45,7 @@ def _kill_once_trained(client: MlflowClient, experiment: str, data_dir: Path, ki
         for run in runs:
             steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
             if steps and max(steps) >= 2 * EVERY:
-                killed["at"], killed["run"], killed["pids"] = max(steps), run.info.run_id, trial_workers(data_dir)
+                killed["at"], killed["run"], killed["pids"] = max(steps), run.info.run_id, ray_work(data_dir)
                 for pid in killed["pids"]:
                     os.kill(pid, signal.SIGKILL)
                 return
