@@ -3,15 +3,17 @@
 Ordering keeps the store and Ray consistent whichever step fails (the states: `studies/status.py`):
 - submit/resume: create the named driver actor (idle) → store `running`, only from the status this
   request saw (`pending` for a submit, the resumable status for a resume) → tell the actor to run
-  under the new attempt number. The reconciler only judges `running` studies, and those always have
-  an actor by then; if the store refuses `running` (a concurrent cancel or resume won), the new actor
-  is killed. The driver itself checks that its attempt is still the current one before it trains.
+  under the new attempt number, answering once the driver has begun (else the study is `interrupted`).
+  The reconciler only judges `running` studies, and those always have an actor by then; if the store
+  refuses `running` (a concurrent cancel or resume won), the new actor is killed. The driver itself
+  checks that its attempt is still the current one before it trains.
 - cancel: store `cancelled` first (it decides races with the driver's own last write), then kill
   the driver (its Tune trials die with it), then close the MLflow runs it left open. A cancel that
   lands between a submit's insert and its actor start still wins: the submit's move to `running`
   expects `pending` and fails, and its actor is killed.
 - reconcile (API start-up, then every `PTCTL_RECONCILE_S`): a `running` study without a live
-  driver actor becomes `interrupted` (resumable); at start-up a `pending` study older than a minute
+  driver actor becomes `interrupted` (resumable). At start-up, so does one whose driver is alive but idle
+  (the API died between storing `running` and launching it), and a `pending` study older than a minute
   (the API died between storing and starting it) becomes `failed` (resumable too).
 """
 
@@ -32,6 +34,7 @@ from studies.status import RESUMABLE, StudyStatus
 
 log = logging.getLogger(__name__)
 LOST = "its driver is gone (Ray restarted or the actor died): POST /studies/{id}/resume continues it"
+NEVER_BEGAN = "the API stopped before its driver began: POST /studies/{id}/resume starts it"
 
 
 class Executor(Protocol):
@@ -41,6 +44,7 @@ class Executor(Protocol):
     def alive(self, study_id: str) -> bool: ...
     def start(self, study_id: str) -> Any: ...
     def launch(self, handle: Any, spec: dict[str, Any], study_id: str, attempt: int) -> None: ...
+    def idle(self, study_id: str) -> bool: ...
     def stop(self, study_id: str) -> bool: ...
     def lost(self) -> str | None: ...
     def check(self) -> str: ...
@@ -93,7 +97,16 @@ class Control:
         except IllegalTransition:
             self.executor.stop(study.id)
             raise
-        self.executor.launch(handle, study.spec, study.id, running.attempts)
+        try:
+            self.executor.launch(handle, study.spec, study.id, running.attempts)
+        except Exception as exc:
+            log.exception("the driver of %s did not begin", study.id)
+            self.executor.stop(study.id)
+            message = f"the study's driver did not begin on Ray ({type(exc).__name__}: {exc})"
+            with suppress(IllegalTransition):  # cancelled meanwhile
+                self.store.transition(study.id, StudyStatus.INTERRUPTED, error=f"{message}: resume it",
+                                      expect=[StudyStatus.RUNNING], attempt=running.attempts)
+            raise ExecutionUnavailable(f"{message}; check GET /readyz, then POST /studies/{study.id}/resume") from exc
 
     def cancel(self, study_id: str) -> Study:
         study = self.store.transition(study_id, StudyStatus.CANCELLED, error="cancelled by request")
@@ -113,9 +126,15 @@ class Control:
         """Mark studies whose driver is gone (every running one when Ray itself is gone); returns their ids."""
         lost, gone = [], self.executor.lost()
         for study_id in self.store.ids_with_status(StudyStatus.RUNNING):
-            if gone or not self.executor.alive(study_id):
-                error = f"{gone}: POST /studies/{study_id}/resume continues it on a new one" if gone \
-                    else LOST.format(id=study_id)
+            error = None
+            if gone:
+                error = f"{gone}: POST /studies/{study_id}/resume continues it on a new one"
+            elif not self.executor.alive(study_id):
+                error = LOST.format(id=study_id)
+            elif startup and self.executor.idle(study_id):  # the API stopped between starting and launching it
+                self.executor.stop(study_id)
+                error = NEVER_BEGAN.format(id=study_id)
+            if error is not None:
                 try:
                     self.store.transition(study_id, StudyStatus.INTERRUPTED, error=error)
                     lost.append(study_id)

@@ -2,6 +2,7 @@
 
     StudyDriverActor.options(name="ptctl-driver-<study id>", namespace="ptctl", lifetime="detached",
                              num_cpus=0).remote()  →  .run(spec, study_id, database_url, attempt)
+                                                      →  .ordered(timeout): has `run` begun?
 
 `run` calls `workers.driver.run_study` in the actor process; the Tune trials it spawns are actors
 owned by it, so `ray.kill(driver)` takes them down too (checked by the cancel test). Being detached,
@@ -42,17 +43,28 @@ from service.settings import Settings
 
 log = logging.getLogger(__name__)
 NAMESPACE = "ptctl"
+LAUNCH_S = 120.0  # how long a submit or resume waits for its driver actor to begin (start-up included)
 
 
 def actor_name(study_id: str) -> str:
     return f"ptctl-driver-{study_id}"
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
+@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"control": 1})
 class StudyDriverActor:
-    """Runs one study to its end in a Ray worker process, reporting to the store."""
+    """Runs one study to its end in a Ray worker process, reporting to the store. `ordered` answers on a
+    thread of its own while `run` trains."""
+
+    def __init__(self) -> None:
+        self._ordered = threading.Event()
+
+    @ray.method(concurrency_group="control")
+    def ordered(self, timeout: float) -> bool:
+        """Whether `run` has begun, waiting up to `timeout` s: a live driver that never began is idle."""
+        return self._ordered.wait(timeout)
 
     def run(self, spec: dict[str, Any], study_id: str, database_url: str, attempt: int) -> str:
+        self._ordered.set()
         from service.policy import public_error
         from service.store import IllegalTransition, Store
         from studies.spec import StudySpec
@@ -159,7 +171,23 @@ class RayExecutor:
         raise DriverRunning(f"the driver name of study {study_id} is still taken; retry in a few seconds")
 
     def launch(self, handle, spec: dict[str, Any], study_id: str, attempt: int) -> None:
+        """Tell the driver to run and return once it has begun: an order still queued in this process when it
+        exits (a SIGTERM right after a submit's answer) would be lost, leaving an idle driver."""
         handle.run.remote(spec, study_id, self.settings.db_url, attempt)
+        if not self._ordered(handle, LAUNCH_S):
+            raise TimeoutError(f"the driver did not begin within {LAUNCH_S:.0f} s")
+
+    def idle(self, study_id: str) -> bool:
+        """Whether the study's driver is alive but never began (the API stopped between its two steps)."""
+        handle = self._handle(study_id)
+        return handle is not None and not self._ordered(handle, 5.0)
+
+    @staticmethod
+    def _ordered(handle, timeout: float) -> bool:
+        try:
+            return ray.get(handle.ordered.remote(timeout), timeout=timeout + 60)
+        except ray.exceptions.RayActorError:  # it began and has already exited (its study moved on)
+            return True
 
     def stop(self, study_id: str) -> bool:
         """Kill the study's driver (and so its Tune trials); False if it had none."""

@@ -58,6 +58,9 @@ class FakeExecutor:
     def launch(self, handle, spec, study_id: str, attempt: int) -> None:
         self.launched.append(study_id)
 
+    def idle(self, study_id: str) -> bool:
+        return study_id in self.live and study_id not in self.launched
+
     def stop(self, study_id: str) -> bool:
         was = study_id in self.live
         self.live.discard(study_id)

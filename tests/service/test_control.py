@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.control import Control
+from service.control import Control, ExecutionUnavailable
 from service.progress import MlflowView
 from service.store import IllegalTransition, Store
 from studies import load_catalog
@@ -48,3 +48,31 @@ def test_resume_moves_only_from_the_status_it_saw(control):
     with pytest.raises(IllegalTransition):
         control.resume(study.id)
     assert control.executor.launched == [study.id, study.id]
+
+
+class NeverBegins(FakeExecutor):
+    """The driver actor starts but does not begin running within the launch wait."""
+
+    def launch(self, handle, spec, study_id: str, attempt: int) -> None:
+        raise TimeoutError("the driver did not begin within 120 s")
+
+
+def test_a_driver_that_does_not_begin_leaves_the_study_interrupted_not_running(control):
+    control.executor = NeverBegins()
+    with pytest.raises(ExecutionUnavailable, match="did not begin.*resume"):
+        control.submit(SPEC)
+    (study,), _ = control.store.list()
+    assert study.status == "interrupted" and "resume" in study.error
+    assert not control.executor.alive(study.id)
+
+
+def test_start_up_interrupts_a_running_study_whose_driver_is_idle(control):
+    """The API stopped between storing `running` and launching: the actor lives but never began."""
+    launched, _ = control.submit(SPEC)
+    idle, _ = control.store.create("idle-1", SPEC.as_dict(), "h")
+    control.executor.start(idle.id)
+    control.store.transition(idle.id, "running", expect=["pending"])
+    assert control.reconcile() == []  # a running driver is only asked at start-up
+    assert control.reconcile(startup=True) == ["idle-1"]
+    assert control.store.get("idle-1").status == "interrupted" and not control.executor.alive("idle-1")
+    assert control.store.get(launched.id).status == "running"

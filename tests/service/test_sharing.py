@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -187,10 +189,46 @@ def test_losing_the_ray_head_interrupts_and_resume_finishes(fresh):
     assert final["attempts"] == 2
 
 
+# The API's half of a submit, cut between its two Ray steps: the driver actor exists and the study is
+# `running`, but the API died before telling the driver to run (an idle driver, alive but never started).
+_HALF_SUBMIT = """
+import sys
+from service.execution import RayExecutor
+from service.settings import Settings
+from service.store import Store
+from studies.spec import StudySpec
+import yaml
+settings = Settings()
+store = Store(settings.db_url)
+spec = StudySpec.model_validate(yaml.safe_load(sys.stdin.read()))
+study, _ = store.create("half-submitted", spec.as_dict(), spec.content_hash())
+RayExecutor(settings).start(study.id)
+store.transition(study.id, "running", expect=["pending"])
+"""
+
+
+def test_a_driver_never_told_to_run_is_interrupted_at_start_up_and_resumes(fresh):
+    fresh.proc.send_signal(signal.SIGTERM)
+    fresh.proc.wait(30)
+    subprocess.run([sys.executable, "-c", _HALF_SUBMIT], input=_spec("half", trials=2), text=True,
+                   env=fresh.env, check=True, timeout=120)
+    assert _drivers(fresh.data), "the half submit left no idle driver"
+    fresh.start()
+    with fresh.client() as api:
+        lost = _status(api, "half-submitted")  # start-up reconciles before the API answers
+        assert lost["status"] == "interrupted" and "resume" in lost["error"], lost
+        wait_for(lambda: not _drivers(fresh.data), 30, "the idle driver to be stopped")
+        assert api.post("/studies/half-submitted/resume").status_code == 200
+        final = wait_for(lambda: (d := _status(api, "half-submitted"))["status"] not in ("running",) and d, 300,
+                         "the resumed study to end", interval=2)
+    assert final["status"] == "succeeded", final["error"]
+
+
 def test_sigterm_stops_the_api_cleanly_and_drivers_keep_running(fresh):
+    """SIGTERM right after a submit's answer: the driver has its order (a submit answers only once its driver
+    has started), so the study finishes while the API is down or after it restarts."""
     with fresh.client() as api:
         study_id = _submit(api, "outlives", trials=4, steps=120)
-        wait_for(lambda: _drivers(fresh.data), 120, "the study's driver")
     start = fresh.log.stat().st_size
     fresh.proc.send_signal(signal.SIGTERM)
     assert fresh.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its graceful stop
@@ -199,6 +237,6 @@ def test_sigterm_stops_the_api_cleanly_and_drivers_keep_running(fresh):
     assert _drivers(fresh.data), "the driver died with the API"
     fresh.start()
     with fresh.client() as api:
-        final = wait_for(lambda: (d := _status(api, study_id))["status"] in TERMINAL and d, 600,
+        final = wait_for(lambda: (d := _status(api, study_id))["status"] != "running" and d, 600,
                          "the study to finish after the restart", interval=2)
     assert final["status"] == "succeeded", final["error"]
