@@ -14,17 +14,17 @@ def spec() -> StudySpec:
 def test_verify_samples_stay_in_the_neighbourhood_and_are_reproducible(spec):
     centre = spec.space.defaults() | {"lr": 0.01, "w_H": 2.0}
     trials = verify_trials(spec, centre)
-    centres = [t for t in trials if t["is_centre"]]
-    samples = [t for t in trials if not t["is_centre"]]
-    assert len(centres) == spec.verify.centre_seeds and len({t["seed"] for t in centres}) == len(centres)
+    centres = [t for t in trials if t.is_centre]
+    samples = [t for t in trials if not t.is_centre]
+    assert len(centres) == spec.verify.centre_seeds and len({t.seed for t in centres}) == len(centres)
     assert len(samples) == spec.verify.n_samples
     for t in samples:
         for h in spec.space.searched():
-            assert 0.5 * centre[h] <= t["hparams"][h] <= 1.5 * centre[h]
+            assert 0.5 * centre[h] <= t.hparams[h] <= 1.5 * centre[h]
         for h in spec.space.frozen:
-            assert t["hparams"][h] == centre[h]
+            assert t.hparams[h] == centre[h]
     assert verify_trials(spec, centre) == trials  # a restarted phase plans the same samples
-    assert len({t["trial_key"] for t in trials}) == len(trials)
+    assert len({t.trial_key for t in trials}) == len(trials)
 
 
 def test_verify_default_n_is_59_and_log_sampling_in_range(spec):
@@ -32,9 +32,9 @@ def test_verify_default_n_is_59_and_log_sampling_in_range(spec):
     data["verify"].update(n_samples=None, sampling="log", delta=0.9)
     spec59 = StudySpec.model_validate(data)
     centre = spec59.space.defaults()
-    samples = [t for t in verify_trials(spec59, centre) if not t["is_centre"]]
+    samples = [t for t in verify_trials(spec59, centre) if not t.is_centre]
     assert len(samples) == 59
-    assert all(0.1 * centre["lr"] <= t["hparams"]["lr"] <= 1.9 * centre["lr"] for t in samples)
+    assert all(0.1 * centre["lr"] <= t.hparams["lr"] <= 1.9 * centre["lr"] for t in samples)
 
 
 def test_best_hparams_ignores_stopped_and_diverged(spec):
@@ -53,13 +53,13 @@ def test_best_hparams_ignores_stopped_and_diverged(spec):
 
 def test_transfer_and_validate_grids(spec):
     hp = spec.space.defaults()
-    assert [(t["width"], t["seed"]) for t in transfer_trials(spec, hp)] == [(32, 0)]
+    assert [(t.width, t.seed) for t in transfer_trials(spec, hp)] == [(32, 0)]
     data = spec.as_dict()
     data["validate"] = {"widths": [16, 32], "lrs": [0.001, 0.01, 0.1], "steps": 10}
     grid = validate_trials(StudySpec.model_validate(data), hp)
     assert len(grid) == 2 * 2 * 3
-    assert {t["parametrization"] for t in grid} == {"mup", "standard"}
-    assert {t["hparams"]["lr"] for t in grid} == {0.001, 0.01, 0.1}
+    assert {t.parametrization for t in grid} == {"mup", "standard"}
+    assert {t.hparams["lr"] for t in grid} == {0.001, 0.01, 0.1}
 
 
 def test_the_verify_centre_reuses_the_identical_transfer_run(spec):
@@ -69,7 +69,7 @@ def test_the_verify_centre_reuses_the_identical_transfer_run(spec):
     centre = spec.space.defaults()
     assert reused_centre_seeds(spec) == [0]
     planned = verify_trials(spec, centre, skip_centre_seeds=reused_centre_seeds(spec))
-    assert [t["seed"] for t in planned if t["is_centre"]] == [1]
+    assert [t.seed for t in planned if t.is_centre] == [1]
     transfer = pd.DataFrame([{"trial_id": "transfer-w32-s0", "phase": "transfer", "width": 32, "seed": 0,
                               "status": "completed", "eval_loss": 5.0, "is_centre": False, "message": ""}])
     ran = pd.DataFrame([{"trial_id": "verify-centre-s1", "phase": "verify", "width": 32, "seed": 1,
