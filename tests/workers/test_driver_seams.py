@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 
 import pandas as pd
@@ -136,7 +137,10 @@ def test_another_spec_under_the_same_study_id_is_refused():
 
 
 def test_the_driver_imports_neither_ray_nor_mlflow():
-    assert "ray" not in sys.modules and "mlflow" not in sys.modules
+    code = ("import sys, workers.driver, workers.runner, workers.null_tracker; "
+            "print(sorted(m for m in ('ray', 'mlflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 # ---------------------------------------------------------------------------------------- in process
