@@ -2,9 +2,9 @@
 
 A planned trial is a frozen `PlannedTrial`: `trial_key` (stable across restarts: the MLflow run and the
 trial table row are keyed by it), `phase`, `width`, `seed`, `hparams` (all of the family's), `is_centre`,
-for validate and compare its `parametrization`, and for compare its family, budget, role, stage and FLOPs
-with its own `config` (its family differs from the spec's). A runner turns each into a trial config with
-`PlannedTrial.trial_config`; Ray Tune carries it as `as_dict()` in the trial's config.
+for validate and compare its `parametrization`, for validate the `swept` hparam, and for compare its family,
+budget, role, stage and FLOPs with its own `config` (its family differs from the spec's). A runner turns each
+into a trial config with `PlannedTrial.trial_config`; Ray Tune carries it as `as_dict()` in the trial's config.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from studies.arch import rebase
 from studies.budget import train_flops, width_for_budget
 from studies.spec import StudySpec
 
-COMPARE_KEYS = ("family", "budget", "role", "tuned_at", "train_flops")  # compare trials' extra table columns
+PLANNED_COLUMNS = ("family", "budget", "role", "tuned_at", "train_flops",  # compare trials' extra table columns
+                   "swept")  # validate trials': the hparam their sweep varies
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class PlannedTrial:
     hparams: Mapping[str, float]
     is_centre: bool = False
     parametrization: str | None = None  # None: the spec's
+    swept: str | None = None  # validate: the hparam its sweep varies
     family: str | None = None  # compare: the family, its budget, role, tune stage and training FLOPs
     budget: float | None = None
     role: str | None = None
@@ -70,11 +72,11 @@ class PlannedTrial:
                                  self.parametrization)
 
     def columns(self, spec: StudySpec) -> dict[str, Any]:
-        """The trial table's planned columns (`analysis/__init__.py`): identity, parametrization, compare's
-        extras and the hparams."""
+        """The trial table's planned columns (`analysis/__init__.py`): identity, parametrization, validate's and
+        compare's extras, and the hparams."""
         return {"trial_id": self.trial_key, "phase": self.phase, "width": self.width, "seed": self.seed,
                 "is_centre": self.is_centre, "parametrization": self.parametrization or spec.model.parametrization,
-                **{k: getattr(self, k) for k in COMPARE_KEYS if getattr(self, k) is not None}, **self.hparams}
+                **{k: getattr(self, k) for k in PLANNED_COLUMNS if getattr(self, k) is not None}, **self.hparams}
 
 
 def _trial(phase: str, key: str, width: int, seed: int, hparams: Mapping[str, float], **extra: Any) -> PlannedTrial:
@@ -152,12 +154,14 @@ def with_reused_centre(spec: StudySpec, verify: pd.DataFrame, transfer: pd.DataF
 
 
 def validate_trials(spec: StudySpec, centre: dict[str, float]) -> list[PlannedTrial]:
-    """The lr sweep: every (parametrization, width, lr, seed), other hparams at the centre."""
+    """The sweeps: lr's, then each of `validate.hparams`: every (parametrization, width, value, seed) of the swept
+    hparam, the other hparams at the centre."""
     v = spec.validate_
     if v is None:
         raise ValueError("this study has no validate section: add one with widths and lrs to the spec")
-    return [_trial("validate", f"{p}-w{w}-lr{lr:.3g}-s{s}", w, s, {**centre, "lr": lr}, parametrization=p)
-            for p in v.parametrizations for w in v.widths for lr in v.lrs for s in range(v.seeds)]
+    return [_trial("validate", f"{p}-w{w}-{h}{x:.3g}-s{s}", w, s, {**centre, h: x}, parametrization=p, swept=h)
+            for h, values in v.sweeps().items()
+            for p in v.parametrizations for w in v.widths for x in values for s in range(v.seeds)]
 
 
 

@@ -35,8 +35,8 @@ def data_dir(tmp_path, monkeypatch):
 
 
 def _loss(hparams) -> float:
-    """A made-up loss landscape: best at lr = 0.01."""
-    return 4.0 + math.log(hparams["lr"] / 0.01) ** 2
+    """A made-up loss landscape: best at lr = 0.01 and w_H = 1."""
+    return 4.0 + math.log(hparams["lr"] / 0.01) ** 2 + 0.1 * math.log(hparams["w_H"]) ** 2
 
 
 class FakeRunner:
@@ -93,6 +93,20 @@ def test_phases_run_in_order_and_the_report_is_written():
     assert json.loads(folder.cost.read_text())["metrics"] is not None
     for name in ("tune_history", "transfer", "verify"):
         assert folder.figure(name).stat().st_size > 0
+
+
+def test_validate_sweeps_run_after_verify_and_reach_the_report():
+    data = load_catalog("tiny").as_dict()
+    data["validate"] = {"widths": [16, 32], "lrs": [0.003, 0.01, 0.03], "hparams": {"w_H": [0.5, 1, 2]}, "steps": 30}
+    spec, runner = StudySpec.model_validate(data), FakeRunner()
+    state = _run(spec, runner)
+    assert runner.calls == ["tune", "transfer", "verify", "validate"]
+    assert set(state.phases["validate"]["hparam_drift"]) == {"w_H"}
+    folder = StudyFolder("s1")
+    validate = pd.read_csv(folder.trials("validate"))
+    assert len(validate) == spec.validate_.n_trials() and set(validate.swept) == {"lr", "w_H"}
+    assert folder.figure("mutransfer").exists() and folder.figure("mutransfer_w_H").exists()
+    assert "mutransfer_w_H.png" in folder.report.read_text()
 
 
 def test_a_finished_phase_of_an_identical_study_is_reused():
