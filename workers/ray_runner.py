@@ -6,7 +6,9 @@ experiment files in `<Ray session>/artifacts/<start time, to the second>/<experi
 studies whose phases start in the same second under one phase name would share (and restore) each
 other's trials. `tune` searches with OptunaSearch (TPE) and ASHA; `transfer`, `verify` and
 `validate` run a fixed list of planned trials (`studies.plan`) as a grid. Trials report to Tune at
-every evaluation; `MlflowTrials`, a callback in the driver process, writes their nested runs.
+every evaluation; `MlflowTrials`, a callback in the driver process, writes their nested runs. `RayRunner` is
+this module as the driver's `workers.runner.Runner`; planned trials travel in Tune's config as
+`PlannedTrial.as_dict()`.
 
 Faults: every evaluation's report carries a checkpoint (`workers.train`'s resumable state), and a trial whose
 worker dies is restarted from it up to `resources.max_retries` times (Tune's `FailureConfig`) before it is
