@@ -56,13 +56,14 @@ from analysis.distance import relative_distance
 from analysis.neighbours import NeighbourAdvice, neighbour_advice
 from analysis.plots import plot_mutransfer, plot_transfer, plot_tune_history, plot_verify
 from analysis.report import markdown_table, render_report
-from analysis.table import HPARAMS, PHASES, STATUSES
+from analysis.table import HPARAMS, PHASES, STATUSES, TrialStatus
 from analysis.transfer import LRDrift, LROptimum, lr_curves, lr_drift, lr_optima, transfer_table
 
 __all__ = [
     "HPARAMS",
     "PHASES",
     "STATUSES",
+    "TrialStatus",
     "Certificate",
     "CoordOffence",
     "CoordVerdict",

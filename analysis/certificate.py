@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
-from analysis.table import judged_loss, phase_rows, require_columns
+from analysis.table import TrialStatus, judged_loss, phase_rows, require_columns
 
 _EPS = 1e-9
 
@@ -163,7 +163,7 @@ def certify(
         best_sample_loss=best,
         best_relative_improvement=None if best is None else (centre_loss - best) / centre_loss,
         n_diverged=int(np.isinf(samples).sum()),
-        n_failed=int(((verify["status"] == "failed") & ~verify["is_centre"].eq(True)).sum()),
+        n_failed=int(((verify["status"] == TrialStatus.FAILED) & ~verify["is_centre"].eq(True)).sum()),
         certified=bound <= p,
         verdict="",
     )

@@ -16,7 +16,7 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from analysis._figures import figure
-from analysis.table import judged_loss, phase_rows, require_columns
+from analysis.table import TrialStatus, judged_loss, phase_rows, require_columns
 
 COLUMNS = ("family", "budget", "width", "params", "train_flops", "seed", "status", "eval_loss")
 
@@ -38,7 +38,7 @@ def compare_table(table: pd.DataFrame) -> pd.DataFrame:
                     "width": int(first["width"]), "params": _int(group["params"]),
                     "train_flops": float(first["train_flops"]), "tokens": _int(group.get("tokens")),
                     "n_seeds": len(ok), "n_diverged": int(np.isinf(loss).sum()),
-                    "n_failed": int((group["status"] == "failed").sum()),
+                    "n_failed": int((group["status"] == TrialStatus.FAILED).sum()),
                     "eval_loss_mean": float(ok.mean()) if len(ok) else np.nan,
                     "eval_loss_std": float(ok.std(ddof=1)) if len(ok) > 1 else np.nan,
                     "eval_loss_min": float(ok.min()) if len(ok) else np.nan,

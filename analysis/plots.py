@@ -20,7 +20,7 @@ from matplotlib.ticker import MaxNLocator
 from analysis._figures import clip_loss_axis, figure, loss_limits, mark_diverged
 from analysis.certificate import verify_losses
 from analysis.distance import relative_distance
-from analysis.table import judged_loss, phase_rows
+from analysis.table import TrialStatus, judged_loss, phase_rows
 from analysis.transfer import lr_curves, lr_optima, transfer_table
 
 Limits = list[tuple[float, float] | None]
@@ -70,7 +70,7 @@ def plot_transfer(table: pd.DataFrame, path: str | Path) -> Limits:
     base = None
     if "tune" in set(table["phase"]):
         tune = phase_rows(table, "tune")
-        done = tune[(tune["status"] == "completed") & np.isfinite(tune["eval_loss"].astype(float))]
+        done = tune[(tune["status"] == TrialStatus.COMPLETED) & np.isfinite(tune["eval_loss"].astype(float))]
         if not done.empty:
             base = done.loc[done["eval_loss"].astype(float).idxmin()]
     seeds = bool((summary["n_seeds"] > 1).any())
@@ -113,7 +113,7 @@ def plot_tune_history(table: pd.DataFrame, path: str | Path) -> Limits:
     rows = phase_rows(table, "tune").reset_index(drop=True)
     loss = judged_loss(rows)  # indexed by completion position 0..n-1, failed trials left out
     finite = loss[np.isfinite(loss)]
-    stopped = (rows.loc[finite.index, "status"] == "stopped").to_numpy()
+    stopped = (rows.loc[finite.index, "status"] == TrialStatus.STOPPED).to_numpy()
     best = loss.where(np.isfinite(loss)).reindex(rows.index).cummin().ffill()
     limits = loss_limits(finite)
     with figure(path, panel=(7.0, 4.0)) as axes:

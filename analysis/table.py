@@ -6,6 +6,7 @@ The table itself is documented in `analysis/__init__.py`.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from enum import StrEnum
 
 import numpy as np
 import pandas as pd
@@ -14,7 +15,24 @@ HPARAMS: tuple[str, ...] = ("lr", "w_H", "w_topic", "w_unary", "w_dep", "w_head"
 """The seven transferred hparams: `lr` plus PT's six information weights (PT spec §3.2)."""
 
 PHASES: tuple[str, ...] = ("tune", "transfer", "verify", "validate", "compare")
-STATUSES: tuple[str, ...] = ("completed", "diverged", "stopped", "failed")
+
+
+class TrialStatus(StrEnum):
+    """A trial's status, the table's `status` column (and the `status` tag of its MLflow run).
+
+    `completed`: ran its full budget; `stopped`: ended early by ASHA (its loss is real, its budget short);
+    `diverged`: NaN/inf or blown-up loss; `failed`: the infrastructure failed it (retries used up);
+    `running`: not finished yet (live MLflow runs only, never in a finished table)."""
+
+    COMPLETED = "completed"
+    DIVERGED = "diverged"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    RUNNING = "running"
+
+
+STATUSES: tuple[str, ...] = tuple(s.value for s in TrialStatus if s is not TrialStatus.RUNNING)  # the finished ones
+LOSS_STATUSES: frozenset[TrialStatus] = frozenset({TrialStatus.COMPLETED, TrialStatus.STOPPED})  # a real eval loss
 
 
 def require_columns(table: pd.DataFrame, columns: Iterable[str], what: str) -> None:
@@ -48,7 +66,7 @@ def judged_loss(rows: pd.DataFrame) -> pd.Series:
     The result keeps the table's index.
     """
     require_columns(rows, ["status", "eval_loss"], "judging runs by loss")
-    kept = rows[rows["status"] != "failed"]
+    kept = rows[rows["status"] != TrialStatus.FAILED]
     loss = kept["eval_loss"].astype(float)
-    diverged = (kept["status"] == "diverged") | ~np.isfinite(loss)
+    diverged = (kept["status"] == TrialStatus.DIVERGED) | ~np.isfinite(loss)
     return loss.where(~diverged, np.inf)

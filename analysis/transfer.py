@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
-from analysis.table import judged_loss, phase_rows, require_columns
+from analysis.table import TrialStatus, judged_loss, phase_rows, require_columns
 
 
 def transfer_table(table: pd.DataFrame, phase: str | None = "transfer") -> pd.DataFrame:
@@ -37,7 +37,7 @@ def transfer_table(table: pd.DataFrame, phase: str | None = "transfer") -> pd.Da
             "tokens": by_width["tokens"].mean(),
             "wall_time_s": by_width["wall_time_s"].mean(),
             "n_diverged": np.isinf(loss).groupby(rows.loc[loss.index, "width"]).sum(),
-            "n_failed": (rows["status"] == "failed").groupby(rows["width"]).sum(),
+            "n_failed": (rows["status"] == TrialStatus.FAILED).groupby(rows["width"]).sum(),
         }
     )
     counts = ["n_seeds", "n_diverged", "n_failed"]

@@ -25,7 +25,7 @@ from service import policy
 from service.auth import Admin, Read
 from service.control import Control
 from service.intake import read_spec
-from service.progress import phase_progress, read_state, redact_uri, trial_table
+from service.progress import phase_progress, redact_uri, trial_table
 from service.schemas import (
     Check,
     Error,
@@ -41,6 +41,7 @@ from service.schemas import (
 )
 from service.settings import Settings
 from service.store import Study
+from workers.folder import StudyFolder
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -52,6 +53,10 @@ def _control(request: Request) -> Control:
 
 def _settings(request: Request) -> Settings:
     return request.app.state.settings
+
+
+def _folder(request: Request, study: Study) -> StudyFolder:
+    return StudyFolder(study.id, _settings(request).data_dir)
 
 
 # ---------------------------------------------------------------------------------- errors
@@ -103,7 +108,7 @@ def _observed(request: Request, study: Study, fresh: bool = False
     """The study folder's state.json, its MLflow trial rows (cached unless `fresh`) and its MLflow ids;
     with MLflow unreachable, no rows and no ids."""
     mlflow = _control(request).mlflow
-    state = read_state(_settings(request).data_dir / "studies" / study.id)
+    state = _folder(request, study).read_state()
     try:
         return state, mlflow.live(study.spec, study.id, state, fresh), mlflow.info(study.spec, state)
     except Exception as exc:  # a read must not fail because MLflow is away: say so instead
@@ -118,8 +123,7 @@ def _observed(request: Request, study: Study, fresh: bool = False
 def get_study(request: Request, study_id: str) -> StudyDetail:
     study = _control(request).store.get(study_id)
     state, live, info = _observed(request, study)
-    folder = _settings(request).data_dir / "studies" / study.id
-    progress = phase_progress(folder, study.spec, state, study.planned, live)
+    progress = phase_progress(_folder(request, study), study.spec, state, study.planned, live)
     tune = state.get("phases", {}).get("tune", {})
     return StudyDetail(**summary(study).model_dump(), spec=study.spec, progress=progress,
                        best_hparams=tune.get("best_hparams"), mlflow=info)
@@ -131,21 +135,20 @@ def get_trials(request: Request, study_id: str) -> TrialTable:
     """The trial table: one row per trial."""
     study = _control(request).store.get(study_id)
     state, live, _ = _observed(request, study, fresh=True)  # every run id, even of a trial that just ended
-    folder = _settings(request).data_dir / "studies" / study.id
-    return TrialTable(study_id=study.id, trials=trial_table(folder, study.spec, state, live))
+    return TrialTable(study_id=study.id, trials=trial_table(_folder(request, study), study.spec, state, live))
 
 
 @router.get("/studies/{study_id}/report", response_model=Report, tags=["studies"], dependencies=[Read],
             responses=errors(*READ, 404, 409))
 def get_report(request: Request, study_id: str) -> Report:
     study = _control(request).store.get(study_id)
-    art = _settings(request).data_dir / "studies" / study.id / "artifacts"
-    if study.status != "succeeded" or not (art / "report.md").exists():
+    folder = _folder(request, study)
+    if study.status != "succeeded" or not folder.report.exists():
         raise HTTPException(409, f"study {study.id} is {study.status}: its report is written when it succeeds; "
                             f"poll GET /studies/{study.id}")
-    cert = art / "certificate.json"
+    cert = folder.certificate
     certificate = finite(json.loads(cert.read_text())) if cert.exists() else None
-    return Report(study_id=study.id, status=study.status, markdown=(art / "report.md").read_text(),
+    return Report(study_id=study.id, status=study.status, markdown=folder.report.read_text(),
                   certificate=certificate)
 
 

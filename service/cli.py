@@ -130,12 +130,12 @@ def _load_spec(path: str):
 
 
 def _study_file(study: str, name: str) -> Path:
-    """`artifacts/<name>` of a study in the data directory, or an error listing the known studies."""
-    from workers.driver import studies_dir
+    """The artifact `name` of a study in the data directory, or an error listing the known studies."""
+    from workers.folder import StudyFolder, studies_dir
 
-    path = studies_dir() / study / "artifacts" / name
+    path = StudyFolder(study).artifact(name)
     if not path.exists():
-        known = sorted(p.name for p in studies_dir().glob("*") if p.is_dir())
+        known = StudyFolder.known()
         raise UsageError(f"no {name} for study {study!r} in {studies_dir()} (known studies: {known}); run it first")
     return path
 
@@ -171,12 +171,12 @@ def _run_with_progress(spec, study_id: str | None = None):
 def _print_summary(spec, state) -> None:
     """The study's story in the terminal (`service.summary`), whichever phases it ran."""
     from service.summary import StudyView, print_summary
-    from workers.driver import studies_dir
+    from workers.folder import StudyFolder
     from workers.tracking import Tracker
 
     tracker = Tracker(spec.experiment_name(), spec.resources.tracking.tracking_uri)
     runs = {r.data.tags.get("trial_key"): r.info.run_id for r in tracker.runs(state.study_id, "trial", state.instance)}
-    view = StudyView(spec=spec, state=dict(state.__dict__), art=studies_dir() / state.study_id / "artifacts",
+    view = StudyView(spec=spec, state=dict(state.__dict__), folder=StudyFolder(state.study_id),
                      runs=runs, runs_link=tracker.runs_link())
     print_summary(console, view)
 

@@ -27,10 +27,11 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, Protocol
 
-from service.progress import MlflowView, read_state
+from service.progress import MlflowView
 from service.store import IllegalTransition, Store, Study
 from studies.spec import StudySpec
 from studies.status import RESUMABLE, StudyStatus
+from workers.folder import StudyFolder
 
 log = logging.getLogger(__name__)
 LOST = "its driver is gone (Ray restarted or the actor died): POST /studies/{id}/resume continues it"
@@ -61,7 +62,7 @@ class ExecutionUnavailable(Exception):
 class Control:
     def __init__(self, store: Store, executor: Executor, mlflow: MlflowView, data_dir: Path) -> None:
         self.store, self.executor, self.mlflow = store, executor, mlflow
-        self.studies = data_dir / "studies"  # the driver's study folders (workers/driver.py)
+        self.data_dir = data_dir  # the driver's study folders are under it (workers.folder.StudyFolder)
 
     def submit(self, spec: StudySpec, idempotency_key: str | None = None) -> tuple[Study, bool]:
         """Store and start a study; with a known key, the earlier study (not started twice)."""
@@ -115,7 +116,7 @@ class Control:
         except Exception:  # the status stands; a driver that survived is reported by the reconciler's logs
             log.exception("could not stop the driver of %s", study_id)
         try:
-            state = read_state(self.studies / study_id)
+            state = StudyFolder(study_id, self.data_dir).read_state()
             if "study" in state.get("runs", {}):  # else MLflow has nothing yet
                 self.mlflow.mark_cancelled(study.spec, study_id, state.get("instance"))
         except Exception:

@@ -1,8 +1,8 @@
 """What a study has done so far: finished phases from its folder, the running phase from MLflow.
 
-- `<data dir>/studies/<id>/state.json` (written by `workers/driver.py`): finished phases with their
-  results, and the MLflow run ids of the study and of each phase;
-- `artifacts/<phase>_trials.csv`: a finished phase's trial table, authoritative once it exists;
+- the study folder's `state.json` (`workers.folder.StudyFolder`, written by `workers/driver.py`): finished
+  phases with their results, and the MLflow run ids of the study and of each phase;
+- a finished phase's trial table (`StudyFolder.trials`), authoritative once it exists;
 - the running phase: its MLflow trial runs (tags `phase`, `status` = running | completed | stopped |
   diverged | failed, `trial_key`; metric `eval_loss`), written live by the driver's Tune callback.
   Ray Tune's own result files are no use here: Tune stages them on the driver's node and copies them
@@ -16,7 +16,6 @@ seconds (stale-while-revalidate), so a read waits for MLflow only the first time
 from __future__ import annotations
 
 import csv
-import json
 import math
 import threading
 import time
@@ -26,12 +25,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from analysis import PHASES
+from analysis import PHASES, STATUSES, TrialStatus
 from service.schemas import MlflowInfo, PhaseProgress, finite
 from studies.spec import StudySpec
+from workers.folder import StudyFolder
 from workers.paths import redact_uri
-
-FINISHED = ("completed", "stopped", "diverged", "failed")
 
 
 def spec_phases(spec: dict[str, Any]) -> list[str]:
@@ -43,16 +41,9 @@ def spec_phases(spec: dict[str, Any]) -> list[str]:
         return [p for p in PHASES if spec.get(p) is not None]
 
 
-def read_state(folder: Path) -> dict[str, Any]:
-    try:
-        return json.loads((folder / "state.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):  # not started yet, or caught mid-write elsewhere
-        return {}
-
-
-def _done(state: dict[str, Any], folder: Path, phase: str) -> Path | None:
+def _done(state: dict[str, Any], folder: StudyFolder, phase: str) -> Path | None:
     """The finished phase's trial table, if the phase is finished."""
-    path = folder / "artifacts" / f"{phase}_trials.csv"
+    path = folder.trials(phase)
     return path if state.get("phases", {}).get(phase, {}).get("status") == "done" and path.exists() else None
 
 
@@ -65,14 +56,15 @@ def _float(text: Any) -> float | None:
 
 
 def _count(rows: list[dict[str, Any]], status: str, planned: int | None) -> PhaseProgress:
-    count = {s: sum(1 for r in rows if r["status"] == s) for s in (*FINISHED, "running")}
-    losses = [x for r in rows if r["status"] == "completed" and (x := _float(r.get("eval_loss"))) is not None]
-    return PhaseProgress(status=status, planned=planned, done=count["completed"] + count["stopped"],
-                         running=count["running"], failed=count["failed"], diverged=count["diverged"],
+    count = {s: sum(1 for r in rows if r["status"] == s) for s in (*STATUSES, TrialStatus.RUNNING)}
+    losses = [x for r in rows if r["status"] == TrialStatus.COMPLETED and (x := _float(r.get("eval_loss"))) is not None]
+    S = TrialStatus
+    return PhaseProgress(status=status, planned=planned, done=count[S.COMPLETED] + count[S.STOPPED],
+                         running=count[S.RUNNING], failed=count[S.FAILED], diverged=count[S.DIVERGED],
                          best_eval_loss=min(losses) if losses else None)
 
 
-def phase_progress(folder: Path, spec: dict[str, Any], state: dict[str, Any], planned: dict[str, int],
+def phase_progress(folder: StudyFolder, spec: dict[str, Any], state: dict[str, Any], planned: dict[str, int],
                    live: list[dict[str, Any]]) -> dict[str, PhaseProgress]:
     """Per phase: finished ones from their CSV, the others from their live MLflow trial runs."""
     out = {}
@@ -87,7 +79,7 @@ def phase_progress(folder: Path, spec: dict[str, Any], state: dict[str, Any], pl
     return out
 
 
-def trial_table(folder: Path, spec: dict[str, Any], state: dict[str, Any],
+def trial_table(folder: StudyFolder, spec: dict[str, Any], state: dict[str, Any],
                 live: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Finished phases' rows (their CSVs) and the other phases' live rows, each with its MLflow run id."""
     import pandas as pd  # only here: the trial table needs typed columns
@@ -107,7 +99,8 @@ def _row(run) -> dict[str, Any]:
     """One MLflow trial run as a trial-table row."""
     tags, metrics = run.data.tags, run.data.metrics
     as_int = lambda v: int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else None
-    return {"trial_id": tags.get("trial_key"), "phase": tags.get("phase"), "status": tags.get("status", "running"),
+    return {"trial_id": tags.get("trial_key"), "phase": tags.get("phase"),
+            "status": tags.get("status", TrialStatus.RUNNING.value),
             "width": as_int(tags.get("width")), "seed": as_int(tags.get("seed")),
             "eval_loss": metrics.get("eval_loss"), "lr": _float(run.data.params.get("lr")),
             "mlflow_run_id": run.info.run_id}

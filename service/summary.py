@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -19,23 +18,24 @@ from rich.table import Table
 
 from analysis import Certificate, LRDrift, neighbour_advice
 from studies.spec import StudySpec
+from workers.folder import StudyFolder
 
 FIGURES = ("mutransfer", "transfer", "verify", "tune_history", "compare")  # the headline figure first
 
 
 @dataclass
 class StudyView:
-    """What the summary reads: the spec, `state.json` as a dict, the artifacts folder and MLflow's run ids."""
+    """What the summary reads: the spec, `state.json` as a dict, the study folder and MLflow's run ids."""
 
     spec: StudySpec
     state: dict[str, Any]
-    art: Path
+    folder: StudyFolder
     runs: dict[str, str]  # trial_key → MLflow run id ({} when unknown)
     runs_link: str | None  # the experiment's runs table in the MLflow UI, or how to open it
 
 
 def _table(view: StudyView, phase: str) -> pd.DataFrame | None:
-    path = view.art / f"{phase}_trials.csv"
+    path = view.folder.trials(phase)
     return pd.read_csv(path) if path.exists() else None
 
 
@@ -56,14 +56,14 @@ def print_summary(console: Console, view: StudyView) -> None:
     cert = phases.get("verify", {}).get("certificate")
     if cert:
         _certificate_section(console, view, Certificate(**cert))
-    if (view.art / "cost.json").exists():
+    if view.folder.cost.exists():
         from analysis.report import cost_line
 
-        console.print(f"cost: {cost_line(json.loads((view.art / 'cost.json').read_text()))}")
-    report = view.art / "report.md"
+        console.print(f"cost: {cost_line(json.loads(view.folder.cost.read_text()))}")
+    report = view.folder.report
     if report.exists():
         console.print(f"report: {report}")
-    figures = [view.art / f"{name}.png" for name in FIGURES if (view.art / f"{name}.png").exists()]
+    figures = [view.folder.figure(name) for name in FIGURES if view.folder.figure(name).exists()]
     if figures:
         console.print("figures: " + ", ".join(str(f) for f in figures), soft_wrap=True)
     if view.runs_link:

@@ -1,35 +1,93 @@
 """Phase plans: which trials each phase runs, as plain data (no torch, no Ray).
 
-A planned trial is a dict with `trial_key` (stable across restarts: the MLflow run and the trial
-table row are keyed by it), `phase`, `width`, `seed`, `hparams` (all seven), `is_centre` and,
-for validate, `parametrization`. The engine turns each into a `TrialConfig` with
-`StudySpec.trial_config`; a compare trial carries its own `config` (its family differs from the spec's).
+A planned trial is a frozen `PlannedTrial`: `trial_key` (stable across restarts: the MLflow run and the
+trial table row are keyed by it), `phase`, `width`, `seed`, `hparams` (all of the family's), `is_centre`,
+for validate and compare its `parametrization`, for validate the `swept` hparam, and for compare its family,
+budget, role, stage and FLOPs with its own `config` (its family differs from the spec's). A runner turns each
+into a trial config with `PlannedTrial.trial_config`; Ray Tune carries it as `as_dict()` in the trial's config.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import pandas as pd
 
-from analysis.table import judged_loss, phase_rows
+from analysis.table import TrialStatus, judged_loss, phase_rows
 from studies.arch import rebase
 from studies.budget import train_flops, width_for_budget
 from studies.spec import StudySpec
 
+PLANNED_COLUMNS = ("family", "budget", "role", "tuned_at", "train_flops",  # compare trials' extra table columns
+                   "swept")  # validate trials': the hparam their sweep varies
 
-def _trial(phase: str, key: str, width: int, seed: int, hparams: dict[str, float], **extra: Any) -> dict:
-    return {"trial_key": f"{phase}-{key}", "phase": phase, "width": width, "seed": seed,
-            "hparams": dict(hparams), "is_centre": False, **extra}
+
+@dataclass(frozen=True)
+class PlannedTrial:
+    """One trial a phase runs (a TPE suggestion in tune, planned up front in the other phases)."""
+
+    trial_key: str
+    phase: str
+    width: int
+    seed: int
+    hparams: Mapping[str, float]
+    is_centre: bool = False
+    parametrization: str | None = None  # None: the spec's
+    swept: str | None = None  # validate: the hparam its sweep varies
+    family: str | None = None  # compare: the family, its budget, role, tune stage and training FLOPs
+    budget: float | None = None
+    role: str | None = None
+    tuned_at: str | None = None
+    train_flops: float | None = None
+    config: Mapping[str, Any] | None = field(default=None, repr=False)  # compare: the family's own trial config
+
+    @classmethod
+    def for_tune(cls, spec: StudySpec, trial_id: str, suggested: Mapping[str, float]) -> PlannedTrial:
+        """A tune trial: the searcher's suggestion (frozen hparams at their defaults) at the base width."""
+        hparams = spec.space.complete(dict(suggested))
+        return cls(f"tune-{trial_id}", "tune", spec.tune.base_width, spec.tune.seed, hparams)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlannedTrial:
+        """The inverse of `as_dict` (also what Ray Tune restores from an experiment's trial configs)."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"a planned trial has unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**data)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data, without the fields that are not set (Ray Tune's trial config)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def trial_config(self, spec: StudySpec) -> dict[str, Any]:
+        """The trial config dict `workers.train` takes: a compare trial's own, else the spec's at this trial."""
+        if self.config is not None:
+            return dict(self.config)
+        return spec.trial_config(self.width, dict(self.hparams), self.seed, spec.steps_for(self.phase),
+                                 self.parametrization)
+
+    def columns(self, spec: StudySpec) -> dict[str, Any]:
+        """The trial table's planned columns (`analysis/__init__.py`): identity, parametrization, validate's and
+        compare's extras, and the hparams."""
+        return {"trial_id": self.trial_key, "phase": self.phase, "width": self.width, "seed": self.seed,
+                "is_centre": self.is_centre, "parametrization": self.parametrization or spec.model.parametrization,
+                **{k: getattr(self, k) for k in PLANNED_COLUMNS if getattr(self, k) is not None}, **self.hparams}
+
+
+def _trial(phase: str, key: str, width: int, seed: int, hparams: Mapping[str, float], **extra: Any) -> PlannedTrial:
+    return PlannedTrial(f"{phase}-{key}", phase, width, seed, dict(hparams), **extra)
 
 
 def best_hparams(spec: StudySpec, table: pd.DataFrame) -> dict[str, float]:
     """The tune phase's winner: the lowest eval loss among trials that ran their full budget
     (ASHA-stopped and diverged trials lose); frozen hparams keep their defaults."""
     rows = phase_rows(table, "tune")
-    finished = rows[rows["status"] == "completed"]
+    finished = rows[rows["status"] == TrialStatus.COMPLETED]
     if finished.empty:
         raise ValueError("no tune trial completed its budget: lower space.lr's range, raise tune.num_trials "
                          "or check the trial errors in the trial table")
@@ -37,13 +95,14 @@ def best_hparams(spec: StudySpec, table: pd.DataFrame) -> dict[str, float]:
     return spec.space.complete({h: float(best[h]) for h in spec.space.searched()})
 
 
-def transfer_trials(spec: StudySpec, hparams: dict[str, float]) -> list[dict]:
+def transfer_trials(spec: StudySpec, hparams: dict[str, float]) -> list[PlannedTrial]:
     """The winner, unchanged, at every transfer width and seed."""
     return [_trial("transfer", f"w{w}-s{s}", w, s, hparams)
             for w in spec.transfer.widths for s in range(spec.transfer.seeds)]
 
 
-def verify_trials(spec: StudySpec, centre: dict[str, float], skip_centre_seeds: list[int] | tuple = ()) -> list[dict]:
+def verify_trials(spec: StudySpec, centre: dict[str, float], skip_centre_seeds: list[int] | tuple = ()
+                  ) -> list[PlannedTrial]:
     """The centre with `centre_seeds` seeds (but `skip_centre_seeds`: runs reused from transfer), then N samples
     around it at the verify width.
 
@@ -94,7 +153,7 @@ def with_reused_centre(spec: StudySpec, verify: pd.DataFrame, transfer: pd.DataF
     return pd.concat([rows, verify], ignore_index=True).sort_values("trial_id", kind="stable", ignore_index=True)
 
 
-def validate_trials(spec: StudySpec, centre: dict[str, float]) -> list[dict]:
+def validate_trials(spec: StudySpec, centre: dict[str, float]) -> list[PlannedTrial]:
     """The sweeps: lr's, then each of `validate.hparams`: every (parametrization, width, value, seed) of the swept
     hparam, the other hparams at the centre."""
     v = spec.validate_
@@ -168,7 +227,7 @@ def compare_stages(spec: StudySpec, vocab_size: int) -> list[dict[str, Any]]:
     return stages
 
 
-def compare_trials(spec: StudySpec, vocab_size: int, best: dict[str, dict[str, float]]) -> list[dict]:
+def compare_trials(spec: StudySpec, vocab_size: int, best: dict[str, dict[str, float]]) -> list[PlannedTrial]:
     """The final runs: every family at every budget and seed, on compare.tokens tokens.
 
     `best` maps stage name (`compare_stages`) → the stage's best hparams; the study's model uses its proxy

@@ -1,10 +1,14 @@
 """The study driver: run a study's phases in order, persist what is done, resume after a crash.
 
-A study lives in `data_dir()/studies/<study_id>/`: `spec.yaml`, `state.json` (finished phases and
-their results, MLflow run ids; rewritten atomically), `ray/` (one restorable Tune experiment per
-phase), and `artifacts/` (trial tables, plots, certificate, report). Re-running a study id skips
-finished phases and restores an interrupted one, so no finished trial runs twice and no MLflow run
-is made twice (runs are found by their tags).
+A study lives in its `workers.folder.StudyFolder`: `state.json` (finished phases and their results, MLflow
+run ids; rewritten atomically), `ray/` (one restorable experiment per phase), and `artifacts/` (spec, trial
+tables, plots, certificate, report). Re-running a study id skips finished phases and restores an interrupted
+one, so no finished trial runs twice and no MLflow run is made twice (runs are found by their tags).
+
+Seams: `StudyDriver(spec, runner, tracker)`. The runner trains a phase's trials (`workers.runner.Runner`:
+`workers.ray_runner.RayRunner` by default, `workers.runner.InProcessRunner` without Ray); the tracker records
+the study's MLflow runs (`workers.tracking.Tracker` by default, `workers.null_tracker.NullTracker` for none).
+Phases run in `spec.phases()` order through `StudyDriver.PHASES`.
 
 Ownership: `state.json` records a random `instance` id, minted when it is first written, and the
 (redacted) tracking URI; every MLflow run the study makes is tagged with the instance, and a resume
@@ -22,7 +26,6 @@ study finds it `running` under a process that no longer exists, records that att
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -30,12 +33,11 @@ import os
 import secrets
 import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -54,8 +56,10 @@ from analysis import (
     render_report,
     transfer_table,
 )
+from analysis.table import TrialStatus
 from studies.cost import measured_cost
 from studies.plan import (
+    PlannedTrial,
     best_hparams,
     compare_stages,
     compare_trials,
@@ -67,20 +71,22 @@ from studies.plan import (
     with_reused_centre,
 )
 from studies.spec import StudySpec
-from workers.data import DataConfig, data_dir
+from studies.status import StudyStatus
+from workers.data import DataConfig
 from workers.errors import InfrastructureLost, StudyError, StudyFailed, one_line
+from workers.folder import PhaseIndex, StudyFolder, studies_dir, write_json
 from workers.paths import redact_uri
-from workers.ray_runner import MlflowTrials, experiment_name, run_phase
-from workers.tracking import Tracker, default_tracking_uri
+from workers.runner import PhaseJob, Runner, experiment_name
 from workers.train import load_data
 from workers.verdicts import phase_verdict, provenance_tags, study_verdict
 
+if TYPE_CHECKING:
+    from workers.null_tracker import NullTracker
+    from workers.tracking import Tracker
+
 log = logging.getLogger(__name__)
 Event = Callable[[str, dict[str, Any]], None]
-
-
-def studies_dir() -> Path:
-    return data_dir() / "studies"
+__all__ = ["StudyDriver", "StudyState", "default_study_id", "phase_key", "run_study", "studies_dir"]
 
 
 def default_study_id(spec: StudySpec) -> str:
@@ -99,27 +105,11 @@ def phase_key(spec: StudySpec, phase: str) -> str:
     return hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _write_json(path: Path, data: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # one per writer
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)  # atomic: a crash leaves the old or the new state, never half
-
-
-def record_phase(index: Path, key: str, study_id: str) -> None:
-    """`index[key] = study_id`, read-modify-written under an exclusive lock: drivers of studies finishing
-    together (the service runs several) must not drop each other's entries."""
-    with open(index.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        current = json.loads(index.read_text()) if index.exists() else {}
-        _write_json(index, {**current, key: study_id})
-
-
 @dataclass
 class StudyState:
     study_id: str
     spec_hash: str
-    status: str = "running"  # running | succeeded | failed | interrupted
+    status: str = StudyStatus.RUNNING  # running | succeeded | failed | interrupted
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)  # phase → {"status": "done", ...}
     runs: dict[str, str] = field(default_factory=dict)  # "study" | phase → MLflow run id
     instance: str | None = None  # tagged on every MLflow run of this study; None: a state from before it
@@ -138,31 +128,44 @@ class StudyState:
         return state
 
     def save(self, path: Path) -> None:
-        _write_json(path, self.__dict__)
+        write_json(path, self.__dict__)
 
 
 class StudyDriver:
-    def __init__(self, spec: StudySpec, study_id: str | None = None, on_event: Event | None = None) -> None:
+    """Run one study's phases: `runner` trains trials (None: Ray Tune), `tracker` records runs (None: MLflow)."""
+
+    def __init__(self, spec: StudySpec, runner: Runner | None = None, tracker: Tracker | NullTracker | None = None,
+                 *, study_id: str | None = None, on_event: Event | None = None) -> None:
         self.spec = spec
         self.study_id = study_id or default_study_id(spec)
-        self.dir = studies_dir() / self.study_id
-        self.art = self.dir / "artifacts"
-        self.art.mkdir(parents=True, exist_ok=True)
-        self.state_path = self.dir / "state.json"
-        self.state = StudyState.load(self.state_path, self.study_id, spec.content_hash())
-        (self.art / "spec.yaml").write_text(spec.to_yaml())
-        self.uri = spec.resources.tracking.tracking_uri or default_tracking_uri()
-        self._tracker: Tracker | None = None
+        self.folder = StudyFolder(self.study_id).create()
+        self.dir = self.folder.path
+        self.state = StudyState.load(self.folder.state_path, self.study_id, spec.content_hash())
+        self.folder.spec.write_text(spec.to_yaml())
+        self._runner = runner
+        self._tracker = tracker
+        self.uri = spec.resources.tracking.tracking_uri or (tracker.uri if tracker is not None else None)
         self.emit = on_event or (lambda kind, data: None)
 
     # ------------------------------------------------------------------ helpers
     def _save(self) -> None:
-        self.state.save(self.state_path)
+        self.state.save(self.folder.state_path)
 
     @property
-    def tracker(self) -> Tracker:
-        """The MLflow tracker, connected on first use; an unreachable store fails the study."""
+    def runner(self) -> Runner:
+        if self._runner is None:
+            from workers.ray_runner import RayRunner  # only here: the driver runs without Ray when given a runner
+
+            self._runner = RayRunner()
+        return self._runner
+
+    @property
+    def tracker(self) -> Tracker | NullTracker:
+        """The tracker; MLflow's when none was given, connected on first use (an unreachable store fails the study)."""
         if self._tracker is None:
+            from workers.tracking import Tracker, default_tracking_uri  # only here: MLflow is optional
+
+            self.uri = self.uri or default_tracking_uri()
             try:
                 self._tracker = Tracker(self.spec.experiment_name(), self.uri)
             except Exception as exc:
@@ -172,8 +175,9 @@ class StudyDriver:
 
     def _check_store(self) -> None:
         """A resumed study's runs must be in the current store: else name both stores and stop."""
-        state, here = self.state, redact_uri(self.uri)
-        if "study" in state.runs and not self.tracker.owns(state.runs["study"], self.study_id, state.instance):
+        tracker = self.tracker
+        state, here = self.state, redact_uri(self.uri or tracker.uri)
+        if "study" in state.runs and not tracker.owns(state.runs["study"], self.study_id, state.instance):
             self._tracker = None  # nothing of this study's to close in that store
             raise StudyFailed(
                 f"the tracking store {here} does not hold this study's MLflow run {state.runs['study']}; its runs "
@@ -182,7 +186,7 @@ class StudyDriver:
         state.tracking_uri = here
 
     def table(self, phase: str) -> pd.DataFrame:
-        return pd.read_csv(self.art / f"{phase}_trials.csv")
+        return pd.read_csv(self.folder.trials(phase))
 
     def _phase_run(self, phase: str) -> str:
         if phase not in self.state.runs:
@@ -191,20 +195,23 @@ class StudyDriver:
             self._save()
         return self.state.runs[phase]
 
-    def _run_trials(self, phase: str, planned: list[dict] | None = None, keep: frozenset[str] = frozenset()
+    def _job(self, spec: StudySpec, phase: str, planned: list[PlannedTrial] | None, experiment: str,
+             tags: dict[str, Any] | None = None) -> PhaseJob:
+        return PhaseJob(spec=spec, phase=phase, planned=planned, study_id=self.study_id, instance=self.state.instance,
+                        phase_run=self._phase_run(tags["phase"] if tags else phase), tracker=self.tracker,
+                        storage=self.folder.ray, experiment=experiment, tags=dict(tags or {}),
+                        notify=lambda info: self.emit("trial_done", info))
+
+    def _run_trials(self, phase: str, planned: list[PlannedTrial] | None = None, keep: frozenset[str] = frozenset()
                     ) -> pd.DataFrame:
-        callback = MlflowTrials(self.spec, self.study_id, phase, self._phase_run(phase), self.tracker.uri,
-                                instance=self.state.instance)
-        callback.notify = lambda info: self.emit("trial_done", info)
-        table = run_phase(self.spec, phase, self.dir / "ray", callback, planned,
-                          experiment=experiment_name(self.study_id, phase))
+        table = self.runner.run_phase(self._job(self.spec, phase, planned, experiment_name(self.study_id, phase)))
         self.tracker.prune_trials(self.study_id, phase, set(table.trial_id) | keep, instance=self.state.instance)
-        table.to_csv(self.art / f"{phase}_trials.csv", index=False)
+        table.to_csv(self.folder.trials(phase), index=False)
         return table
 
     def _finish_phase(self, phase: str, result: dict[str, Any], files: list[Path]) -> None:
         run = self._phase_run(phase)
-        self.tracker.log_artifacts(run, [self.art / f"{phase}_trials.csv", *files])
+        self.tracker.log_artifacts(run, [self.folder.trials(phase), *files])
         numeric = {k: v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         self.tracker.log_metrics(run, [{"step": 0, **numeric}])
         verdict = phase_verdict(self.spec, phase, result)
@@ -216,58 +223,60 @@ class StudyDriver:
         self._log_study_verdict()
         log.info("%s: %s phase done", self.study_id, phase)
         if phase in REUSABLE and not result.get("reused_from"):  # the index names the study that ran it
-            record_phase(self._index_path(), phase_key(self.spec, phase), self.study_id)
+            PhaseIndex().record(phase_key(self.spec, phase), self.study_id)
         self.emit("phase_done", {"phase": phase, **result})
 
     # ------------------------------------------------------------------ phases
-    def _trials_or_reuse(self, phase: str, planned: list[dict] | None = None) -> tuple[pd.DataFrame, str | None]:
+    def _trials_or_reuse(self, phase: str, planned: list[PlannedTrial] | None = None
+                         ) -> tuple[pd.DataFrame, str | None]:
         """The phase's trial table: copied from an identical finished phase of another study, else run."""
         source = self._reusable(phase)
         if source is None:
             return self._run_trials(phase, planned), None
-        log.info("%s: reusing the identical %s phase of study %s", self.study_id, phase, source.name)
-        shutil.copy(source / "artifacts" / f"{phase}_trials.csv", self.art / f"{phase}_trials.csv")
-        self.tracker.set_tags(self._phase_run(phase), {"reused_from": source.name})
-        return self.table(phase), source.name
+        log.info("%s: reusing the identical %s phase of study %s", self.study_id, phase, source.study_id)
+        shutil.copy(source.trials(phase), self.folder.trials(phase))
+        self.tracker.set_tags(self._phase_run(phase), {"reused_from": source.study_id})
+        return self.table(phase), source.study_id
 
     def phase_tune(self) -> dict[str, Any]:
         table, source = self._trials_or_reuse("tune")
-        if not (table.status == "completed").any():
+        if not (table.status == TrialStatus.COMPLETED).any():
             counts = ", ".join(f"{n} {s}" for s, n in table.status.value_counts().items())
             raise StudyFailed(f"no tune trial completed its budget ({counts} of {len(table)}): lower space.lr's "
                               "range or raise train.max_loss, then run it as a new study")
         best = best_hparams(self.spec, table)
-        plot_tune_history(table, self.art / "tune_history.png")
-        done = table[table.status == "completed"]
+        plot_tune_history(table, self.folder.figure("tune_history"))
+        done = table[table.status == TrialStatus.COMPLETED]
         result = {"best_hparams": best, "best_eval_loss": float(done.eval_loss.min()),
-                  "n_trials": len(table), "n_diverged": int((table.status == "diverged").sum()),
+                  "n_trials": len(table), "n_diverged": int((table.status == TrialStatus.DIVERGED).sum()),
                   "reused_from": source}
-        self._finish_phase("tune", result, [self.art / "tune_history.png"])
+        self._finish_phase("tune", result, [self.folder.figure("tune_history")])
         return result
 
     def phase_transfer(self) -> dict[str, Any]:
         table, source = self._trials_or_reuse("transfer", transfer_trials(self.spec, self.centre()))
         summary = transfer_table(table)
-        plot_transfer(pd.concat([self.table("tune"), table], ignore_index=True), self.art / "transfer.png")
-        summary.to_csv(self.art / "transfer_summary.csv", index=False)
+        figure, summary_csv = self.folder.figure("transfer"), self.folder.artifact("transfer_summary.csv")
+        plot_transfer(pd.concat([self.table("tune"), table], ignore_index=True), figure)
+        summary.to_csv(summary_csv, index=False)
         result = {"widths": summary.to_dict(orient="records"), "reused_from": source}
-        self._finish_phase("transfer", result, [self.art / "transfer.png", self.art / "transfer_summary.csv"])
+        self._finish_phase("transfer", result, [figure, summary_csv])
         return result
 
     def phase_verify(self) -> dict[str, Any]:
         v, centre = self.spec.verify, self.centre()
-        reused = reused_centre_seeds(self.spec) if (self.art / "transfer_trials.csv").exists() else []
+        reused = reused_centre_seeds(self.spec) if self.folder.trials("transfer").exists() else []
         keys = frozenset(f"verify-centre-s{seed - v.seed}" for seed in reused)
         table = self._run_trials("verify", verify_trials(self.spec, centre, reused), keys)
         if reused:
             table = with_reused_centre(self.spec, table, self.table("transfer"))
-            table.to_csv(self.art / "verify_trials.csv", index=False)
+            table.to_csv(self.folder.trials("verify"), index=False)
             self._record_reused(table[table["trial_id"].isin(keys)])
         cert = certify(table, p=v.p, alpha=v.alpha, tolerance=v.tolerance)
-        _write_json(self.art / "certificate.json", cert.model_dump())
-        plot_verify(table, centre, list(self.spec.space.searched()), self.art / "verify.png")
+        self.folder.write_artifact(self.folder.certificate.name, cert.model_dump())
+        plot_verify(table, centre, list(self.spec.space.searched()), self.folder.figure("verify"))
         self._finish_phase("verify", {"certificate": cert.model_dump()},
-                           [self.art / "certificate.json", self.art / "verify.png"])
+                           [self.folder.certificate, self.folder.figure("verify")])
         return cert.model_dump()
 
     def _record_reused(self, rows: pd.DataFrame) -> None:
@@ -291,7 +300,7 @@ class StudyDriver:
         table = self._run_trials("validate", validate_trials(self.spec, self.centre()))
         drift = lr_drift(table, threshold=v.drift_threshold)
         others = {h: lr_drift(table, threshold=v.drift_threshold, hparam=h).model_dump() for h in v.hparams}
-        figures = [self.art / "mutransfer.png", *(self.art / f"mutransfer_{h}.png" for h in v.hparams)]
+        figures = [self.folder.figure("mutransfer"), *(self.folder.figure(f"mutransfer_{h}") for h in v.hparams)]
         for hparam, path in zip(v.sweeps(), figures, strict=True):
             plot_mutransfer(table, path, hparam)
         result = {"lr_drift": drift.model_dump(), **({"hparam_drift": others} if others else {})}
@@ -308,30 +317,31 @@ class StudyDriver:
         for stage in compare_stages(spec, vocab):
             name, sub = stage["name"], stage["spec"]
             tags = {"phase": "compare", "stage": f"tune-{name}", "family": stage["family"], "budget": stage["budget"]}
-            path = self.art / f"compare_tune_{name}.csv"
+            path = self.folder.trials(f"compare_tune_{name}")
             if name not in done:
-                callback = MlflowTrials(sub, self.study_id, "tune", self._phase_run("compare"), self.tracker.uri, tags,
-                                        instance=self.state.instance)
-                callback.notify = lambda info: self.emit("trial_done", info)
-                table = run_phase(sub, "tune", self.dir / "ray", callback,
-                                  experiment=experiment_name(self.study_id, "compare", f"tune-{name}"))
+                experiment = experiment_name(self.study_id, "compare", f"tune-{name}")
+                table = self.runner.run_phase(self._job(sub, "tune", None, experiment, tags))
                 self.tracker.prune_trials(self.study_id, "compare", set(table.trial_id), stage=tags["stage"],
                                           instance=self.state.instance)
                 table.assign(**{k: v for k, v in tags.items() if k != "phase"}).to_csv(path, index=False)
                 done[name] = {"best_hparams": best_hparams(sub, table), "width": stage["width"]}
                 self._save()
             tune_tables.append(pd.read_csv(path))
-        pd.concat(tune_tables, ignore_index=True).to_csv(self.art / "compare_tune_trials.csv", index=False)
+        pd.concat(tune_tables, ignore_index=True).to_csv(self.folder.trials("compare_tune"), index=False)
         best = {name: info["best_hparams"] for name, info in done.items()}
         table = self._run_trials("compare", compare_trials(spec, vocab, best))
         summary = compare_table(table)
-        summary.to_csv(self.art / "compare_summary.csv", index=False)
-        plot_compare(table, self.art / "compare.png")
+        summary.to_csv(self.folder.artifact("compare_summary.csv"), index=False)
+        plot_compare(table, self.folder.figure("compare"))
         result = {"vocab_size": vocab, "widths": compare_widths(spec, vocab), "stages": done,
                   "summary": summary.to_dict(orient="records"), "budgets": c.budgets, "tokens": c.tokens}
-        files = [self.art / n for n in ("compare.png", "compare_summary.csv", "compare_tune_trials.csv")]
+        files = [self.folder.artifact(n) for n in ("compare.png", "compare_summary.csv", "compare_tune_trials.csv")]
         self._finish_phase("compare", result, files)
         return result
+
+    PHASES: dict[str, Callable[[StudyDriver], dict[str, Any]]] = {  # each phase's step, run in spec.phases() order
+        "tune": phase_tune, "transfer": phase_transfer, "verify": phase_verify, "validate": phase_validate,
+        "compare": phase_compare}
 
     def planned_count(self, phase: str) -> int:
         spec = self.spec
@@ -349,22 +359,12 @@ class StudyDriver:
         return self.state.phases["tune"]["best_hparams"]
 
     # ------------------------------------------------------------------ reuse of finished phases
-    @staticmethod
-    def _index_path() -> Path:
-        return studies_dir() / "phase_index.json"
-
-    def _index(self) -> dict[str, str]:
-        path = self._index_path()
-        return json.loads(path.read_text()) if path.exists() else {}
-
-    def _reusable(self, phase: str) -> Path | None:
-        other = self._index().get(phase_key(self.spec, phase))
+    def _reusable(self, phase: str) -> StudyFolder | None:
+        other = PhaseIndex().get(phase_key(self.spec, phase))
         if other is None or other == self.study_id:
             return None
-        source = studies_dir() / other
-        state = json.loads((source / "state.json").read_text()) if (source / "state.json").exists() else {}
-        done = state.get("phases", {}).get(phase, {}).get("status") == "done"
-        return source if done and (source / "artifacts" / f"{phase}_trials.csv").exists() else None
+        source = StudyFolder(other)
+        return source if source.phase_done(phase) else None
 
     # ------------------------------------------------------------------ the study
     def run(self) -> StudyState:
@@ -373,7 +373,7 @@ class StudyDriver:
         try:
             self._check_store()
             self._recover()
-            self.state.status, self.state.error = "running", None
+            self.state.status, self.state.error = StudyStatus.RUNNING, None
             self.state.driver = {"host": socket.gethostname(), "pid": os.getpid()}
             self._save()
             self._study_run()
@@ -384,26 +384,27 @@ class StudyDriver:
                 self.tracker.set_tags(self.state.runs["study"], {"phase": phase})
                 self.emit("phase_start", {"phase": phase, "trials": self.planned_count(phase)})
                 start = time.monotonic()
-                getattr(self, f"phase_{phase}")()
+                self.PHASES[phase](self)
                 self.state.phases[phase]["wall_s"] = time.monotonic() - start  # the cost account's phase time
                 self._save()
             phase = None
             self.write_report()
-            self.tracker.set_tags(self.state.runs["study"], {"phase": "done", "status": "succeeded"})
+            self.tracker.set_tags(self.state.runs["study"], {"phase": "done", "status": StudyStatus.SUCCEEDED})
             self.tracker.finish(self.state.runs["study"])
         except KeyboardInterrupt:
             self._fail(InfrastructureLost("stopped by the user (Ctrl-C); re-run the same command to resume"), phase)
             raise
         except Exception as exc:
             raise self._fail(exc, phase) from exc
-        self.state.status = "succeeded"
+        self.state.status = StudyStatus.SUCCEEDED
         self._save()
         return self.state
 
     def _recover(self) -> None:
         """Record an earlier attempt whose process died while `running` as `interrupted`."""
         state, driver = self.state, self.state.driver or {}
-        if state.status != "running" or driver.get("host") != socket.gethostname() or driver.get("pid") == os.getpid():
+        here = driver.get("host") == socket.gethostname() and driver.get("pid") != os.getpid()
+        if state.status != StudyStatus.RUNNING or not here:
             return
         try:
             os.kill(driver["pid"], 0)
@@ -428,9 +429,9 @@ class StudyDriver:
             spec = self.spec
             self.state.runs["study"] = self.tracker.study_run(self.study_id, {
                 "spec_hash": self.state.spec_hash, "model": spec.model.family, "study_dir": str(self.dir),
-                "ray_experiment": str(self.dir / "ray"), "mlflow.note.content": spec.description,
+                "ray_experiment": str(self.folder.ray), "mlflow.note.content": spec.description,
                 **provenance_tags(spec.name)}, self.state.instance)
-            self.tracker.log_artifacts(self.state.runs["study"], [self.art / "spec.yaml"])
+            self.tracker.log_artifacts(self.state.runs["study"], [self.folder.spec])
             self._log_dataset(self.state.runs["study"])
             self._save()
 
@@ -463,7 +464,7 @@ class StudyDriver:
         return err
 
     def _close_runs(self, err: StudyError) -> None:
-        run_status = "KILLED" if err.status == "interrupted" else "FAILED"
+        run_status = "KILLED" if err.status == StudyStatus.INTERRUPTED else "FAILED"
         tags = {"status": err.status, "error": str(err)}
         for run in self.tracker.runs(self.study_id, "trial", self.state.instance):
             if run.info.status == "RUNNING" and (err.phase is None or run.data.tags.get("phase") == err.phase):
@@ -473,9 +474,10 @@ class StudyDriver:
                 self.tracker.close(self.state.runs[key], run_status, tags)
 
     def write_report(self) -> Path:
-        tables = {p: self.table(p) for p in self.spec.phases() if (self.art / f"{p}_trials.csv").exists()}
+        folder = self.folder
+        tables = {p: self.table(p) for p in self.spec.phases() if folder.trials(p).exists()}
         all_trials = pd.concat(tables.values(), ignore_index=True)
-        all_trials.to_csv(self.art / "trials.csv", index=False)
+        all_trials.to_csv(folder.all_trials, index=False)
         cert = self.state.phases.get("verify", {}).get("certificate")
         validate = self.state.phases.get("validate", {})
         drift = validate.get("lr_drift")
@@ -484,7 +486,7 @@ class StudyDriver:
                                                   *((f"validate ({h})", f"mutransfer_{h}")
                                                     for h in validate.get("hparam_drift", {})),
                                                   ("compare", "compare"))
-                 if (self.art / f"{name}.png").exists()}
+                 if folder.figure(name).exists()}
         spec = self.spec
         study = {"name": spec.name, "study_id": self.study_id, "model": spec.model.family,
                  "base_width": spec.tune.base_width, "widths": spec.transfer.widths if spec.transfer else None,
@@ -496,7 +498,7 @@ class StudyDriver:
                          widths={f: info["widths"] for f, info in
                                  self.state.phases.get("compare", {}).get("widths", {}).items()})
         cost = measured_cost(spec, tables, {p: s["wall_s"] for p, s in self.state.phases.items() if "wall_s" in s})
-        _write_json(self.art / "cost.json", cost)
+        folder.write_artifact(folder.cost.name, cost)
         if cost["metrics"]:
             self.tracker.log_metrics(self.state.runs["study"], [{"step": 0, **cost["metrics"]}])
         certificate = Certificate(**cert) if cert else None
@@ -508,15 +510,15 @@ class StudyDriver:
                              lr_drift=LRDrift(**drift) if drift else None, plots=plots, hparams=spec.space.HPARAMS,
                              hparam_drift=[LRDrift(**d) for d in validate.get("hparam_drift", {}).values()],
                              advice=advice, cost=cost)
-        path = self.art / "report.md"
+        path = folder.report
         path.write_text(text)
-        figures = [self.art / name for name in plots.values()]  # beside report.md, so its links resolve in MLflow
-        self.tracker.log_artifacts(self.state.runs["study"],
-                                   [path, self.art / "trials.csv", self.art / "cost.json", *figures])
+        figures = [folder.artifact(name) for name in plots.values()]  # beside report.md: its links resolve in MLflow
+        self.tracker.log_artifacts(self.state.runs["study"], [path, folder.all_trials, folder.cost, *figures])
         self.tracker.log_table(self.state.runs["study"], all_trials, "trials.json")
         return path
 
 
-def run_study(spec: StudySpec, study_id: str | None = None, on_event: Event | None = None) -> StudyState:
+def run_study(spec: StudySpec, study_id: str | None = None, on_event: Event | None = None, *,
+              runner: Runner | None = None, tracker: Tracker | NullTracker | None = None) -> StudyState:
     """Run `spec` to the end (resuming `study_id` where it stopped); returns the final state."""
-    return StudyDriver(spec, study_id, on_event).run()
+    return StudyDriver(spec, runner, tracker, study_id=study_id, on_event=on_event).run()

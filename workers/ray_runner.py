@@ -1,12 +1,14 @@
 """Ray Tune glue: the one module that imports Ray.
 
 Every phase is a Ray Tune experiment stored under the study's folder, so a killed driver can
-`Tuner.restore` it. Its name carries the study id (`experiment_name`): Tune stages a driver's
+`Tuner.restore` it. Its name carries the study id (`workers.runner.experiment_name`): Tune stages a driver's
 experiment files in `<Ray session>/artifacts/<start time, to the second>/<experiment name>/`, so two
 studies whose phases start in the same second under one phase name would share (and restore) each
 other's trials. `tune` searches with OptunaSearch (TPE) and ASHA; `transfer`, `verify` and
 `validate` run a fixed list of planned trials (`studies.plan`) as a grid. Trials report to Tune at
-every evaluation; `MlflowTrials`, a callback in the driver process, writes their nested runs.
+every evaluation; `MlflowTrials`, a callback in the driver process, writes their nested runs. `RayRunner` is
+this module as the driver's `workers.runner.Runner`; planned trials travel in Tune's config as
+`PlannedTrial.as_dict()`.
 
 Faults: every evaluation's report carries a checkpoint (`workers.train`'s resumable state), and a trial whose
 worker dies is restarted from it up to `resources.max_retries` times (Tune's `FailureConfig`) before it is
@@ -19,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import re
 import tempfile
@@ -37,8 +38,11 @@ import torch  # noqa: E402
 from ray import tune  # noqa: E402
 from ray.tune.schedulers import ASHAScheduler  # noqa: E402
 
+from analysis.table import TrialStatus  # noqa: E402
+from studies.plan import PlannedTrial  # noqa: E402
 from studies.spec import StudySpec  # noqa: E402
 from workers.errors import InfrastructureLost  # noqa: E402
+from workers.runner import GROUP_MULT, METRIC_PREFIXES, PhaseJob, trial_frame, trial_row  # noqa: E402
 from workers.train import TrialConfig, train_trial  # noqa: E402
 from workers.verdicts import trial_run_name  # noqa: E402
 
@@ -49,7 +53,6 @@ log = logging.getLogger(__name__)
 OBJECTIVE = "objective"  # eval loss; the loss ceiling (train.max_loss) for a diverged trial
 STATE_FILE = "state.pt"  # a trial checkpoint: `workers.train`'s resumable state, torch.save'd
 FINAL_KEYS = ("status", "eval_loss", "best_eval_loss", "steps", "tokens", "wall_time_s", "params", "message")
-GROUP_MULT = "group_lr_mult."  # final-result prefix of the per-group lr multipliers (μP), logged as `lr_mult.*` params
 
 
 def ensure_ray() -> None:
@@ -64,34 +67,15 @@ def ensure_ray() -> None:
                                      "or unset RAY_ADDRESS for a local Ray, then re-run to resume") from exc
 
 
-def experiment_name(study_id: str, phase: str, stage: str | None = None) -> str:
-    """The Tune experiment (storage folder and driver staging folder) of one study's phase or compare stage."""
-    return f"{study_id}.{phase}" + (f".{stage}" if stage else "")
-
-
 def has_gpus() -> bool:
     return ray.cluster_resources().get("GPU", 0) > 0
 
 
-def planned_trial(spec: StudySpec, phase: str, config: dict[str, Any], trial_id: str) -> dict[str, Any]:
-    """The trial behind a Tune config: a planned trial (grid phases) or a TPE suggestion (tune)."""
+def planned_trial(spec: StudySpec, phase: str, config: dict[str, Any], trial_id: str) -> PlannedTrial:
+    """The trial behind a Tune config: a planned trial (grid phases, `PlannedTrial.as_dict`) or a TPE suggestion."""
     if "trial" in config:
-        return config["trial"]
-    hparams = spec.space.complete(dict(config))
-    return {"trial_key": f"tune-{trial_id}", "phase": phase, "width": spec.tune.base_width,
-            "seed": spec.tune.seed, "hparams": hparams, "is_centre": False}
-
-
-METRIC_PREFIXES = ("lr_", "train_loss", "eval_loss", "stream_val_loss", "tokens", "tau.")  # logged per step
-PLANNED_COLUMNS = ("family", "budget", "role", "tuned_at", "train_flops",  # compare trials' extra table columns
-                   "swept")  # validate trials': the hparam their sweep varies
-
-
-def trial_config(spec: StudySpec, trial: dict[str, Any]) -> dict[str, Any]:
-    if "config" in trial:  # a compare trial: its family's own config, planned by `studies.plan.compare_trials`
-        return trial["config"]
-    return spec.trial_config(trial["width"], trial["hparams"], trial["seed"], spec.steps_for(trial["phase"]),
-                             trial.get("parametrization"))
+        return PlannedTrial.from_dict(config["trial"])
+    return PlannedTrial.for_tune(spec, trial_id, config)
 
 
 class CheckpointClock:
@@ -159,7 +143,7 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
     entered = time.time()  # with `left`: the trainable's own span (the orchestration benchmark splits the overhead)
     spec = StudySpec.model_validate(spec_dict)
     trial = planned_trial(spec, phase, config, tune.get_context().get_trial_id())
-    cfg = TrialConfig.from_dict(trial_config(spec, trial))
+    cfg = TrialConfig.from_dict(trial.trial_config(spec))
     torch.set_num_threads(max(1, int(cpus)))
     resume = _checkpointed_state()
     resumed = {"resumed_from": resume["step"]} if resume else {}
@@ -187,7 +171,7 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
     last = result.history[-1] if result.history else {"step": result.steps}
     final = {k: getattr(result, k) for k in FINAL_KEYS}
     final.update({f"{GROUP_MULT}{group}": mult for group, mult in result.lr_multipliers.items()})
-    objective = result.eval_loss if result.status == "completed" else cfg.max_loss
+    objective = result.eval_loss if result.status == TrialStatus.COMPLETED else cfg.max_loss
     earlier = [r for r in kept if r["step"] < last["step"]]
     tune.report({**last, **final, **resumed, "step": result.steps, OBJECTIVE: objective, BATCH_KEY: json.dumps(earlier),
                  "trainable_entered": entered, "trainable_left": time.time()})
@@ -286,14 +270,14 @@ class MlflowTrials(tune.Callback):
         if trial.trial_id not in self._runs:
             spec = StudySpec.model_validate(self.spec_dict)
             planned = planned_trial(spec, self.phase, trial.config, trial.trial_id)
-            tags = {"width": planned["width"], "seed": planned["seed"], "status": "running",
-                    "is_centre": planned["is_centre"], "ray_trial_id": trial.trial_id,
-                    **{k: planned[k] for k in ("family", "budget") if k in planned}, **self.tags}
-            run = self.tracker.trial_run(self.study_id, self.phase, planned["trial_key"], self.phase_run,
+            extra = {k: v for k, v in (("family", planned.family), ("budget", planned.budget)) if v is not None}
+            tags = {"width": planned.width, "seed": planned.seed, "status": TrialStatus.RUNNING,
+                    "is_centre": planned.is_centre, "ray_trial_id": trial.trial_id, **extra, **self.tags}
+            run = self.tracker.trial_run(self.study_id, self.phase, planned.trial_key, self.phase_run,
                                          {k: str(v) for k, v in tags.items()}, instance=self.instance,
-                                         name=trial_run_name(planned["trial_key"], planned["hparams"],
+                                         name=trial_run_name(planned.trial_key, dict(planned.hparams),
                                                              _trial_number(trial)))
-            self.tracker.log_params(run, trial_config(spec, planned))
+            self.tracker.log_params(run, planned.trial_config(spec))
             self._logged[trial.trial_id] = self.tracker.last_step(run, "train_loss")
             self._runs[trial.trial_id] = run
         return self._runs[trial.trial_id]
@@ -306,7 +290,8 @@ class MlflowTrials(tune.Callback):
         for trial in trials:
             if trial.status == "TERMINATED" and self.notify is not None:
                 last = trial.last_result or {}
-                self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": last.get("status", "stopped"),
+                status = last.get("status", TrialStatus.STOPPED)
+                self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": status,
                              "eval_loss": last.get("eval_loss"), "restored": True})
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
@@ -340,8 +325,8 @@ class MlflowTrials(tune.Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         last = trial.last_result or {}
-        status = last.get("status", "stopped")  # no status: stopped by ASHA
-        why = {"diverged_reason": last.get("message") or "unknown"} if status == "diverged" else {}
+        status = last.get("status", TrialStatus.STOPPED)  # no status: stopped by ASHA
+        why = {"diverged_reason": last.get("message") or "unknown"} if status == TrialStatus.DIVERGED else {}
         self._later(self._complete, _TrialRef(trial), dict(last))
         self._end(trial, status, "FINISHED", last.get("eval_loss"), why)
 
@@ -356,7 +341,8 @@ class MlflowTrials(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         """Retries used up (or none allowed): the trial is failed, with the cause of its last failure."""
-        self._end(trial, "failed", "FAILED", None, {"failure": _trial_error(trial), "retries": trial.num_failures})
+        why = {"failure": _trial_error(trial), "retries": trial.num_failures}
+        self._end(trial, TrialStatus.FAILED, "FAILED", None, why)
 
     def _end(self, trial, status: str, run_status: str, eval_loss: float | None,
              tags: dict[str, Any] | None = None) -> None:
@@ -369,8 +355,19 @@ class MlflowTrials(tune.Callback):
             self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": status, "eval_loss": eval_loss})
 
 
+class RayRunner:
+    """The `workers.runner.Runner` on Ray Tune: `run_phase` with `MlflowTrials` writing the trial runs."""
+
+    def run_phase(self, job: PhaseJob) -> pd.DataFrame:
+        callback = MlflowTrials(job.spec, job.study_id, job.phase, job.phase_run, job.tracker.uri, job.tags,
+                                instance=job.instance)
+        callback.notify = job.notify
+        planned = None if job.planned is None else [t.as_dict() for t in job.planned]
+        return run_phase(job.spec, job.phase, job.storage, callback, planned, experiment=job.experiment)
+
+
 def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials,
-              planned: list[dict] | None = None, *, experiment: str) -> pd.DataFrame:
+              planned: list[dict[str, Any]] | None = None, *, experiment: str) -> pd.DataFrame:
     """Run (or restore and finish) one phase's Tune experiment `storage/experiment`; return its trial table.
 
     `experiment` must be unique to the study (`experiment_name`). Ray itself failing (the cluster
@@ -421,7 +418,7 @@ def _renew(tuner: tune.Tuner, faults: dict[str, Any]) -> None:
         setattr(run_config, key, value)
 
 
-def _param_space(planned: list[dict] | None) -> dict[str, Any]:
+def _param_space(planned: list[dict[str, Any]] | None) -> dict[str, Any]:
     return {} if planned is None else {"trial": tune.grid_search(planned)}
 
 
@@ -450,14 +447,8 @@ def trial_table(spec: StudySpec, phase: str, grid) -> pd.DataFrame:
         m = result.metrics or {}
         trial_id = m.get("trial_id") or Path(result.path).name
         planned = planned_trial(spec, phase, result.config, trial_id)
-        status = m.get("status") or ("failed" if result.error else "stopped")
+        status = m.get("status") or (TrialStatus.FAILED if result.error else TrialStatus.STOPPED)
         message = failure_cause(str(result.error)) if result.error else m.get("message") or ""
-        eval_loss = m.get("eval_loss", math.nan) if status in ("completed", "stopped") else math.nan
-        rows.append({"trial_id": planned["trial_key"], "phase": phase, "width": planned["width"],
-                     "seed": planned["seed"], "status": status, "eval_loss": eval_loss,
-                     "best_eval_loss": m.get("best_eval_loss", eval_loss), "steps": m.get("step", 0),
-                     "tokens": m.get("tokens", 0), "wall_time_s": m.get("wall_time_s", m.get("time_total_s")),
-                     "params": m.get("params"), "is_centre": planned["is_centre"], "message": message,
-                     "parametrization": planned.get("parametrization", spec.model.parametrization),
-                     **{k: planned[k] for k in PLANNED_COLUMNS if k in planned}, **planned["hparams"]})
-    return pd.DataFrame(rows).sort_values("trial_id", kind="stable").reset_index(drop=True)
+        rows.append(trial_row(spec, planned, status, {**m, "wall_time_s": m.get("wall_time_s", m.get("time_total_s"))},
+                              message))
+    return trial_frame(rows)

@@ -11,6 +11,7 @@ from analysis import HPARAMS, certify, lr_drift
 from service import summary
 from studies.spec import StudySpec
 from tests.analysis._tables import paper_like_optimum, sweep_table, trials, verify_table
+from workers.folder import StudyFolder
 
 
 def _spec(**sections) -> StudySpec:
@@ -20,14 +21,14 @@ def _spec(**sections) -> StudySpec:
 
 
 def _study(tmp_path, spec: StudySpec, phases: dict, tables: dict) -> summary.StudyView:
-    art = tmp_path / "artifacts"
-    art.mkdir()
+    folder = StudyFolder("sum-1", tmp_path).create()
     for name, table in tables.items():
-        table.to_csv(art / f"{name}_trials.csv", index=False)
-    (art / "report.md").write_text("# report\n")
-    (art / "mutransfer.png").write_bytes(b"png")
+        table.to_csv(folder.trials(name), index=False)
+    folder.report.write_text("# report\n")
+    folder.figure("mutransfer").write_bytes(b"png")
     state = {"study_id": "sum-1", "status": "succeeded", "phases": phases}
-    return summary.StudyView(spec=spec, state=state, art=art, runs={"t000": "run-abc"}, runs_link="http://ui/#/runs")
+    return summary.StudyView(spec=spec, state=state, folder=folder, runs={"t000": "run-abc"},
+                             runs_link="http://ui/#/runs")
 
 
 def _printed(view: summary.StudyView) -> str:
@@ -86,9 +87,7 @@ def test_cli_summary_of_a_tune_validate_study(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     sweep = sweep_table(paper_like_optimum)
     spec = _spec(transfer=None, verify=None, validate={"widths": [64, 128], "lrs": [0.001, 0.01, 0.1]})
-    art = tmp_path / "studies" / "sum-1" / "artifacts"
-    art.mkdir(parents=True)
-    sweep.to_csv(art / "validate_trials.csv", index=False)
+    sweep.to_csv(StudyFolder("sum-1", tmp_path).create().trials("validate"), index=False)
     state = StudyState("sum-1", "hash", "succeeded", instance="i1",
                        phases={"tune": TUNE, "validate": {"status": "done", "lr_drift": lr_drift(sweep).model_dump()}})
     console = Console(record=True, width=200)

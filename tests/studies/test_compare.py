@@ -158,17 +158,17 @@ def test_final_trials_use_proxy_hparams_for_pt_and_per_budget_ones_for_baselines
     spec = studies.load_catalog("compare_cpu")
     best = {s["name"]: {"lr": 0.001 * (i + 1)} for i, s in enumerate(compare_stages(spec, 2000))}
     trials = compare_trials(spec, 2000, best)
-    assert len(trials) == 3 * 3 * 3 and len({t["trial_key"] for t in trials}) == len(trials)
-    pt = [t for t in trials if t["family"] == "pt"]
-    assert {t["hparams"]["lr"] for t in pt} == {0.001} and {t["config"]["model_hp"]["base_width"] for t in pt} == {44}
-    assert sorted({t["width"] for t in pt}) == compare_widths(spec, 2000)["pt"]["widths"]
-    bert = [t for t in trials if t["family"] == "bert"]
-    assert sorted({t["hparams"]["lr"] for t in bert}) == [0.002, 0.003, 0.004]
+    assert len(trials) == 3 * 3 * 3 and len({t.trial_key for t in trials}) == len(trials)
+    pt = [t for t in trials if t.family == "pt"]
+    assert {t.hparams["lr"] for t in pt} == {0.001} and {t.config["model_hp"]["base_width"] for t in pt} == {44}
+    assert sorted({t.width for t in pt}) == compare_widths(spec, 2000)["pt"]["widths"]
+    bert = [t for t in trials if t.family == "bert"]
+    assert sorted({t.hparams["lr"] for t in bert}) == [0.002, 0.003, 0.004]
     for t in trials:
-        assert t["config"]["steps"] == 196 and t["config"]["model"] == t["family"]
-        assert t["config"]["model_hp"]["width"] == t["width"] and t["train_flops"] > 0
+        assert t.config["steps"] == 196 and t.config["model"] == t.family
+        assert t.config["model_hp"]["width"] == t.width and t.train_flops > 0
     for family in ("pt", "bert", "ut"):
-        flops = sorted({t["budget"]: t["train_flops"] for t in trials if t["family"] == family}.items())
+        flops = sorted({t.budget: t.train_flops for t in trials if t.family == family}.items())
         assert [f for _, f in flops] == sorted(f for _, f in flops)  # more parameters, more FLOPs
 
 

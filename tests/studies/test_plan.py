@@ -14,17 +14,17 @@ def spec() -> StudySpec:
 def test_verify_samples_stay_in_the_neighbourhood_and_are_reproducible(spec):
     centre = spec.space.defaults() | {"lr": 0.01, "w_H": 2.0}
     trials = verify_trials(spec, centre)
-    centres = [t for t in trials if t["is_centre"]]
-    samples = [t for t in trials if not t["is_centre"]]
-    assert len(centres) == spec.verify.centre_seeds and len({t["seed"] for t in centres}) == len(centres)
+    centres = [t for t in trials if t.is_centre]
+    samples = [t for t in trials if not t.is_centre]
+    assert len(centres) == spec.verify.centre_seeds and len({t.seed for t in centres}) == len(centres)
     assert len(samples) == spec.verify.n_samples
     for t in samples:
         for h in spec.space.searched():
-            assert 0.5 * centre[h] <= t["hparams"][h] <= 1.5 * centre[h]
+            assert 0.5 * centre[h] <= t.hparams[h] <= 1.5 * centre[h]
         for h in spec.space.frozen:
-            assert t["hparams"][h] == centre[h]
+            assert t.hparams[h] == centre[h]
     assert verify_trials(spec, centre) == trials  # a restarted phase plans the same samples
-    assert len({t["trial_key"] for t in trials}) == len(trials)
+    assert len({t.trial_key for t in trials}) == len(trials)
 
 
 def test_verify_default_n_is_59_and_log_sampling_in_range(spec):
@@ -32,9 +32,9 @@ def test_verify_default_n_is_59_and_log_sampling_in_range(spec):
     data["verify"].update(n_samples=None, sampling="log", delta=0.9)
     spec59 = StudySpec.model_validate(data)
     centre = spec59.space.defaults()
-    samples = [t for t in verify_trials(spec59, centre) if not t["is_centre"]]
+    samples = [t for t in verify_trials(spec59, centre) if not t.is_centre]
     assert len(samples) == 59
-    assert all(0.1 * centre["lr"] <= t["hparams"]["lr"] <= 1.9 * centre["lr"] for t in samples)
+    assert all(0.1 * centre["lr"] <= t.hparams["lr"] <= 1.9 * centre["lr"] for t in samples)
 
 
 def test_best_hparams_ignores_stopped_and_diverged(spec):
@@ -53,14 +53,14 @@ def test_best_hparams_ignores_stopped_and_diverged(spec):
 
 def test_transfer_and_validate_grids(spec):
     hp = spec.space.defaults()
-    assert [(t["width"], t["seed"]) for t in transfer_trials(spec, hp)] == [(32, 0)]
+    assert [(t.width, t.seed) for t in transfer_trials(spec, hp)] == [(32, 0)]
     data = spec.as_dict()
     data["validate"] = {"widths": [16, 32], "lrs": [0.001, 0.01, 0.1], "steps": 10}
     grid = validate_trials(StudySpec.model_validate(data), hp)
     assert len(grid) == 2 * 2 * 3
-    assert {t["parametrization"] for t in grid} == {"mup", "standard"}
-    assert {t["hparams"]["lr"] for t in grid} == {0.001, 0.01, 0.1}
-    assert {t["swept"] for t in grid} == {"lr"} and "validate-mup-w16-lr0.001-s0" in {t["trial_key"] for t in grid}
+    assert {t.parametrization for t in grid} == {"mup", "standard"}
+    assert {t.hparams["lr"] for t in grid} == {0.001, 0.01, 0.1}
+    assert {t.swept for t in grid} == {"lr"} and "validate-mup-w16-lr0.001-s0" in {t.trial_key for t in grid}
 
 
 def test_validate_sweeps_an_information_weight_alone_around_the_centre(spec):
@@ -71,11 +71,11 @@ def test_validate_sweeps_an_information_weight_alone_around_the_centre(spec):
     sweep = StudySpec.model_validate(data)
     grid = validate_trials(sweep, hp)
     assert len(grid) == sweep.validate_.n_trials() == 2 * 2 * 2 * (3 + 4)
-    w_h = [t for t in grid if t["swept"] == "w_H"]
-    assert sorted({t["hparams"]["w_H"] for t in w_h}) == [0.5, 1, 2, 4]
-    assert {t["hparams"]["lr"] for t in w_h} == {0.02}  # the centre's lr
-    assert all(t["hparams"] == hp | {"w_H": t["hparams"]["w_H"]} for t in w_h)
-    assert len({t["trial_key"] for t in grid}) == len(grid)
+    w_h = [t for t in grid if t.swept == "w_H"]
+    assert sorted({t.hparams["w_H"] for t in w_h}) == [0.5, 1, 2, 4]
+    assert {t.hparams["lr"] for t in w_h} == {0.02}  # the centre's lr
+    assert all(t.hparams == hp | {"w_H": t.hparams["w_H"]} for t in w_h)
+    assert len({t.trial_key for t in grid}) == len(grid)
 
 
 @pytest.mark.parametrize(("hparams", "message"), [
@@ -99,7 +99,7 @@ def test_the_verify_centre_reuses_the_identical_transfer_run(spec):
     centre = spec.space.defaults()
     assert reused_centre_seeds(spec) == [0]
     planned = verify_trials(spec, centre, skip_centre_seeds=reused_centre_seeds(spec))
-    assert [t["seed"] for t in planned if t["is_centre"]] == [1]
+    assert [t.seed for t in planned if t.is_centre] == [1]
     transfer = pd.DataFrame([{"trial_id": "transfer-w32-s0", "phase": "transfer", "width": 32, "seed": 0,
                               "status": "completed", "eval_loss": 5.0, "is_centre": False, "message": ""}])
     ran = pd.DataFrame([{"trial_id": "verify-centre-s1", "phase": "verify", "width": 32, "seed": 1,
@@ -127,3 +127,16 @@ def reused_centre_seeds_of(spec):
     from studies.plan import reused_centre_seeds
 
     return reused_centre_seeds(spec)
+
+
+def test_a_planned_trial_survives_its_trip_through_ray_tunes_config(spec):
+    from studies.plan import PlannedTrial
+
+    data = spec.as_dict()
+    data["validate"] = {"widths": [16, 32], "lrs": [0.001, 0.01, 0.1], "steps": 10}
+    sweep = StudySpec.model_validate(data)
+    trial = validate_trials(sweep, spec.space.defaults())[0]
+    assert PlannedTrial.from_dict(trial.as_dict()) == trial and "family" not in trial.as_dict()
+    assert trial.trial_config(sweep)["steps"] == 10 and trial.columns(sweep)["swept"] == "lr"
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['colour'\]"):
+        PlannedTrial.from_dict({**trial.as_dict(), "colour": "red"})

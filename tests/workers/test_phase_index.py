@@ -5,20 +5,20 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 
-from workers.driver import record_phase
+from workers.folder import PhaseIndex
 
 
-def _record_many(index: str, worker: int) -> None:
+def _record_many(data: str, worker: int) -> None:
     from pathlib import Path
 
     for i in range(25):
-        record_phase(Path(index), f"key-{worker}-{i}", f"study-{worker}")
+        PhaseIndex(Path(data)).record(f"key-{worker}-{i}", f"study-{worker}")
 
 
 def test_concurrent_drivers_keep_every_entry(tmp_path):
-    index = tmp_path / "phase_index.json"
+    index = tmp_path / "studies" / "phase_index.json"
     ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_record_many, args=(str(index), w)) for w in range(6)]
+    procs = [ctx.Process(target=_record_many, args=(str(tmp_path), w)) for w in range(6)]
     for p in procs:
         p.start()
     for p in procs:
@@ -26,4 +26,5 @@ def test_concurrent_drivers_keep_every_entry(tmp_path):
     assert [p.exitcode for p in procs] == [0] * 6
     entries = json.loads(index.read_text())
     assert len(entries) == 6 * 25 and entries["key-3-24"] == "study-3"
-    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+    assert not list(index.parent.glob("*.tmp")) and not list(index.parent.glob(".*.tmp"))
+    assert PhaseIndex(tmp_path).get("key-5-0") == "study-5" and PhaseIndex(tmp_path).get("nope") is None

@@ -43,7 +43,7 @@ def test_unreachable_ray_address_is_infrastructure_lost(monkeypatch):
 
 
 def test_experiment_names_carry_the_study():
-    from workers.ray_runner import experiment_name
+    from workers.runner import experiment_name
 
     assert experiment_name("tiny-1a2b", "tune") == "tiny-1a2b.tune"
     assert experiment_name("tiny-1a2b", "compare", "tune-pt-b1") == "tiny-1a2b.compare.tune-pt-b1"

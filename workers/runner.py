@@ -1,0 +1,171 @@
+"""How a phase's trials get trained: the `Runner` seam of the driver, and the in-process runner.
+
+A runner takes one `PhaseJob` (the spec, the phase, its planned trials, or None for tune's search) and returns
+the phase's trial table (`analysis/__init__.py`), one row per trial, built by `trial_row`. It writes each trial's
+MLflow run through the job's tracker and tells the driver of each finished trial (`notify`).
+
+- `workers.ray_runner.RayRunner`: Ray Tune, Optuna TPE + ASHA for tune, trials in parallel, retries and
+  restorable experiments; what the CLI and the service run.
+- `InProcessRunner` (here): trials one after another in this process, no Ray. Tune asks Optuna's TPE for
+  `tune.num_trials` suggestions (ask/tell; no ASHA: every trial runs its budget); the other phases train their
+  planned trials in order. Each finished trial's row is appended to a journal under the job's storage, so a
+  phase run again after an interruption trains only the trials it had not finished (tune replays the journal's
+  results into the sampler, which then suggests the same trials again).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import pandas as pd
+
+from analysis.table import LOSS_STATUSES, TrialStatus
+from studies.plan import PlannedTrial
+from studies.spec import StudySpec
+from workers.errors import one_line
+from workers.verdicts import trial_run_name
+
+METRIC_PREFIXES = ("lr_", "train_loss", "eval_loss", "stream_val_loss", "tokens", "tau.")  # logged per step
+GROUP_MULT = "group_lr_mult."  # final-result prefix of the per-group lr multipliers (μP), logged as `lr_mult.*` params
+
+
+def experiment_name(study_id: str, phase: str, stage: str | None = None) -> str:
+    """The experiment (storage folder; Ray's driver staging folder) of one study's phase or compare stage."""
+    return f"{study_id}.{phase}" + (f".{stage}" if stage else "")
+
+
+@dataclass
+class PhaseJob:
+    """One phase (or compare stage) for a runner to train."""
+
+    spec: StudySpec  # a compare stage's: its sub-spec
+    phase: str  # the trials' phase ("tune" for a compare stage's search)
+    planned: list[PlannedTrial] | None  # None: tune's search (tune.num_trials suggestions)
+    study_id: str
+    instance: str | None  # the study instance, tagged on every trial run
+    phase_run: str  # the MLflow run the trial runs nest under
+    tracker: Any  # `workers.tracking.Tracker` or `workers.null_tracker.NullTracker`
+    storage: Path  # the study's experiments folder (`StudyFolder.ray`)
+    experiment: str  # `experiment_name(...)`: unique to the study, phase and stage
+    tags: dict[str, Any] = field(default_factory=dict)  # on every trial run ("phase" overrides: compare's stages)
+    notify: Callable[[dict[str, Any]], None] = lambda info: None  # told of each finished trial
+
+
+class Runner(Protocol):
+    def run_phase(self, job: PhaseJob) -> pd.DataFrame:
+        """Train (or finish) the job's trials; the phase's trial table."""
+        ...
+
+
+def trial_row(spec: StudySpec, trial: PlannedTrial, status: str, metrics: Mapping[str, Any], message: str = ""
+              ) -> dict[str, Any]:
+    """One trial-table row: the planned trial's columns and its final metrics (`step`, `eval_loss`, ...)."""
+    eval_loss = metrics.get("eval_loss", math.nan) if status in LOSS_STATUSES else math.nan
+    planned = trial.columns(spec)
+    ident = {k: planned.pop(k) for k in ("trial_id", "phase", "width", "seed")}
+    return {**ident, "status": str(status), "eval_loss": eval_loss,
+            "best_eval_loss": metrics.get("best_eval_loss", eval_loss), "steps": metrics.get("step", 0),
+            "tokens": metrics.get("tokens", 0), "wall_time_s": metrics.get("wall_time_s"),
+            "params": metrics.get("params"), "is_centre": planned.pop("is_centre"), "message": message, **planned}
+
+
+def trial_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    return pd.DataFrame(rows).sort_values("trial_id", kind="stable").reset_index(drop=True)
+
+
+class _Journal:
+    """The finished trials' rows of one experiment, one JSON line each (appended as each trial ends)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        if not self.path.exists():
+            return {}
+        lines = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return {row["trial_id"]: row for row in lines}
+
+    def add(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
+
+Train = Callable[[Any], Any]  # `workers.train.train_trial`: a TrialConfig → a TrialResult
+
+
+class InProcessRunner:
+    """Train a phase's trials one after another in this process (no Ray); `train` defaults to `train_trial`."""
+
+    def __init__(self, train: Train | None = None) -> None:
+        self.train = train
+
+    def run_phase(self, job: PhaseJob) -> pd.DataFrame:
+        journal = _Journal(job.storage / job.experiment / "trials.jsonl")
+        done = journal.rows()
+        if job.planned is None:
+            return trial_frame(self._search(job, journal, done))
+        return trial_frame([done.get(t.trial_key) or self._run(job, t, journal) for t in job.planned])
+
+    def _search(self, job: PhaseJob, journal: _Journal, done: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        """Optuna TPE (seeded by tune.seed, the defaults first), asked and told one trial at a time."""
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        spec, t = job.spec, job.spec.tune
+        space = {name: optuna.distributions.FloatDistribution(r.low, r.high, log=r.log)
+                 for name, r in spec.space.searched().items()}
+        study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=t.seed))
+        defaults = spec.space.defaults()
+        study.enqueue_trial({k: defaults[k] for k in space})
+        rows = []
+        for i in range(t.num_trials):
+            asked = study.ask(space)
+            trial = PlannedTrial.for_tune(spec, f"{i:05d}", asked.params)
+            row = done.get(trial.trial_key) or self._run(job, trial, journal)
+            finished = row["status"] == TrialStatus.COMPLETED and math.isfinite(row["eval_loss"])
+            study.tell(asked, row["eval_loss"] if finished else spec.train.max_loss)
+            rows.append(row)
+        return rows
+
+    def _run(self, job: PhaseJob, trial: PlannedTrial, journal: _Journal) -> dict[str, Any]:
+        """Train one trial, recording its MLflow run; its row (a trial that raises is `failed`)."""
+        from workers.train import TrialConfig, train_trial
+
+        spec, tracker = job.spec, job.tracker
+        config = trial.trial_config(spec)
+        tags = {"width": trial.width, "seed": trial.seed, "status": TrialStatus.RUNNING, "is_centre": trial.is_centre,
+                **{k: v for k, v in (("family", trial.family), ("budget", trial.budget)) if v is not None},
+                **job.tags}
+        run = tracker.trial_run(job.study_id, job.phase, trial.trial_key, job.phase_run,
+                                {k: str(v) for k, v in tags.items()}, instance=job.instance,
+                                name=trial_run_name(trial.trial_key, dict(trial.hparams)))
+        tracker.log_params(run, config)
+        try:
+            result = (self.train or train_trial)(TrialConfig.from_dict(config))
+        except Exception as exc:  # Tune's `failed`: the trial could not train (no retries in process)
+            message = one_line(exc)
+            row = trial_row(spec, trial, TrialStatus.FAILED, {}, message)
+            tracker.set_tags(run, {"status": TrialStatus.FAILED, "failure": message})
+            tracker.finish(run, "FAILED")
+        else:
+            metrics = {"eval_loss": result.eval_loss, "best_eval_loss": result.best_eval_loss, "step": result.steps,
+                       "tokens": result.tokens, "wall_time_s": result.wall_time_s, "params": result.params}
+            row = trial_row(spec, trial, result.status, metrics, result.message)
+            history = [{k: v for k, v in r.items() if k == "step" or k.startswith(METRIC_PREFIXES)}
+                       for r in result.history]
+            tracker.log_metrics(run, [*history, {"step": result.steps, "steps_done": result.steps}])
+            if result.lr_multipliers:
+                tracker.log_params(run, {f"lr_mult.{k}": v for k, v in result.lr_multipliers.items()})
+            why = {"diverged_reason": result.message or "unknown"} if result.status == TrialStatus.DIVERGED else {}
+            tracker.set_tags(run, {"status": result.status, **why})
+            tracker.finish(run, "FINISHED")
+        journal.add(row)
+        job.notify({"phase": job.phase, "trial_id": trial.trial_key, "status": row["status"],
+                    "eval_loss": row["eval_loss"] if math.isfinite(row["eval_loss"]) else None})
+        return row
