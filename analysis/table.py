@@ -10,11 +10,9 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-HPARAMS: tuple[str, ...] = ("lr", "w_H", "w_topic", "w_unary", "w_dep", "w_head", "w_topic_z")
-"""The seven transferred hparams: `lr` plus PT's six information weights (PT spec §3.2)."""
+from analysis.constants import HPARAMS, PHASES, STATUSES
 
-PHASES: tuple[str, ...] = ("tune", "transfer", "verify", "validate", "compare")
-STATUSES: tuple[str, ...] = ("completed", "diverged", "stopped", "failed")
+__all__ = ["HPARAMS", "PHASES", "STATUSES", "judged_loss", "phase_rows", "require_columns"]
 
 
 def require_columns(table: pd.DataFrame, columns: Iterable[str], what: str) -> None:

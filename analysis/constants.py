@@ -1,0 +1,33 @@
+"""The parts of `analysis` that need no numpy, pandas or scipy: the trial table's vocabulary and the
+certificate's sample-size rule (eq. 9). `studies` imports these at import time; keeping them here keeps
+`import studies` (and so `ptctl --help`) free of the numerical stack.
+"""
+
+from __future__ import annotations
+
+import math
+
+HPARAMS: tuple[str, ...] = ("lr", "w_H", "w_topic", "w_unary", "w_dep", "w_head", "w_topic_z")
+"""The seven transferred hparams: `lr` plus PT's six information weights (PT spec §3.2)."""
+
+PHASES: tuple[str, ...] = ("tune", "transfer", "verify", "validate", "compare")
+STATUSES: tuple[str, ...] = ("completed", "diverged", "stopped", "failed")
+
+_EPS = 1e-9
+
+
+def min_samples(p: float = 0.05, alpha: float = 0.05) -> int:
+    """The smallest N with 1-(1-p)^N ≥ 1-α, i.e. ceil(ln α / ln(1-p)) (eq. 9): 59 for p=α=0.05.
+
+    A ratio that is an integer up to rounding (e.g. p=0.01, α=0.99² → 2.000000000000001) is
+    taken as that integer rather than rounded up past it.
+    """
+    check_probabilities(p, alpha)
+    ratio = math.log(alpha) / math.log(1 - p)
+    nearest = round(ratio)
+    return int(nearest) if abs(ratio - nearest) < _EPS else math.ceil(ratio)
+
+
+def check_probabilities(p: float, alpha: float) -> None:
+    if not (0 < p < 1 and 0 < alpha < 1):
+        raise ValueError(f"p and alpha must lie strictly between 0 and 1, got p={p}, alpha={alpha}")
