@@ -78,7 +78,7 @@ class LocalBackend:
             tasks: dict[str, Any] = {}
 
             def on_event(kind: str, data: dict[str, Any]) -> None:
-                phase = data.get("phase")
+                phase = data.get("phase", "")
                 if kind == "phase_start":
                     tasks[phase] = bar.add_task(phase, total=data["trials"], note="")
                 elif kind == "trial_done" and phase in tasks:

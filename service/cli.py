@@ -198,17 +198,18 @@ def _print_plan(spec) -> None:
         console.print("no transfer widths: no target run to compare with")
 
 
-def _transfer_spec(args: argparse.Namespace):
-    spec = _load_spec(args.spec)
-    update: dict = {"tune": spec.tune.model_copy(update={"base_width": args.from_width,
-                                                          **({"num_trials": args.trials} if args.trials else {})}),
-                    "transfer": spec.transfer.model_copy(update={"widths": sorted(args.to)}),
-                    "validate": None}  # tune → transfer (→ verify) only; `ptctl study run` runs a spec's lr sweep
+def _transfer_spec(args: argparse.Namespace) -> StudySpec:
+    """The spec file as tune at --from-width → transfer to --to (→ verify at the widest target with --verify)."""
+    data = _load_spec(args.spec).as_dict()
+    data["tune"] = {**(data.get("tune") or {}), "base_width": args.from_width,
+                    **({"num_trials": args.trials} if args.trials else {})}
+    data["transfer"] = {**(data.get("transfer") or {}), "widths": sorted(args.to)}
+    data["validate"] = None  # tune → transfer (→ verify) only; `ptctl study run` runs a spec's lr sweep
     if not args.verify:
-        update["verify"] = None
-    elif spec.verify is not None and spec.verify.width not in (None, *args.to):
-        update["verify"] = spec.verify.model_copy(update={"width": None})  # verify at the widest target
-    return _validated({**spec.as_dict(), **{k: (v.model_dump(mode="json") if v else v) for k, v in update.items()}})
+        data["verify"] = None
+    elif data.get("verify") and data["verify"].get("width") not in (None, *args.to):
+        data["verify"] = {**data["verify"], "width": None}  # verify at the widest target
+    return _validated(data)
 
 
 def cmd_transfer(args: argparse.Namespace) -> int:
