@@ -130,27 +130,27 @@ def plot_tune_history(table: pd.DataFrame, path: str | Path) -> Limits:
     return [limits]
 
 
-def plot_mutransfer(table: pd.DataFrame, path: str | Path) -> Limits:
+def plot_mutransfer(table: pd.DataFrame, path: str | Path, hparam: str = "lr") -> Limits:
     """The lr alignment (the headline figure): eval loss against log2(lr), one curve per width, one panel per
     parametrization, shared axes. Each curve's optimum, interpolated in log lr, is a star; each panel's title
-    gives its drift per doubling of width."""
-    curves = lr_curves(table)
+    gives its drift per doubling of width. `hparam`: the same for another swept hparam."""
+    curves = lr_curves(table, hparam=hparam)
     present = curves["parametrization"].unique().tolist()
     params = [p for p in ("mup", "standard") if p in present] + sorted(set(present) - {"mup", "standard"})
     widths = sorted(curves["width"].unique())
     colours = matplotlib.colormaps["viridis"](np.linspace(0.0, 0.9, len(widths)))
     finite = curves[np.isfinite(curves["eval_loss"])]
     try:
-        optima = {(o.parametrization, o.width): o for o in lr_optima(curves)}
+        optima = {(o.parametrization, o.width): o for o in lr_optima(curves, hparam)}
     except ValueError:  # a width where every lr diverged: no optimum there
-        optima = {(o.parametrization, o.width): o for o in lr_optima(finite)} if not finite.empty else {}
+        optima = {(o.parametrization, o.width): o for o in lr_optima(finite, hparam)} if not finite.empty else {}
     limits = loss_limits(curves["eval_loss"])
     with figure(path, ncols=len(params), sharey=True) as axes:
         for ax, param in zip(axes[0], params, strict=True):
             for colour, width in zip(colours, widths, strict=True):
                 curve = curves[(curves["parametrization"] == param) & (curves["width"] == width)]
                 ok = np.isfinite(curve["eval_loss"])
-                x = np.log2(curve["lr"])
+                x = np.log2(curve[hparam])
                 shown = ok & (curve["eval_loss"] <= (limits[1] if limits else np.inf))  # off-scale: a ^ marker
                 ax.plot(x[shown], curve["eval_loss"][shown], "o-", ms=3, color=colour, label=f"width {width}")
                 best = optima.get((param, width))
@@ -161,17 +161,17 @@ def plot_mutransfer(table: pd.DataFrame, path: str | Path) -> Limits:
                                linewidths=0.5, zorder=3)
                 mark_diverged(ax, x[~ok].to_numpy(), color=colour, label=None)
                 clip_loss_axis(ax, limits, x[ok], curve["eval_loss"][ok], color=colour, label=None)
-            ax.set(xlabel="log2(lr)", title=f"{param}{_drift_title(optima, param)}")
+            ax.set(xlabel=f"log2({hparam})", title=f"{param}{_drift_title(optima, param, hparam)}")
             ax.legend(fontsize="small", title="★ optimum (interpolated)", title_fontsize="x-small")
         axes[0, 0].set_ylabel("eval loss (mean over seeds)")
     return [limits] * len(params)
 
 
-def _drift_title(optima: Mapping[tuple[str, int], LROptimum], param: str) -> str:
+def _drift_title(optima: Mapping[tuple[str, int], LROptimum], param: str, hparam: str = "lr") -> str:
     """': optimum drifts +0.00 log2(lr) per doubling' from the interpolated optima, or '' with < 2 widths."""
     points = [(np.log2(w), o.log2_lr_interp if o.log2_lr_interp is not None else o.log2_lr)
               for (p, w), o in sorted(optima.items()) if p == param]
     if len(points) < 2:
         return ""
     x, y = zip(*points, strict=True)
-    return f": optimum drifts {float(np.polyfit(x, y, 1)[0]) + 0.0:+.2f} log2(lr)/doubling"
+    return f": optimum drifts {float(np.polyfit(x, y, 1)[0]) + 0.0:+.2f} log2({hparam})/doubling"

@@ -49,6 +49,7 @@ def render_report(
     certificate: Certificate | None,
     lr_drift: LRDrift | None,
     plots: Mapping[str, str],
+    hparam_drift: Sequence[LRDrift] = (),
     hparams: Sequence[str] = HPARAMS,
     cost: Mapping[str, Any] | None = None,
     advice: NeighbourAdvice | None = None,
@@ -60,10 +61,10 @@ def render_report(
             uses `name` and the id, the summary the keys in `SUMMARY_KEYS` that are present.
         tables: phase name → trial table holding that phase's rows (a whole-study table works too).
         certificate: the verify phase's certificate, if it ran.
-        lr_drift: the validate phase's verdict, if it ran.
+        lr_drift: the validate phase's verdict, if it ran; `hparam_drift`: those of its other swept hparams.
         plots: figure name → PNG path relative to where the report is written. A figure named after
-            a phase (`tune`, `transfer`, `verify`, `validate`) is linked in that phase's section, the
-            others (e.g. `coord`) under "figures".
+            a phase (`tune`, `transfer`, `verify`, `validate`; `validate (w_H)` too) is linked in that phase's
+            section, the others (e.g. `coord`) under "figures".
             The `validate` figure (the lr alignment) is the report's headline, first after the title.
         hparams: the hparam columns shown beside the best tune trials.
         cost: `studies.cost.measured_cost`'s account (rows per phase, targets per width), shown under "cost".
@@ -82,7 +83,7 @@ def render_report(
         if advice is not None and not certificate.certified:
             sections["verify"].append(f"**where the better neighbours lie:** {advice.text}")
     if lr_drift is not None:
-        sections["validate"] = [_validate_section(lr_drift)]
+        sections["validate"] = [_validate_section(d) for d in (lr_drift, *hparam_drift)]
     if "compare" in tables:
         sections["compare"] = [_compare_section(tables["compare"])]
     headline = []
@@ -93,7 +94,8 @@ def render_report(
                         f"optimum (★) should stay put as width grows.\n\n![{name}]({path})"]
             sections.setdefault("validate", []).append("The lr-alignment figure heads this report.")
             continue
-        sections.setdefault(name if name in PHASES else "figures", []).append(f"![{name}]({path})")
+        phase = name.split(" (")[0]  # "validate (w_H)": another figure of the validate phase
+        sections.setdefault(phase if phase in PHASES else "figures", []).append(f"![{name}]({path})")
     if cost and cost.get("rows"):
         sections["cost"] = [cost_section(cost)]
     parts = [title, *headline, "## spec", "\n".join(summary) or "_no spec summary given_"]
@@ -137,10 +139,12 @@ def _verify_section(cert: Certificate) -> str:
 
 
 def _validate_section(drift: LRDrift) -> str:
-    """The drift verdict, the drift per parametrization, and the optimal lr per width."""
+    """The drift verdict, the drift per parametrization (with its interval over seeds), and the optimum per width."""
     per_doubling = [round(d, 3) + 0.0 for d in drift.drift.values()]  # + 0.0 turns -0.0 into 0.0
+    intervals = [drift.drift_ci.get(p) for p in drift.drift]
     drifts = pd.DataFrame(
-        {"parametrization": list(drift.drift), "drift (log2 lr per doubling)": per_doubling}
+        {"parametrization": list(drift.drift), f"drift (log2 {drift.hparam} per doubling)": per_doubling,
+         "95 % CI over seeds": [f"[{c[0]:+.2f}, {c[1]:+.2f}]" if c else "—" for c in intervals]}
     )
     optima = pd.DataFrame([o.model_dump() for o in drift.optima])
     status = "pass" if drift.passed else "fail"

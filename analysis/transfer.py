@@ -45,17 +45,28 @@ def transfer_table(table: pd.DataFrame, phase: str | None = "transfer") -> pd.Da
     return out.sort_index().rename_axis("width").reset_index()
 
 
-def lr_curves(table: pd.DataFrame, phase: str = "validate") -> pd.DataFrame:
-    """The lr sweep's loss per (parametrization, width, lr), averaged over seeds.
+def sweep_rows(table: pd.DataFrame, phase: str = "validate", hparam: str = "lr") -> pd.DataFrame:
+    """The rows of `phase` that sweep `hparam` (column `swept`; a table without it sweeps only lr)."""
+    rows = phase_rows(table, phase)
+    swept = rows["swept"].fillna("lr") if "swept" in rows.columns else pd.Series("lr", index=rows.index)
+    rows = rows[swept == hparam].reset_index(drop=True)
+    if rows.empty:
+        raise ValueError(f"the {phase} rows sweep no {hparam!r}: add it to validate.hparams (or validate.lrs)")
+    return rows
+
+
+def lr_curves(table: pd.DataFrame, phase: str = "validate", hparam: str = "lr", by_seed: bool = False) -> pd.DataFrame:
+    """The sweep of `hparam` (lr by default): loss per (parametrization, width, value), averaged over seeds.
 
     Returns:
-        Columns `parametrization, width, lr, eval_loss, n_seeds, n_diverged`; `eval_loss` is +inf
-        where any seed diverged (failed runs are left out).
+        Columns `parametrization, width, [seed,] <hparam>, eval_loss, n_seeds, n_diverged`; `eval_loss` is
+        +inf where any seed diverged (failed runs are left out). `by_seed`: one curve per seed.
     """
-    rows = phase_rows(table, phase)
-    require_columns(rows, ["parametrization", "width", "lr"], "the lr sweep")
+    rows = sweep_rows(table, phase, hparam)
+    columns = ["parametrization", "width", *(["seed"] if by_seed else []), hparam]
+    require_columns(rows, columns, f"the {hparam} sweep")
     loss = judged_loss(rows)
-    keys = rows.loc[loss.index, ["parametrization", "width", "lr"]]
+    keys = rows.loc[loss.index, columns]
     grouped = loss.groupby([keys[c] for c in keys.columns])
     out = pd.DataFrame(
         {
@@ -64,11 +75,12 @@ def lr_curves(table: pd.DataFrame, phase: str = "validate") -> pd.DataFrame:
             "n_diverged": grouped.agg(lambda s: np.isinf(s).sum()),
         }
     )
-    return out.reset_index().sort_values(["parametrization", "width", "lr"], ignore_index=True)
+    return out.reset_index().sort_values(columns, ignore_index=True)
 
 
 class LROptimum(BaseModel):
-    """The best lr of the sweep at one (parametrization, width)."""
+    """The best value of the sweep at one (parametrization, width): of lr, or of `LRDrift.hparam` (fields keep
+    lr's names)."""
 
     parametrization: str
     width: int
@@ -81,10 +93,13 @@ class LROptimum(BaseModel):
 
 
 class LRDrift(BaseModel):
-    """The validate phase's verdict: does the optimal lr stay put as width grows under μP?"""
+    """The validate phase's verdict: does the optimal lr (or `hparam`) stay put as width grows under μP?"""
 
+    hparam: str = "lr"  # the swept hparam
     optima: list[LROptimum]
     drift: dict[str, float]  # per parametrization: slope of the interpolated optimal log2(lr) vs log2(width)
+    # per parametrization: 95 % interval of that slope from each seed's own optima (None: too few points)
+    drift_ci: dict[str, tuple[float, float] | None] = {}
     mup_drift: float
     standard_drift: float | None  # None when the sweep has no standard runs
     threshold: float  # passes when |mup_drift| <= threshold
@@ -109,28 +124,28 @@ def interpolate_optimum(log2_lrs: np.ndarray, losses: np.ndarray, best: int) -> 
     return float(np.clip(-b / (2 * a), x[0], x[2]))
 
 
-def lr_optima(curves: pd.DataFrame) -> list[LROptimum]:
-    """The lowest-loss lr per (parametrization, width) of `lr_curves`' output (ties go to the smaller lr),
-    with the optimum interpolated in log2(lr) by `interpolate_optimum`."""
+def lr_optima(curves: pd.DataFrame, hparam: str = "lr") -> list[LROptimum]:
+    """The lowest-loss value of `hparam` per (parametrization, width) of `lr_curves`' output (ties go to the
+    smaller value), with the optimum interpolated in log2 by `interpolate_optimum`."""
     optima = []
     for (param, width), curve in curves.groupby(["parametrization", "width"]):
         if np.isinf(curve["eval_loss"]).all():
             raise ValueError(
-                f"every lr diverged for {param} at width {width}: "
-                "add smaller learning rates to the validate sweep"
+                f"every {hparam} diverged for {param} at width {width}: "
+                f"add smaller {'learning rates' if hparam == 'lr' else f'values of {hparam}'} to the validate sweep"
             )
-        curve = curve.sort_values("lr")
+        curve = curve.sort_values(hparam)
         best = curve.loc[curve["eval_loss"].idxmin()]
         position = int(np.flatnonzero(curve.index == best.name)[0])
-        interp = interpolate_optimum(np.log2(curve["lr"].to_numpy()), curve["eval_loss"].to_numpy(), position)
+        interp = interpolate_optimum(np.log2(curve[hparam].to_numpy()), curve["eval_loss"].to_numpy(), position)
         optima.append(
             LROptimum(
                 parametrization=str(param),
                 width=int(width),
-                lr=float(best["lr"]),
-                log2_lr=float(np.log2(best["lr"])),
+                lr=float(best[hparam]),
+                log2_lr=float(np.log2(best[hparam])),
                 eval_loss=float(best["eval_loss"]),
-                at_grid_edge=bool(best["lr"] in (curve["lr"].min(), curve["lr"].max())),
+                at_grid_edge=bool(best[hparam] in (curve[hparam].min(), curve[hparam].max())),
                 log2_lr_interp=interp,
                 lr_interp=float(2.0**interp),
             )
@@ -138,18 +153,46 @@ def lr_optima(curves: pd.DataFrame) -> list[LROptimum]:
     return optima
 
 
-def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "validate") -> LRDrift:
-    """Fit the drift of the optimal log2(lr) per doubling of width, per parametrization.
+def drift_interval(points: pd.DataFrame, level: float = 0.95) -> tuple[float, float] | None:
+    """The `level` interval of the slope of `log2_opt` on `log2_width` over per-seed optima (OLS, Student t with
+    n − 2 degrees of freedom); None with fewer than 3 points or fewer than 2 widths."""
+    if len(points) < 3 or points["log2_width"].nunique() < 2:
+        return None
+    from scipy import stats  # here: SciPy's import is a second of every trial actor's start
+
+    fit = stats.linregress(points["log2_width"], points["log2_opt"])
+    half = float(stats.t.ppf(0.5 + level / 2, len(points) - 2) * fit.stderr)
+    return (float(fit.slope) - half, float(fit.slope) + half)
+
+
+def _seed_optima(table: pd.DataFrame, phase: str, hparam: str) -> pd.DataFrame:
+    """Each seed's own interpolated optimum per (parametrization, width): columns `parametrization, log2_width,
+    log2_opt` (a seed whose every value diverged at a width is left out there)."""
+    rows = []
+    for _, curves in lr_curves(table, phase, hparam, by_seed=True).groupby("seed"):
+        finite = curves.groupby(["parametrization", "width"]).filter(lambda c: np.isfinite(c["eval_loss"]).any())
+        rows += [{"parametrization": o.parametrization, "log2_width": np.log2(o.width), "log2_opt": o.log2_lr_interp}
+                 for o in (lr_optima(finite, hparam) if not finite.empty else [])]
+    return pd.DataFrame(rows, columns=["parametrization", "log2_width", "log2_opt"])
+
+
+def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "validate", hparam: str = "lr") -> LRDrift:
+    """Fit the drift of the optimal log2(lr) (or log2 of `hparam`) per doubling of width, per parametrization.
+
+    The drift is the slope over the seed-mean curves' interpolated optima; its interval (`drift_ci`) is the slope's
+    95 % t-interval over every seed's own optima, so seed-to-seed scatter widens it.
 
     Args:
-        table: the trial table; the rows of `phase` form an lr sweep over widths, seeds and
+        table: the trial table; the rows of `phase` form a sweep over widths, seeds and
             parametrizations (`mup` required, `standard` reported beside it).
-        threshold: the largest |drift| of `mup` that passes, in log2(lr) per doubling of width.
+        threshold: the largest |drift| of `mup` that passes, in log2 per doubling of width.
         phase: the phase holding the sweep.
+        hparam: the swept hparam (rows with `swept` equal to it; lr by default).
     """
-    optima = lr_optima(lr_curves(table, phase))
+    optima = lr_optima(lr_curves(table, phase, hparam), hparam)
     frame = pd.DataFrame([o.model_dump() for o in optima])
-    drift = {}
+    per_seed = _seed_optima(table, phase, hparam)
+    drift, ci = {}, {}
     for param, rows in frame.groupby("parametrization"):
         if rows["width"].nunique() < 2:
             raise ValueError(
@@ -158,22 +201,30 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
                 "add a width to the validate sweep"
             )
         drift[str(param)] = float(np.polyfit(np.log2(rows["width"]), rows["log2_lr_interp"], 1)[0])
+        ci[str(param)] = drift_interval(per_seed[per_seed["parametrization"] == param])
     if "mup" not in drift:
         raise ValueError(f"the validate sweep has no mup runs (parametrizations: {sorted(drift)}); add them")
     passed = abs(drift["mup"]) <= threshold
+
+    def said(param: str) -> str:
+        interval = ci[param]
+        return f"{drift[param]:+.2f}" + (f" [{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else "")
+
     verdict = (
-        f"mup's optimal lr drifts {drift['mup']:+.2f} log2(lr) per doubling of width "
-        f"(optimum interpolated in log lr; |drift| {'≤' if passed else '>'} {threshold:g}: "
+        f"mup's optimal {hparam} drifts {said('mup')} log2({hparam}) per doubling of width "
+        f"(optimum interpolated in log {hparam}; |drift| {'≤' if passed else '>'} {threshold:g}: "
         f"{'pass' if passed else 'fail'})"
     )
     if "standard" in drift:
-        verdict += f"; standard drifts {drift['standard']:+.2f}"
+        verdict += f"; standard drifts {said('standard')}"
     edges = [f"{o.parametrization}@{o.width}" for o in optima if o.at_grid_edge]
     if edges:
-        verdict += f"; optimum at the edge of the lr grid for {', '.join(edges)}: widen the sweep there"
+        verdict += f"; optimum at the edge of the {hparam} grid for {', '.join(edges)}: widen the sweep there"
     return LRDrift(
+        hparam=hparam,
         optima=optima,
         drift=drift,
+        drift_ci=ci,
         mup_drift=drift["mup"],
         standard_drift=drift.get("standard"),
         threshold=threshold,

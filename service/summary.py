@@ -50,8 +50,8 @@ def print_summary(console: Console, view: StudyView) -> None:
                       f"(best eval loss {tune['best_eval_loss']:.4f}{reused})")
         console.print("transferred hparams: " + ", ".join(f"{k}={v:.4g}" for k, v in tune["best_hparams"].items()))
         _width_table(console, view, tune)
-    drift = phases.get("validate", {}).get("lr_drift")
-    if drift:
+    validate = phases.get("validate", {})
+    for drift in filter(None, (validate.get("lr_drift"), *validate.get("hparam_drift", {}).values())):
         _drift_section(console, LRDrift(**drift))
     cert = phases.get("verify", {}).get("certificate")
     if cert:
@@ -88,9 +88,10 @@ def _width_table(console: Console, view: StudyView, tune: dict[str, Any]) -> Non
 
 
 def _drift_section(console: Console, drift: LRDrift) -> None:
-    """The optimal lr per width under each parametrization and its drift per doubling of width."""
-    table = Table(title="lr sweep (validate): optimal lr per width, interpolated in log lr")
-    for col in ("parametrization", "width", "best grid lr", "interpolated lr", "eval loss"):
+    """The optimal lr (or other swept hparam) per width under each parametrization and its drift per doubling."""
+    h = drift.hparam
+    table = Table(title=f"{h} sweep (validate): optimal {h} per width, interpolated in log {h}")
+    for col in ("parametrization", "width", f"best grid {h}", f"interpolated {h}", "eval loss"):
         table.add_column(col, justify="right")
     for o in sorted(drift.optima, key=lambda o: (o.parametrization != "mup", o.parametrization, o.width)):
         interp = f"{o.lr_interp:.3g}" if o.lr_interp is not None else "—"
@@ -98,8 +99,10 @@ def _drift_section(console: Console, drift: LRDrift) -> None:
         table.add_row(o.parametrization, str(o.width), f"{o.lr:.3g}{edge}", interp, f"{o.eval_loss:.4f}")
     console.print(table)
     for param, value in drift.drift.items():
-        console.print(f"lr drift, {param}: {value + 0.0:+.2f} log2(lr) per doubling of width")
-    console.print(f"[{'green' if drift.passed else 'red'}]lr drift:[/] {drift.verdict}", soft_wrap=True)
+        ci = drift.drift_ci.get(param)
+        interval = f" (95 % CI over seeds [{ci[0] + 0.0:+.2f}, {ci[1] + 0.0:+.2f}])" if ci else ""
+        console.print(f"{h} drift, {param}: {value + 0.0:+.2f} log2({h}) per doubling of width{interval}")
+    console.print(f"[{'green' if drift.passed else 'red'}]{h} drift:[/] {drift.verdict}", soft_wrap=True)
 
 
 def _certificate_section(console: Console, view: StudyView, cert: Certificate) -> None:

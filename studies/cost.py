@@ -93,7 +93,7 @@ def planned_runs(spec: StudySpec) -> dict[str, list[tuple[int, float]]]:
     if spec.validate_ is not None:
         v = spec.validate_
         runs["validate"] = [(w, spec.steps_for("validate")) for _ in v.parametrizations for w in v.widths
-                            for _ in v.lrs for _ in range(v.seeds)]
+                            for values in v.sweeps().values() for _ in values for _ in range(v.seeds)]
     return runs
 
 

@@ -95,12 +95,14 @@ def with_reused_centre(spec: StudySpec, verify: pd.DataFrame, transfer: pd.DataF
 
 
 def validate_trials(spec: StudySpec, centre: dict[str, float]) -> list[dict]:
-    """The lr sweep: every (parametrization, width, lr, seed), other hparams at the centre."""
+    """The sweeps: lr's, then each of `validate.hparams`: every (parametrization, width, value, seed) of the swept
+    hparam, the other hparams at the centre."""
     v = spec.validate_
     if v is None:
         raise ValueError("this study has no validate section: add one with widths and lrs to the spec")
-    return [_trial("validate", f"{p}-w{w}-lr{lr:.3g}-s{s}", w, s, {**centre, "lr": lr}, parametrization=p)
-            for p in v.parametrizations for w in v.widths for lr in v.lrs for s in range(v.seeds)]
+    return [_trial("validate", f"{p}-w{w}-{h}{x:.3g}-s{s}", w, s, {**centre, h: x}, parametrization=p, swept=h)
+            for h, values in v.sweeps().items()
+            for p in v.parametrizations for w in v.widths for x in values for s in range(v.seeds)]
 
 
 

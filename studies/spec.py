@@ -222,6 +222,10 @@ class ValidateSpec(BaseModel):
     seeds: PosInt = Field(1, description="training seeds per (width, lr, parametrization)")
     steps: PosInt | None = Field(None, description="override train.steps for validate trials")
     drift_threshold: float = Field(0.5, gt=0, description="largest |Δlog2(lr*)| per doubling that passes")
+    hparams: dict[str, list[float]] = Field(
+        default_factory=dict, max_length=6,
+        description="other searched hparams swept the same way, each alone with the rest at the centre, e.g. "
+                    "{w_H: [0.25, 0.5, 1, 2, 4, 8]}: their optimum's drift is judged beside lr's")
 
     @field_validator("lrs")
     @classmethod
@@ -229,6 +233,22 @@ class ValidateSpec(BaseModel):
         if any(not lr > 0 for lr in lrs) or len(set(lrs)) != len(lrs):
             raise ValueError(f"lrs {lrs} must be distinct and > 0, e.g. [0.001, 0.003, 0.01, 0.03]")
         return sorted(lrs)
+
+    @field_validator("hparams")
+    @classmethod
+    def _hparams(cls, hparams: dict[str, list[float]]) -> dict[str, list[float]]:
+        for name, values in hparams.items():
+            if len(values) < 3 or any(not v > 0 for v in values) or len(set(values)) != len(values):
+                raise ValueError(f"hparams.{name}={values} must be >= 3 distinct values > 0 (swept in log), "
+                                 "e.g. [0.25, 0.5, 1, 2, 4]")
+        return {name: sorted(values) for name, values in hparams.items()}
+
+    def sweeps(self) -> dict[str, list[float]]:
+        """Each swept hparam's values: lr's first, then `hparams`."""
+        return {"lr": self.lrs, **self.hparams}
+
+    def n_trials(self) -> int:
+        return len(self.parametrizations) * len(self.widths) * self.seeds * sum(map(len, self.sweeps().values()))
 
     @field_validator("parametrizations")
     @classmethod
@@ -348,6 +368,9 @@ class StudySpec(BaseModel):
                 problems.append(f"verify.width={self.verify.width} must be >= tune.base_width={base}")
         if self.validate_ is not None:
             widths += [(f"validate.widths[{i}]", w) for i, w in enumerate(self.validate_.widths)]
+            searched = [h for h in self.space.searched() if h != "lr"]
+            problems += [f"validate.hparams.{h} is not a searched hparam of this study: use one of {searched}"
+                         for h in self.validate_.hparams if h not in searched]
             if isinstance(arch, PTArch) and arch.decomposition != "uv":
                 problems.append(f"validate runs mup, which needs model.arch.decomposition 'uv', not "
                                 f"{arch.decomposition!r}: set decomposition: uv or drop validate")

@@ -287,11 +287,16 @@ class StudyDriver:
                                      "eval_loss": float(row.eval_loss), "reused": True})
 
     def phase_validate(self) -> dict[str, Any]:
+        v = self.spec.validate_
         table = self._run_trials("validate", validate_trials(self.spec, self.centre()))
-        drift = lr_drift(table, threshold=self.spec.validate_.drift_threshold)
-        plot_mutransfer(table, self.art / "mutransfer.png")
-        self._finish_phase("validate", {"lr_drift": drift.model_dump()}, [self.art / "mutransfer.png"])
-        return drift.model_dump()
+        drift = lr_drift(table, threshold=v.drift_threshold)
+        others = {h: lr_drift(table, threshold=v.drift_threshold, hparam=h).model_dump() for h in v.hparams}
+        figures = [self.art / "mutransfer.png", *(self.art / f"mutransfer_{h}.png" for h in v.hparams)]
+        for hparam, path in zip(v.sweeps(), figures, strict=True):
+            plot_mutransfer(table, path, hparam)
+        result = {"lr_drift": drift.model_dump(), **({"hparam_drift": others} if others else {})}
+        self._finish_phase("validate", result, figures)
+        return result
 
     def phase_compare(self) -> dict[str, Any]:
         """Tune the study's model at its proxy width and each baseline at every budget (one restorable Tune
@@ -337,8 +342,7 @@ class StudyDriver:
         counts = {"tune": spec.tune.num_trials,
                   "transfer": len(spec.transfer.widths) * spec.transfer.seeds if spec.transfer else 0,
                   "verify": (spec.verify.centre_seeds + spec.verify.resolved_n_samples()) if spec.verify else 0,
-                  "validate": (len(spec.validate_.parametrizations) * len(spec.validate_.widths)
-                               * len(spec.validate_.lrs) * spec.validate_.seeds) if spec.validate_ else 0}
+                  "validate": spec.validate_.n_trials() if spec.validate_ else 0}
         return counts[phase]
 
     def centre(self) -> dict[str, float]:
@@ -473,9 +477,12 @@ class StudyDriver:
         all_trials = pd.concat(tables.values(), ignore_index=True)
         all_trials.to_csv(self.art / "trials.csv", index=False)
         cert = self.state.phases.get("verify", {}).get("certificate")
-        drift = self.state.phases.get("validate", {}).get("lr_drift")
+        validate = self.state.phases.get("validate", {})
+        drift = validate.get("lr_drift")
         plots = {p: f"{name}.png" for p, name in (("tune", "tune_history"), ("transfer", "transfer"),
                                                   ("verify", "verify"), ("validate", "mutransfer"),
+                                                  *((f"validate ({h})", f"mutransfer_{h}")
+                                                    for h in validate.get("hparam_drift", {})),
                                                   ("compare", "compare"))
                  if (self.art / f"{name}.png").exists()}
         spec = self.spec
@@ -499,6 +506,7 @@ class StudyDriver:
                                       certificate.tolerance)
         text = render_report(study=study, tables=tables, certificate=certificate,
                              lr_drift=LRDrift(**drift) if drift else None, plots=plots, hparams=spec.space.HPARAMS,
+                             hparam_drift=[LRDrift(**d) for d in validate.get("hparam_drift", {}).values()],
                              advice=advice, cost=cost)
         path = self.art / "report.md"
         path.write_text(text)

@@ -83,7 +83,8 @@ def planned_trial(spec: StudySpec, phase: str, config: dict[str, Any], trial_id:
 
 
 METRIC_PREFIXES = ("lr_", "train_loss", "eval_loss", "stream_val_loss", "tokens", "tau.")  # logged per step
-COMPARE_KEYS = ("family", "budget", "role", "tuned_at", "train_flops")  # compare trials' extra table columns
+PLANNED_COLUMNS = ("family", "budget", "role", "tuned_at", "train_flops",  # compare trials' extra table columns
+                   "swept")  # validate trials': the hparam their sweep varies
 
 
 def trial_config(spec: StudySpec, trial: dict[str, Any]) -> dict[str, Any]:
@@ -458,5 +459,5 @@ def trial_table(spec: StudySpec, phase: str, grid) -> pd.DataFrame:
                      "tokens": m.get("tokens", 0), "wall_time_s": m.get("wall_time_s", m.get("time_total_s")),
                      "params": m.get("params"), "is_centre": planned["is_centre"], "message": message,
                      "parametrization": planned.get("parametrization", spec.model.parametrization),
-                     **{k: planned[k] for k in COMPARE_KEYS if k in planned}, **planned["hparams"]})
+                     **{k: planned[k] for k in PLANNED_COLUMNS if k in planned}, **planned["hparams"]})
     return pd.DataFrame(rows).sort_values("trial_id", kind="stable").reset_index(drop=True)

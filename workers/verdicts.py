@@ -8,7 +8,7 @@ from a phase's result as `state.json` keeps it, so a resumed study logs the same
 | tune | `best.<hparam>`, `base_width` | `best_eval_loss`, `n_trials` | |
 | transfer | `base_width`, `target_widths` | `eval_loss` with step = width (MLflow plots loss vs width) | |
 | verify | `verify_width` | `upper_bound`, `n_better`, `centre_rank`, `n_samples`, `centre_loss` | `certified` |
-| validate | | `lr_drift.<parametrization>` | `lr_drift_passed` |
+| validate | | `<hparam>_drift.<parametrization>` (lr and each of validate.hparams) | `<hparam>_drift_passed` |
 
 Each also has a sentence: the winner, the loss per width, the certificate, the drift verdict.
 
@@ -70,10 +70,11 @@ def phase_verdict(spec: StudySpec, phase: str, result: dict[str, Any]) -> Verdic
                        {"certified": str(bool(c["certified"])).lower()},
                        sentence=f"Certificate: {c['verdict']}.")
     if phase == "validate":
-        d = result["lr_drift"]
-        return Verdict(metrics=[{"step": 0, **{f"lr_drift.{p}": v for p, v in d["drift"].items()}}],
-                       tags={"lr_drift_passed": str(bool(d["passed"])).lower()},
-                       sentence=f"lr drift: {d['verdict']}.")
+        drifts = {"lr": result["lr_drift"], **result.get("hparam_drift", {})}
+        return Verdict(metrics=[{"step": 0, **{f"{h}_drift.{p}": v for h, d in drifts.items()
+                                                for p, v in d["drift"].items()}}],
+                       tags={f"{h}_drift_passed": str(bool(d["passed"])).lower() for h, d in drifts.items()},
+                       sentence=" ".join(f"{h} drift: {d['verdict']}." for h, d in drifts.items()))
     return Verdict()
 
 

@@ -54,8 +54,8 @@ def test_lr_drift_flat_for_mup_and_minus_one_for_standard():
     assert drift.standard_drift == pytest.approx(-1.0)
     assert drift.drift == pytest.approx({"mup": 0.0, "standard": -1.0})
     assert drift.passed
-    assert "mup's optimal lr drifts +0.00 log2(lr) per doubling of width" in drift.verdict
-    assert "pass" in drift.verdict and "standard drifts -1.00" in drift.verdict
+    assert "mup's optimal lr drifts +0.00 [-0.00, +0.00] log2(lr) per doubling of width" in drift.verdict
+    assert "pass" in drift.verdict and "standard drifts -1.00 [-1.00, -1.00]" in drift.verdict
     mup_optima = [o for o in drift.optima if o.parametrization == "mup"]
     assert [o.log2_lr for o in mup_optima] == pytest.approx([-9.0] * len(SWEEP_WIDTHS))
     assert not any(o.at_grid_edge for o in drift.optima)
@@ -125,3 +125,37 @@ def test_lr_optimum_next_to_a_diverged_lr_stays_on_the_grid():
     table.loc[table["lr"] == 2.0**-10, "status"] = "diverged"
     optima = lr_drift(table).optima
     assert all(o.log2_lr_interp == o.log2_lr == -9.0 for o in optima)
+
+
+def test_the_drift_interval_comes_from_each_seeds_own_optima():
+    """Seeds whose optima scatter by ±0.4 octave around a flat μP optimum: the interval covers 0 and is wide;
+    without scatter it collapses; one seed at two widths has no interval."""
+    scatter = {0: -0.4, 1: 0.4, 2: 0.0}
+
+    def noisy(seed_table):
+        rows = seed_table.copy()
+        shift = rows["seed"].map(scatter) * np.where(rows["width"] % 128 == 0, 1, -1)  # not a trend in width
+        shift[rows["parametrization"] == "standard"] = 0.0
+        optimum = [paper_like_optimum(p, w) for p, w in zip(rows["parametrization"], rows["width"], strict=True)]
+        rows["eval_loss"] = 3.0 + 0.05 * (np.log2(rows["lr"]) - (optimum + shift)) ** 2
+        return rows
+
+    drift = lr_drift(noisy(sweep_table(paper_like_optimum, seeds=(0, 1, 2))))
+    low, high = drift.drift_ci["mup"]
+    assert low < 0.0 < high and high - low > 0.2
+    assert drift.drift_ci["standard"] == pytest.approx((-1.0, -1.0), abs=1e-6)
+    two_widths = sweep_table(paper_like_optimum, seeds=(0,))
+    assert lr_drift(two_widths[two_widths["width"].isin([64, 128])]).drift_ci["mup"] is None
+
+
+def test_a_swept_information_weight_is_judged_apart_from_lr():
+    lr = sweep_table(paper_like_optimum).assign(swept="lr")
+    w_h = sweep_table(lambda p, w: -9 if p == "mup" else -11 + np.log2(w / 64))  # values 2^-14..2^-4, as lr
+    w_h["w_H"], w_h["lr"], w_h["swept"] = w_h["lr"], 2.0**-9, "w_H"
+    table = pd.concat([lr, w_h], ignore_index=True)
+    assert lr_drift(table).drift == pytest.approx({"mup": 0.0, "standard": -1.0})
+    drift = lr_drift(table, hparam="w_H")
+    assert drift.hparam == "w_H" and drift.drift == pytest.approx({"mup": 0.0, "standard": 1.0})
+    assert "mup's optimal w_H drifts" in drift.verdict
+    with pytest.raises(ValueError, match="sweep no 'w_dep'.*validate.hparams"):
+        lr_drift(table, hparam="w_dep")

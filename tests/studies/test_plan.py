@@ -60,6 +60,36 @@ def test_transfer_and_validate_grids(spec):
     assert len(grid) == 2 * 2 * 3
     assert {t["parametrization"] for t in grid} == {"mup", "standard"}
     assert {t["hparams"]["lr"] for t in grid} == {0.001, 0.01, 0.1}
+    assert {t["swept"] for t in grid} == {"lr"} and "validate-mup-w16-lr0.001-s0" in {t["trial_key"] for t in grid}
+
+
+def test_validate_sweeps_an_information_weight_alone_around_the_centre(spec):
+    hp = spec.space.defaults() | {"lr": 0.02}
+    data = spec.as_dict()
+    data["validate"] = {"widths": [16, 32], "lrs": [0.001, 0.01, 0.1], "hparams": {"w_H": [4, 0.5, 1, 2]},
+                        "seeds": 2, "steps": 10}
+    sweep = StudySpec.model_validate(data)
+    grid = validate_trials(sweep, hp)
+    assert len(grid) == sweep.validate_.n_trials() == 2 * 2 * 2 * (3 + 4)
+    w_h = [t for t in grid if t["swept"] == "w_H"]
+    assert sorted({t["hparams"]["w_H"] for t in w_h}) == [0.5, 1, 2, 4]
+    assert {t["hparams"]["lr"] for t in w_h} == {0.02}  # the centre's lr
+    assert all(t["hparams"] == hp | {"w_H": t["hparams"]["w_H"]} for t in w_h)
+    assert len({t["trial_key"] for t in grid}) == len(grid)
+
+
+@pytest.mark.parametrize(("hparams", "message"), [
+    ({"w_topic": [0.5, 1, 2]}, "validate.hparams.w_topic is not a searched hparam of this study"),
+    ({"lr": [0.5, 1, 2]}, "validate.hparams.lr is not a searched hparam"),
+    ({"w_H": [0.5, 1]}, "must be >= 3 distinct values > 0"),
+    ({"w_H": [0, 1, 2]}, "must be >= 3 distinct values > 0"),
+])
+def test_validate_hparams_errors_name_the_fix(spec, hparams, message):
+    data = spec.as_dict()
+    data["space"] = {"frozen": ["w_topic", "w_topic_z"]}
+    data["validate"] = {"widths": [16, 32], "lrs": [0.001, 0.01, 0.1], "hparams": hparams}
+    with pytest.raises(ValueError, match=message):
+        StudySpec.model_validate(data)
 
 
 def test_the_verify_centre_reuses_the_identical_transfer_run(spec):

@@ -156,13 +156,19 @@ def test_diverging_trial_is_recorded_and_study_completes(data_dir):
     # the first TPE point is the space's default: an absurd learning rate that must diverge
     data["space"]["lr"] = {"low": 1e-3, "high": 1e6, "log": True, "default": 1e6}
     data["verify"] = None
-    data["validate"] = {"widths": [16, 32], "lrs": [1e-3, 1e-2, 1e-1], "steps": 10}
+    data["validate"] = {"widths": [16, 32], "lrs": [1e-3, 1e-2, 1e-1], "steps": 10, "hparams": {"w_H": [0.5, 1, 2]}}
     spec = StudySpec.model_validate(data)
     state = run_study(spec, "diverge")
     assert state.status == "succeeded"
     drift = state.phases["validate"]["lr_drift"]  # the μTransfer sweep ran under both parametrizations
     assert {o["parametrization"] for o in drift["optima"]} == {"mup", "standard"}
-    assert (data_dir / "studies" / "diverge" / "artifacts" / "mutransfer.png").stat().st_size > 0
+    w_h = state.phases["validate"]["hparam_drift"]["w_H"]  # and w_H's, alone around the centre
+    assert w_h["hparam"] == "w_H" and {o["lr"] for o in w_h["optima"]} <= {0.5, 1.0, 2.0}
+    art = data_dir / "studies" / "diverge" / "artifacts"
+    assert (art / "mutransfer.png").stat().st_size > 0 and (art / "mutransfer_w_H.png").stat().st_size > 0
+    assert "mup's optimal w_H drifts" in (art / "report.md").read_text()
+    validate_run = [r for r in _runs("diverge", spec.experiment_name())["phase"] if r.data.tags["phase"] == "validate"]
+    assert {"lr_drift_passed", "w_H_drift_passed"} <= set(validate_run[0].data.tags)
     trials = pd.read_csv(data_dir / "studies" / "diverge" / "artifacts" / "tune_trials.csv")
     assert (trials.status == "diverged").any()
     diverged = _runs("diverge", spec.experiment_name())["trial"]
