@@ -46,18 +46,52 @@ Modules: ``certificate`` (the verify phase's local-optimality certificate), ``di
 (relative distance from the centre), ``neighbours`` (where an uncertified centre's better neighbours
 lie), ``transfer`` (per-width summary, lr drift), ``coord``
 (coordinate-check slopes, verdict, plot), ``plots`` (the study's figures), ``compare`` (families at
-equal parameter budgets: table and figure), ``report`` (Markdown).
+equal parameter budgets: table and figure), ``report`` (Markdown), ``constants`` (the vocabulary and
+the sample-size rule, importable without numpy). Names are loaded from their module on first use.
 """
 
-from analysis.certificate import Certificate, certify, confidence, min_samples, upper_bound, verify_losses
-from analysis.compare import compare_table, plot_compare
-from analysis.coord import CoordOffence, CoordVerdict, coord_slopes, coord_verdict, plot_coord
-from analysis.distance import relative_distance
-from analysis.neighbours import NeighbourAdvice, neighbour_advice
-from analysis.plots import plot_mutransfer, plot_transfer, plot_tune_history, plot_verify
-from analysis.report import markdown_table, render_report
-from analysis.table import HPARAMS, PHASES, STATUSES, TrialStatus
-from analysis.transfer import LRDrift, LROptimum, lr_curves, lr_drift, lr_optima, transfer_table
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Each public name and the module it lives in: loaded on first use (PEP 562), so `from analysis import
+# PHASES` pulls neither pandas nor scipy nor matplotlib, and a plot's caller alone pays for matplotlib.
+_HOME = {
+    **dict.fromkeys(("HPARAMS", "PHASES", "STATUSES", "TrialStatus", "min_samples"), "constants"),
+    **dict.fromkeys(("Certificate", "certify", "confidence", "upper_bound", "verify_losses"), "certificate"),
+    **dict.fromkeys(("compare_table", "plot_compare"), "compare"),
+    **dict.fromkeys(("CoordOffence", "CoordVerdict", "coord_slopes", "coord_verdict", "plot_coord"), "coord"),
+    "relative_distance": "distance",
+    **dict.fromkeys(("NeighbourAdvice", "neighbour_advice"), "neighbours"),
+    **dict.fromkeys(("plot_mutransfer", "plot_transfer", "plot_tune_history", "plot_verify"), "plots"),
+    **dict.fromkeys(("markdown_table", "render_report"), "report"),
+    **dict.fromkeys(("LRDrift", "LROptimum", "lr_curves", "lr_drift", "lr_optima", "transfer_table"), "transfer"),
+}
+
+if TYPE_CHECKING:
+    from analysis.certificate import Certificate, certify, confidence, upper_bound, verify_losses
+    from analysis.compare import compare_table, plot_compare
+    from analysis.constants import HPARAMS, PHASES, STATUSES, TrialStatus, min_samples
+    from analysis.coord import CoordOffence, CoordVerdict, coord_slopes, coord_verdict, plot_coord
+    from analysis.distance import relative_distance
+    from analysis.neighbours import NeighbourAdvice, neighbour_advice
+    from analysis.plots import plot_mutransfer, plot_transfer, plot_tune_history, plot_verify
+    from analysis.report import markdown_table, render_report
+    from analysis.transfer import LRDrift, LROptimum, lr_curves, lr_drift, lr_optima, transfer_table
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'analysis' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"analysis.{_HOME[name]}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "HPARAMS",

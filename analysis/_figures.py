@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import numpy as np
+import numpy.typing as npt
 from matplotlib.axes import Axes
 
 matplotlib.use("Agg")  # no display on workers or in CI; figures only ever go to files
@@ -40,11 +42,11 @@ def figure(
         plt.close(fig)
 
 
-def mark_diverged(ax: Axes, x: Sequence[float], **style: object) -> None:
+def mark_diverged(ax: Axes, x: Sequence[float] | npt.NDArray[Any], **style: Any) -> None:
     """Mark diverged runs (no finite loss) as x markers on the top edge of `ax`, at their x positions."""
     if len(x):
-        style = {"color": "grey", "label": "diverged", "clip_on": False} | style
-        ax.plot(x, [1.0] * len(x), "x", transform=ax.get_xaxis_transform(), **style)
+        opts: dict[str, Any] = {"color": "grey", "label": "diverged", "clip_on": False, **style}
+        ax.plot(x, [1.0] * len(x), "x", transform=ax.get_xaxis_transform(), **opts)
 
 
 def loss_limits(losses: Sequence[float]) -> tuple[float, float] | None:
@@ -61,17 +63,17 @@ def loss_limits(losses: Sequence[float]) -> tuple[float, float] | None:
     return lo - pad, hi + pad
 
 
-def clip_loss_axis(ax: Axes, limits: tuple[float, float] | None, x: Sequence[float], y: Sequence[float],
-                   **style: object) -> None:
+def clip_loss_axis(ax: Axes, limits: tuple[float, float] | None, x: npt.ArrayLike, y: npt.ArrayLike,
+                   **style: Any) -> None:
     """Set the y-limits to `limits` and mark the points (x, y) above them as ^ markers with their value."""
     if limits is None:
         return
     ax.set_ylim(*limits)
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    above = np.isfinite(y) & (y > limits[1])
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    above = np.isfinite(ys) & (ys > limits[1])
     if above.any():
-        style = {"color": "grey", "label": "off the scale (value shown)", "clip_on": False} | style
-        ax.plot(x[above], [1.0] * int(above.sum()), "^", transform=ax.get_xaxis_transform(), **style)
-        for xi, yi in zip(x[above], y[above], strict=True):
+        opts: dict[str, Any] = {"color": "grey", "label": "off the scale (value shown)", "clip_on": False, **style}
+        ax.plot(xs[above], [1.0] * int(above.sum()), "^", transform=ax.get_xaxis_transform(), **opts)
+        for xi, yi in zip(xs[above], ys[above], strict=True):
             ax.annotate(f"{yi:.3g}", (xi, 1.0), xycoords=("data", "axes fraction"), xytext=(0, -10),
-                        textcoords="offset points", ha="center", fontsize="x-small", color=style["color"])
+                        textcoords="offset points", ha="center", fontsize="x-small", color=opts["color"])

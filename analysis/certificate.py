@@ -8,33 +8,16 @@ fraction of better neighbours by the one-sided Clopper-Pearson upper limit.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
+from analysis.constants import check_probabilities, min_samples
 from analysis.table import TrialStatus, judged_loss, phase_rows, require_columns
 
-_EPS = 1e-9
-
-
-def min_samples(p: float = 0.05, alpha: float = 0.05) -> int:
-    """The smallest N with 1-(1-p)^N ≥ 1-α, i.e. ceil(ln α / ln(1-p)) (eq. 9): 59 for p=α=0.05.
-
-    A ratio that is an integer up to rounding (e.g. p=0.01, α=0.99² → 2.000000000000001) is
-    taken as that integer rather than rounded up past it.
-    """
-    _check_probabilities(p, alpha)
-    ratio = math.log(alpha) / math.log(1 - p)
-    nearest = round(ratio)
-    return int(nearest) if abs(ratio - nearest) < _EPS else math.ceil(ratio)
-
-
-def _check_probabilities(p: float, alpha: float) -> None:
-    if not (0 < p < 1 and 0 < alpha < 1):
-        raise ValueError(f"p and alpha must lie strictly between 0 and 1, got p={p}, alpha={alpha}")
+__all__ = ["Certificate", "certify", "confidence", "min_samples", "upper_bound", "verify_losses"]
 
 
 def confidence(n: int, p: float) -> float:
@@ -130,7 +113,7 @@ def certify(
     Returns:
         The `Certificate`.
     """
-    _check_probabilities(p, alpha)
+    check_probabilities(p, alpha)
     centre, samples = verify_losses(table)
     centre_loss = float(centre.mean())
     seed_std = float(centre.std(ddof=1)) if len(centre) > 1 else 0.0

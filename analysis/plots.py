@@ -21,7 +21,7 @@ from analysis._figures import clip_loss_axis, figure, loss_limits, mark_diverged
 from analysis.certificate import verify_losses
 from analysis.distance import relative_distance
 from analysis.table import TrialStatus, judged_loss, phase_rows
-from analysis.transfer import lr_curves, lr_optima, transfer_table
+from analysis.transfer import LROptimum, lr_curves, lr_optima, transfer_table
 
 Limits = list[tuple[float, float] | None]
 
@@ -167,7 +167,7 @@ def plot_mutransfer(table: pd.DataFrame, path: str | Path, hparam: str = "lr") -
     return [limits] * len(params)
 
 
-def _drift_title(optima: Mapping, param: str, hparam: str = "lr") -> str:
+def _drift_title(optima: Mapping[tuple[str, int], LROptimum], param: str, hparam: str = "lr") -> str:
     """': optimum drifts +0.00 log2(lr) per doubling' from the interpolated optima, or '' with < 2 widths."""
     points = [(np.log2(w), o.log2_lr_interp if o.log2_lr_interp is not None else o.log2_lr)
               for (p, w), o in sorted(optima.items()) if p == param]

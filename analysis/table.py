@@ -6,33 +6,14 @@ The table itself is documented in `analysis/__init__.py`.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from enum import StrEnum
 
 import numpy as np
 import pandas as pd
 
-HPARAMS: tuple[str, ...] = ("lr", "w_H", "w_topic", "w_unary", "w_dep", "w_head", "w_topic_z")
-"""The seven transferred hparams: `lr` plus PT's six information weights (PT spec §3.2)."""
+from analysis.constants import HPARAMS, LOSS_STATUSES, PHASES, STATUSES, TrialStatus
 
-PHASES: tuple[str, ...] = ("tune", "transfer", "verify", "validate", "compare")
-
-
-class TrialStatus(StrEnum):
-    """A trial's status, the table's `status` column (and the `status` tag of its MLflow run).
-
-    `completed`: ran its full budget; `stopped`: ended early by ASHA (its loss is real, its budget short);
-    `diverged`: NaN/inf or blown-up loss; `failed`: the infrastructure failed it (retries used up);
-    `running`: not finished yet (live MLflow runs only, never in a finished table)."""
-
-    COMPLETED = "completed"
-    DIVERGED = "diverged"
-    STOPPED = "stopped"
-    FAILED = "failed"
-    RUNNING = "running"
-
-
-STATUSES: tuple[str, ...] = tuple(s.value for s in TrialStatus if s is not TrialStatus.RUNNING)  # the finished ones
-LOSS_STATUSES: frozenset[TrialStatus] = frozenset({TrialStatus.COMPLETED, TrialStatus.STOPPED})  # a real eval loss
+__all__ = ["HPARAMS", "LOSS_STATUSES", "PHASES", "STATUSES", "TrialStatus", "judged_loss", "phase_rows",
+           "require_columns"]
 
 
 def require_columns(table: pd.DataFrame, columns: Iterable[str], what: str) -> None:

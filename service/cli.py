@@ -1,4 +1,10 @@
-"""`ptctl`: the command line. Bad input ends with a one-line message naming the fix, never a traceback."""
+"""`ptctl`: the command line. One command tree over two backends (`service/backends.py`): the study engine
+in this process, or the API (`--server`, the `ptctl study submit|list|...` commands of `service/cli_remote.py`).
+
+Bad input ends with one `error:` line naming the fix, a bug with its traceback (`service/terminal.py`).
+Module level imports only argparse and rich; each command imports what it needs, so `ptctl --help` and
+`ptctl report ID` load none of torch, Ray, MLflow, pandas, scipy, matplotlib or optuna.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +12,36 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
 from rich.table import Table
 
-from workers.errors import StudyError
+from service.backends import Backend, LocalBackend, RemoteBackend
+from service.terminal import console, run_command, usage_error, validation_lines
 
-console = Console()
-
-
-class UsageError(Exception):
-    """A mistake in the command line or the files it names; printed without a traceback."""
+if TYPE_CHECKING:
+    from studies.spec import StudySpec
 
 
-def _parse_set(items: list[str]) -> dict:
+def local() -> LocalBackend:
+    return LocalBackend(console)
+
+
+def backend(args: argparse.Namespace) -> Backend:
+    """The API if the command is a client one or names `--server`, else the engine in this process."""
+    if getattr(args, "remote", False) or getattr(args, "server", None):
+        return RemoteBackend(args.server, console)
+    return local()
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
     """`--set key=value` pairs; values parsed as YAML scalars (numbers, booleans, strings)."""
     import yaml
 
     out = {}
     for item in items:
         if "=" not in item:
-            raise UsageError(f"--set {item!r}: expected key=value, e.g. --set n_iter=3")
+            raise usage_error(f"--set {item!r}: expected key=value, e.g. --set n_iter=3")
         key, value = item.split("=", 1)
         out[key.strip()] = yaml.safe_load(value)
     return out
@@ -36,9 +51,9 @@ def _widths(text: str) -> tuple[int, ...]:
     try:
         widths = tuple(int(w) for w in text.split(","))
     except ValueError:
-        raise UsageError(f"--widths {text!r}: expected comma-separated integers, e.g. 32,64,128,256") from None
+        raise usage_error(f"--widths {text!r}: expected comma-separated integers, e.g. 32,64,128,256") from None
     if len(widths) < 2 or min(widths) < 1:
-        raise UsageError(f"--widths {text!r}: give at least two positive widths, e.g. 32,64,128,256")
+        raise usage_error(f"--widths {text!r}: give at least two positive widths, e.g. 32,64,128,256")
     return widths
 
 
@@ -50,10 +65,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     hp = {"width": args.width, "base_width": args.base_width or args.width,
           "parametrization": args.parametrization, **_parse_set(args.set)}
-    data = DataConfig(source=args.source, path=args.path, max_tokens=args.max_tokens, seq_len=args.seq_len,
-                      objective=objective_of(args.model), streaming=args.streaming)
-    cfg = TrialConfig(model=args.model, model_hp=hp, data=data, steps=args.steps, lr=args.lr,
-                      batch_size=args.batch_size, eval_every=args.eval_every, seed=args.seed, device=args.device)
+    try:
+        data = DataConfig(source=args.source, path=args.path, max_tokens=args.max_tokens, seq_len=args.seq_len,
+                          objective=objective_of(args.model), streaming=args.streaming)
+        cfg = TrialConfig(model=args.model, model_hp=hp, data=data, steps=args.steps, lr=args.lr,
+                          batch_size=args.batch_size, eval_every=args.eval_every, seed=args.seed, device=args.device)
+    except ValueError as exc:  # the configs' own checks of the values given on the command line
+        raise usage_error(str(exc)) from None
 
     def progress(row: dict) -> None:
         if "eval_loss" in row:
@@ -70,19 +88,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_coord_check(args: argparse.Namespace) -> int:
     from analysis.coord import plot_coord
     from workers.coord_check import coord_check
+    from workers.paths import data_dir
 
     widths = _widths(args.widths)
     pt = args.model == "pt"  # only PT has head-selection paradigms
     hp = {**({"paradigm": args.paradigm} if pt else {}), **_parse_set(args.set)}
-    try:
-        df, slopes, verdict, lr = coord_check(model=args.model, parametrization=args.parametrization, widths=widths,
-                                              steps=args.steps, lr=args.lr, seeds=args.seeds,
-                                              max_seeds=max(args.max_seeds, args.seeds), base_seed=args.seed,
-                                              model_hp=hp)
-    except ValueError as err:
-        console.print(f"[red]coord-check: {err}[/]")
-        return 2
-    out = Path(args.out)
+    df, slopes, verdict, lr = coord_check(model=args.model, parametrization=args.parametrization, widths=widths,
+                                          steps=args.steps, lr=args.lr, seeds=args.seeds,
+                                          max_seeds=max(args.max_seeds, args.seeds), base_seed=args.seed,
+                                          model_hp=hp)
+    out = Path(args.out) if args.out else data_dir() / "coord_check"
     out.mkdir(parents=True, exist_ok=True)
     variant = f"{args.parametrization}_{args.paradigm}" if pt else args.parametrization
     stem = f"coord_{args.model}_{variant}"
@@ -108,7 +123,7 @@ def cmd_coord_check(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-def _validated(data: dict, source: str = "the study spec"):
+def _validated(data: dict[str, Any], source: str = "the study spec") -> StudySpec:
     """A `StudySpec` from plain data; a ValidationError becomes one line per field path."""
     from pydantic import ValidationError
 
@@ -117,68 +132,20 @@ def _validated(data: dict, source: str = "the study spec"):
     try:
         return StudySpec.model_validate(data)
     except ValidationError as exc:
-        raise UsageError(f"{source} is not a valid study spec:\n" + "\n".join(
-            f"  {'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors())) from None
+        raise usage_error(f"{source} is not a valid study spec:\n{validation_lines(exc)}") from None
 
 
-def _load_spec(path: str):
+def _load_spec(path: str) -> StudySpec:
     import yaml
 
     if not Path(path).is_file():
-        raise UsageError(f"no spec file {path}; give a study spec YAML (catalog: studies/catalog/*.yaml)")
+        raise usage_error(f"no spec file {path}; give a study spec YAML (catalog: studies/catalog/*.yaml)")
     return _validated(yaml.safe_load(Path(path).read_text(encoding="utf-8")), path)
 
 
-def _study_file(study: str, name: str) -> Path:
-    """The artifact `name` of a study in the data directory, or an error listing the known studies."""
-    from workers.folder import StudyFolder, studies_dir
-
-    path = StudyFolder(study).artifact(name)
-    if not path.exists():
-        known = StudyFolder.known()
-        raise UsageError(f"no {name} for study {study!r} in {studies_dir()} (known studies: {known}); run it first")
-    return path
-
-
-def _run_with_progress(spec, study_id: str | None = None):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from workers.driver import run_study
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[note]}"))
-    with Progress(*columns, console=console) as bar:
-        tasks: dict[str, int] = {}
-
-        def on_event(kind: str, data: dict) -> None:
-            phase = data.get("phase")
-            if kind == "phase_start":
-                tasks[phase] = bar.add_task(phase, total=data["trials"], note="")
-            elif kind == "trial_done" and phase in tasks:
-                loss = data.get("eval_loss")
-                note = f"last: {data['status']}" + (f" {loss:.4f}" if isinstance(loss, float) else "")
-                bar.update(tasks[phase], advance=1, note=note)
-            elif kind == "phase_done" and phase in tasks:
-                bar.update(tasks[phase], completed=bar.tasks[tasks[phase]].total, note="done")
-            elif kind == "phase_skipped":
-                console.print(f"{phase}: already done, skipped")
-            elif kind == "recovered":
-                console.print(f"[yellow]note:[/] {data['error']}", soft_wrap=True)
-
-        return run_study(spec, study_id, on_event)
-
-
-def _print_summary(spec, state) -> None:
+def _print_summary(spec: Any, state: Any) -> None:
     """The study's story in the terminal (`service.summary`), whichever phases it ran."""
-    from service.summary import StudyView, print_summary
-    from workers.folder import StudyFolder
-    from workers.tracking import Tracker
-
-    tracker = Tracker(spec.experiment_name(), spec.resources.tracking.tracking_uri)
-    runs = {r.data.tags.get("trial_key"): r.info.run_id for r in tracker.runs(state.study_id, "trial", state.instance)}
-    view = StudyView(spec=spec, state=dict(state.__dict__), folder=StudyFolder(state.study_id),
-                     runs=runs, runs_link=tracker.runs_link())
-    print_summary(console, view)
+    local().summary(spec, state)
 
 
 def cmd_laplacian(args: argparse.Namespace) -> int:
@@ -188,7 +155,7 @@ def cmd_laplacian(args: argparse.Namespace) -> int:
 
     if args.embeddings:
         if not Path(args.embeddings).is_file():
-            raise UsageError(f"no embeddings file {args.embeddings}: give an (N, F) matrix saved with numpy.save")
+            raise usage_error(f"no embeddings file {args.embeddings}: give an (N, F) matrix saved with numpy.save")
         lap = knn_laplacian(np.load(args.embeddings), args.dim, n_clusters=args.clusters, topk=args.topk,
                             eps=args.eps, sigma=args.sigma, p=args.power, seed=args.seed)
     else:
@@ -231,17 +198,18 @@ def _print_plan(spec) -> None:
         console.print("no transfer widths: no target run to compare with")
 
 
-def _transfer_spec(args: argparse.Namespace):
-    spec = _load_spec(args.spec)
-    update: dict = {"tune": spec.tune.model_copy(update={"base_width": args.from_width,
-                                                          **({"num_trials": args.trials} if args.trials else {})}),
-                    "transfer": spec.transfer.model_copy(update={"widths": sorted(args.to)}),
-                    "validate": None}  # tune → transfer (→ verify) only; `ptctl study run` runs a spec's lr sweep
+def _transfer_spec(args: argparse.Namespace) -> StudySpec:
+    """The spec file as tune at --from-width → transfer to --to (→ verify at the widest target with --verify)."""
+    data = _load_spec(args.spec).as_dict()
+    data["tune"] = {**(data.get("tune") or {}), "base_width": args.from_width,
+                    **({"num_trials": args.trials} if args.trials else {})}
+    data["transfer"] = {**(data.get("transfer") or {}), "widths": sorted(args.to)}
+    data["validate"] = None  # tune → transfer (→ verify) only; `ptctl study run` runs a spec's lr sweep
     if not args.verify:
-        update["verify"] = None
-    elif spec.verify is not None and spec.verify.width not in (None, *args.to):
-        update["verify"] = spec.verify.model_copy(update={"width": None})  # verify at the widest target
-    return _validated({**spec.as_dict(), **{k: (v.model_dump(mode="json") if v else v) for k, v in update.items()}})
+        data["verify"] = None
+    elif data.get("verify") and data["verify"].get("width") not in (None, *args.to):
+        data["verify"] = {**data["verify"], "width": None}  # verify at the widest target
+    return _validated(data)
 
 
 def cmd_transfer(args: argparse.Namespace) -> int:
@@ -249,18 +217,12 @@ def cmd_transfer(args: argparse.Namespace) -> int:
     if args.dry_run:
         _print_plan(spec)
         return 0
-    if args.server:
-        from service.cli_remote import submit_and_watch
-
-        return submit_and_watch(args.server, spec)
-    state = _run_with_progress(spec)
-    _print_summary(spec, state)
-    return 0
+    return backend(args).run(spec)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Run the local-optimality check around a finished study's centre (its tune and transfer are reused)."""
-    spec = _load_spec(str(_study_file(args.study, "spec.yaml")))
+    spec = _load_spec(str(local().file(args.study, "spec.yaml")))
     overrides = {k: v for k, v in {"n_samples": args.samples, "delta": args.delta, "width": args.width,
                                    "sampling": args.sampling, "centre_seeds": args.centre_seeds}.items()
                  if v is not None}
@@ -268,17 +230,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         overrides["tolerance"] = args.tolerance if args.tolerance == "seed_spread" else float(args.tolerance)
     data = spec.as_dict()
     data["verify"] = {**(data["verify"] or {}), **overrides}
-    spec = _validated(data)
-    state = _run_with_progress(spec)
-    _print_summary(spec, state)
-    return 0
+    return local().run(_validated(data))
 
 
 def cmd_study_run(args: argparse.Namespace) -> int:
-    spec = _load_spec(args.file)
-    state = _run_with_progress(spec, args.study_id)
-    _print_summary(spec, state)
-    return 0
+    return local().run(_load_spec(args.file), args.study_id)
 
 
 def cmd_study_plan(args: argparse.Namespace) -> int:
@@ -287,10 +243,15 @@ def cmd_study_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rich.markdown import Markdown
+    """A finished study's Markdown report, from the data directory (`ptctl report`) or the API (`--server`,
+    `ptctl study report`)."""
+    text = backend(args).report(args.study)
+    if args.render:
+        from rich.markdown import Markdown
 
-    path = _study_file(args.study, "report.md")
-    console.print(Markdown(path.read_text()) if args.render else path.read_text())
+        console.print(Markdown(text))
+    else:
+        console.print(text)
     return 0
 
 
@@ -329,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seeds", type=int, default=4, help="seeds per batch; batches are added while inconclusive")
     c.add_argument("--max-seeds", type=int, default=16, help="stop adding seeds here (verdict: inconclusive)")
     c.add_argument("--seed", type=int, default=0, help="first seed (seeds are seed, seed+1, …)")
-    c.add_argument("--out", default="coord_check")
+    c.add_argument("--out", default=None, help="folder for the CSV and PNG (default: $PTCTL_DATA_DIR/coord_check, "
+                   "i.e. ~/.ptctl/coord_check)")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model hyperparameter")
     c.set_defaults(func=cmd_coord_check)
 
@@ -368,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=cmd_study_plan)
     from service.cli_remote import add_commands  # study submit|list|show|trials|report|cancel|resume, serve
 
-    add_commands(sub, st)
+    add_commands(sub, st, cmd_report)
 
     ve = sub.add_parser("verify", help="the 62-sample-style check around a finished study's transferred centre")
     ve.add_argument("study", help="a finished study id (its tune and transfer phases are reused)")
@@ -383,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="print a finished study's Markdown report")
     rep.add_argument("study", help="study id")
     rep.add_argument("--render", action="store_true", help="render the Markdown in the terminal")
+    rep.add_argument("--server", default=None, help="read it from this ptctl API instead of the data directory")
     rep.set_defaults(func=cmd_report)
     return p
 
@@ -391,14 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return args.func(args)
-    except (UsageError, ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        return 2
-    except StudyError as exc:  # recorded in state.json and on the MLflow runs by the driver
-        console.print(f"[red]error:[/] {exc.describe()}", soft_wrap=True)
-        return 1
+    return run_command(args.func, args, console)
 
 
 if __name__ == "__main__":

@@ -14,111 +14,28 @@ The server is `--server URL`, else `$PTCTL_SERVER`, else http://127.0.0.1:8000; 
 from __future__ import annotations
 
 import argparse
-import functools
-import time
+from collections.abc import Callable
 
-from rich.console import Console
-from rich.markdown import Markdown
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from service.client import ApiError, Client, default_server
-from service.schemas import StudyDetail
-
-console = Console()
-ACTIVE = ("pending", "running")
+from service.backends import RemoteBackend, default_server
+from service.terminal import console
 
 
-def _client(args: argparse.Namespace) -> Client:
-    return Client(args.server)
-
-
-def _print_detail(study: StudyDetail) -> None:
-    console.print(f"study [bold]{study.id}[/]: {study.status}" + (f" (phase {study.phase})" if study.phase else "")
-                  + (f" — {study.error}" if study.error else ""))
-    table = Table(title="progress")
-    for col in ("phase", "status", "planned", "done", "running", "failed", "diverged", "best eval loss"):
-        table.add_column(col, justify="left" if col in ("phase", "status") else "right")
-    for phase, p in study.progress.items():
-        best = f"{p.best_eval_loss:.4f}" if p.best_eval_loss is not None else "—"
-        table.add_row(phase, p.status, str(p.planned if p.planned is not None else "?"), str(p.done),
-                      str(p.running), str(p.failed), str(p.diverged), best)
-    console.print(table)
-    if study.best_hparams:
-        console.print("tuned hparams: " + ", ".join(f"{k}={v:.4g}" for k, v in study.best_hparams.items()))
-    m = study.mlflow
-    console.print(f"MLflow: {m.tracking_uri}, experiment {m.experiment!r}"
-                  + (f" (id {m.experiment_id}), study run {m.runs.get('study')}" if m.experiment_id else ""))
-
-
-def watch(client: Client, study_id: str, interval: float = 2.0) -> int:
-    """Follow a study with a live progress bar per phase until it stops; 0 if it succeeded."""
-    columns = (TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[note]}"))
-    try:
-        with Progress(*columns, console=console) as bar:
-            tasks: dict[str, int] = {}
-            while True:
-                study = client.get(study_id)
-                for phase, p in study.progress.items():
-                    if p.status == "pending" and phase not in tasks:
-                        continue
-                    if phase not in tasks:
-                        tasks[phase] = bar.add_task(phase, total=p.planned, note="")
-                    best = f", best {p.best_eval_loss:.4f}" if p.best_eval_loss is not None else ""
-                    note = f"{p.running} running, {p.failed} failed, {p.diverged} diverged{best}"
-                    bar.update(tasks[phase], total=p.planned, completed=p.done + p.failed + p.diverged, note=note)
-                if study.status not in ACTIVE:
-                    break
-                time.sleep(interval)
-    except KeyboardInterrupt:
-        console.print(f"stopped watching; the study goes on: ptctl study show {study_id} --watch")
-        return 130
-    _print_detail(study)
-    if study.status == "succeeded":
-        cert = client.report(study_id).certificate
-        if cert:
-            console.print(f"[{'green' if cert.get('certified') else 'yellow'}]verify:[/] {cert.get('verdict')}")
-    return 0 if study.status == "succeeded" else 1
-
-
-def one_line_errors(func):
-    """API errors end the command with their message (no traceback), like `ptctl`'s UsageError."""
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs) -> int:
-        try:
-            return func(*args, **kwargs)
-        except ApiError as exc:
-            console.print(f"[red]error:[/] {exc}")
-            return 2
-
-    return wrapper
-
-
-@one_line_errors
-def submit_and_watch(server: str | None, spec) -> int:
-    """POST `spec` to `server` and follow it live (`ptctl transfer --server`)."""
-    client = Client(server)
-    study = client.submit(spec)
-    console.print(f"submitted study [bold]{study.id}[/] to {client.server} ({study.status})")
-    return watch(client, study.id)
+def remote(args: argparse.Namespace) -> RemoteBackend:
+    """The API at `--server` (else `$PTCTL_SERVER`, else the local default), printing to `ptctl`'s console."""
+    return RemoteBackend(args.server, console)
 
 
 # ---------------------------------------------------------------------------------- commands
-@one_line_errors
 def cmd_submit(args: argparse.Namespace) -> int:
     from service.cli import _load_spec
 
-    client = _client(args)
-    study = client.submit(_load_spec(args.file), args.idempotency_key)
-    console.print(f"submitted study [bold]{study.id}[/] to {client.server} ({study.status})")
-    return watch(client, study.id) if args.watch else 0
+    return remote(args).run(_load_spec(args.file), watch=args.watch, idempotency_key=args.idempotency_key)
 
 
-@one_line_errors
 def cmd_list(args: argparse.Namespace) -> int:
-    page = _client(args).list(args.status, args.limit, args.offset)
+    page = remote(args).client.list(args.status, args.limit, args.offset)
     table = Table(title=f"studies {args.offset + 1}–{args.offset + len(page.items)} of {page.total}")
     for col in ("id", "status", "phase", "created", "error"):
         table.add_column(col)
@@ -128,18 +45,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-@one_line_errors
 def cmd_show(args: argparse.Namespace) -> int:
-    client = _client(args)
+    backend = remote(args)
     if args.watch:
-        return watch(client, args.study)
-    _print_detail(client.get(args.study))
+        return backend.watch(args.study)
+    backend.show(backend.client.get(args.study))
     return 0
 
 
-@one_line_errors
 def cmd_trials(args: argparse.Namespace) -> int:
-    rows = _client(args).trials(args.study).trials
+    rows = remote(args).client.trials(args.study).trials
     cols = ("trial_id", "phase", "width", "seed", "status", "eval_loss", "lr", "mlflow_run_id")
     table = Table(title=f"{len(rows)} trials of {args.study}")
     for col in cols:
@@ -151,25 +66,17 @@ def cmd_trials(args: argparse.Namespace) -> int:
     return 0
 
 
-@one_line_errors
-def cmd_report(args: argparse.Namespace) -> int:
-    report = _client(args).report(args.study)
-    console.print(Markdown(report.markdown) if args.render else report.markdown)
-    return 0
-
-
-@one_line_errors
 def cmd_cancel(args: argparse.Namespace) -> int:
-    study = _client(args).cancel(args.study)
+    study = remote(args).client.cancel(args.study)
     console.print(f"study {study.id}: {study.status}")
     return 0
 
 
-@one_line_errors
 def cmd_resume(args: argparse.Namespace) -> int:
-    study = _client(args).resume(args.study)
+    backend = remote(args)
+    study = backend.client.resume(args.study)
     console.print(f"study {study.id}: {study.status} (driver start {study.attempts})")
-    return 0 if not args.watch else watch(_client(args), study.id)
+    return 0 if not args.watch else backend.watch(study.id)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -202,7 +109,8 @@ def cmd_ray_head(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------- parsers
-def add_commands(sub, study) -> None:
+def add_commands(sub: argparse._SubParsersAction, study: argparse._SubParsersAction,
+                 cmd_report: Callable[[argparse.Namespace], int]) -> None:
     """Register the client commands under `ptctl study` (`study`) and the top-level ones (`sub`)."""
     server = argparse.ArgumentParser(add_help=False)
     server.add_argument("--server", default=None, help=f"the API (default: $PTCTL_SERVER or {default_server()})")
@@ -229,7 +137,7 @@ def add_commands(sub, study) -> None:
             s.add_argument("--watch", action="store_true", help="follow the study live until it stops")
         if name == "report":
             s.add_argument("--render", action="store_true", help="render the Markdown in the terminal")
-        s.set_defaults(func=func)
+        s.set_defaults(func=func, remote=True)
 
     s = sub.add_parser("serve", help="run the API (uvicorn); settings from PTCTL_* variables")
     s.add_argument("--host", default=None, help="default: $PTCTL_HOST or 127.0.0.1")

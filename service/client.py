@@ -17,18 +17,17 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
+from service.backends import DEFAULT_SERVER, default_server  # noqa: F401  (re-exported)
 from service.schemas import Report, StudyDetail, StudyPage, StudySummary, TrialTable
 from studies.spec import StudySpec
+from workers.errors import PtctlError
 
 M = TypeVar("M", bound=BaseModel)
-DEFAULT_SERVER = "http://127.0.0.1:8000"
 
 
-def default_server() -> str:
-    return os.environ.get("PTCTL_SERVER") or DEFAULT_SERVER
+class ApiError(PtctlError):
+    """An HTTP error of the API (or no answer); the message is the server's `detail`."""
 
-
-class ApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status

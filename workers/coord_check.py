@@ -23,6 +23,7 @@ import torch
 
 from analysis.coord import CoordVerdict, coord_slopes, coord_verdict
 from workers.data import DataConfig
+from workers.errors import ConfigError
 from workers.models import READOUT, build_model, objective_of
 from workers.models.pt import mlm_loss
 from workers.train import TrialConfig, load_data, make_optimizer
@@ -64,7 +65,7 @@ def coord_data(
     every width sees the same data for one seed and the seeds are independent replicates.
     """
     if model not in FAMILY_HP:
-        raise ValueError(f"no coordinate-check defaults for model {model!r}: choose one of {sorted(FAMILY_HP)}")
+        raise ConfigError(f"no coordinate-check defaults for model {model!r}: choose one of {sorted(FAMILY_HP)}")
     hp = {**FAMILY_HP[model], **(model_hp or {})}
     hp.setdefault("base_width", min(widths))
     data = replace(data, objective=objective_of(model))  # TauGPT: causal LM batches
@@ -118,9 +119,9 @@ def coord_check(
     1 … steps−1, and the learning rate used (`check_lr` of the base width unless `lr` is given).
     """
     if not 2 <= seeds <= max_seeds:
-        raise ValueError(f"seeds={seeds}, max_seeds={max_seeds}: need 2 <= seeds <= max_seeds (an interval needs 2)")
+        raise ConfigError(f"seeds={seeds}, max_seeds={max_seeds}: need 2 <= seeds <= max_seeds (an interval needs 2)")
     if steps < 2:
-        raise ValueError(f"steps={steps}: need at least 2 (step 0 is init, steps 1… are judged)")
+        raise ConfigError(f"steps={steps}: need at least 2 (step 0 is init, steps 1… are judged)")
     hp = dict(model_hp or {})
     lr = check_lr(hp.get("base_width", min(widths))) if lr is None else lr
     # with r ∝ width the random initial part of PT's 1/r head logits vanishes as r^-1/2 (μP allows it)

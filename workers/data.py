@@ -56,6 +56,7 @@ from workers.batches import (  # noqa: F401  (re-exported: the data API is worke
     row_width,
     take_rows,
 )
+from workers.errors import ConfigError, InputNotFound
 from workers.paths import data_dir
 from workers.tokenizer import TOKENIZERS, Tokenizer  # noqa: F401  (re-exported)
 
@@ -214,22 +215,22 @@ def _local_files(path: str, suffix: str) -> list[Path]:
     found = p.rglob(f"*{suffix}") if p.is_dir() else map(Path, glob.glob(str(p), recursive=True))
     files = sorted(f for f in found if f.is_file())
     if not files:
-        raise FileNotFoundError(f"DataConfig.path={path!r}: no {suffix} files there; give a file, a "
-                                f"directory or a glob such as 'corpus/*{suffix}'")
+        raise InputNotFound(f"DataConfig.path={path!r}: no {suffix} files there; give a file, a "
+                            f"directory or a glob such as 'corpus/*{suffix}'")
     return files
 
 
 def _field(record: dict, cfg: DataConfig, where: str) -> str:
     """The text of a record; a list of strings (e.g. {"text": [id, title, description]}) is joined by spaces."""
     if cfg.text_field not in record:
-        raise ValueError(f"DataConfig.text_field={cfg.text_field!r}: not in {where}, which has "
-                         f"{sorted(record)}")
+        raise ConfigError(f"DataConfig.text_field={cfg.text_field!r}: not in {where}, which has "
+                          f"{sorted(record)}")
     value = record[cfg.text_field]
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return " ".join(value)
     if not isinstance(value, str):
-        raise ValueError(f"DataConfig.text_field={cfg.text_field!r}: in {where} it holds a "
-                         f"{type(value).__name__}, not text or a list of strings")
+        raise ConfigError(f"DataConfig.text_field={cfg.text_field!r}: in {where} it holds a "
+                          f"{type(value).__name__}, not text or a list of strings")
     return value
 
 
@@ -240,8 +241,8 @@ def _read_hf(cfg: DataConfig) -> Iterator[str]:
     local = Path(cfg.path).expanduser()
     if local.is_file():
         if local.suffix not in _HF_BUILDERS:
-            raise ValueError(f"DataConfig.path={cfg.path!r}: a local file for source='hf' must end in one of "
-                             f"{sorted(_HF_BUILDERS)}")
+            raise ConfigError(f"DataConfig.path={cfg.path!r}: a local file for source='hf' must end in one of "
+                              f"{sorted(_HF_BUILDERS)}")
         rows = datasets.load_dataset(_HF_BUILDERS[local.suffix], data_files={cfg.hf_split: str(local)},
                                      split=cfg.hf_split, streaming=True)
     else:  # from the hub; with max_tokens set, stream what is needed instead of downloading everything
@@ -315,8 +316,8 @@ def split_units(units: Sequence[str], eval_fraction: float, seed: int) -> tuple[
     Train keeps the corpus order; eval comes in rank order, so capping it keeps a random sample.
     """
     if len(units) < 2:
-        raise ValueError(f"only {len(units)} text unit(s) to split into train and eval: add text, or use "
-                         "packing='lines' for text without blank lines")
+        raise ConfigError(f"only {len(units)} text unit(s) to split into train and eval: add text, or use "
+                          "packing='lines' for text without blank lines")
     n_eval = min(len(units) - 1, max(1, round(eval_fraction * len(units))))
     rank = sorted(range(len(units)), key=lambda i: _hash(f"{seed}:{i}"))
     held_out = set(rank[:n_eval])
@@ -344,8 +345,8 @@ def _build(cfg: DataConfig, out: Path) -> None:
     train = pack(tokenizer.encode_batch(train_units), cfg)
     eval_ = pack(tokenizer.encode_batch(eval_units), cfg)[: cfg.max_eval_sequences]
     if not len(train) or not len(eval_):
-        raise ValueError(f"too little text for seq_len={cfg.seq_len}: {len(train)} train / {len(eval_)} eval "
-                         "sequences; add text, raise max_tokens or eval_fraction, or lower seq_len")
+        raise ConfigError(f"too little text for seq_len={cfg.seq_len}: {len(train)} train / {len(eval_)} eval "
+                          "sequences; add text, raise max_tokens or eval_fraction, or lower seq_len")
     tokenizer.save(out / "tokenizer.json")
     np.save(out / "train.npy", train)
     np.save(out / "eval.npy", eval_)
@@ -361,12 +362,12 @@ def _build_stream(cfg: DataConfig, out: Path) -> None:
                                 cfg.vocab_size)
     width = row_width(cfg)
     if not len(take_rows(encode_rows(stream_units(cfg, held_out=False), tokenizer, cfg), 1, width)):
-        raise ValueError(f"DataConfig.path={cfg.path!r}: its train documents give no sequence of "
-                         f"seq_len={cfg.seq_len}; add documents, or lower seq_len or eval_fraction")
+        raise ConfigError(f"DataConfig.path={cfg.path!r}: its train documents give no sequence of "
+                          f"seq_len={cfg.seq_len}; add documents, or lower seq_len or eval_fraction")
     eval_ = take_rows(encode_rows(stream_units(cfg, held_out=True), tokenizer, cfg), cfg.max_eval_sequences, width)
     if not len(eval_):
-        raise ValueError(f"DataConfig.path={cfg.path!r}: its held-out documents give no sequence of "
-                         f"seq_len={cfg.seq_len}; raise eval_fraction, add documents or lower seq_len")
+        raise ConfigError(f"DataConfig.path={cfg.path!r}: its held-out documents give no sequence of "
+                          f"seq_len={cfg.seq_len}; raise eval_fraction, add documents or lower seq_len")
     tokenizer.save(out / "tokenizer.json")
     np.save(out / "eval.npy", eval_)
     (out / "meta.json").write_text(json.dumps({"config": asdict(cfg), "train_tokens": None}, indent=1))

@@ -1,4 +1,9 @@
-"""ptctl's own study errors: how a study ended when it did not succeed, caught by type by the CLI.
+"""ptctl's own errors, caught by type by the CLI (`service/terminal.py`); any other exception is a bug.
+
+- `PtctlError`: the base: an error whose message says what to fix, shown as one line without a traceback.
+- `ConfigError`: an input that cannot work (a command-line value, a hyperparameter, a data file); also a
+  `ValueError`, so callers that catch those keep working. `InputNotFound`: a named file or folder is missing.
+- `StudyError`: how a study ended when it did not succeed.
 
 The driver turns every exception of a study into one of these after recording it (`state.json`, the
 study and phase MLflow runs), so a caller never has to read Ray's or MLflow's own exceptions:
@@ -23,7 +28,19 @@ def one_line(exc: BaseException) -> str:
     return line if len(line) <= MAX_CAUSE else line[:MAX_CAUSE - 1] + "…"
 
 
-class StudyError(Exception):
+class PtctlError(Exception):
+    """An error of ptctl's own, whose message names the fix; the CLI prints it as one line."""
+
+
+class ConfigError(PtctlError, ValueError):
+    """An input that cannot work: the message names the field (or file) and a value that would."""
+
+
+class InputNotFound(ConfigError, FileNotFoundError):
+    """A file or folder an input names does not exist (or holds nothing usable)."""
+
+
+class StudyError(PtctlError):
     """A study that ended without succeeding; `status` is what `state.json` records."""
 
     status = StudyStatus.FAILED

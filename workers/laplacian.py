@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workers.errors import ConfigError, InputNotFound
+
 # arrowspace's builder settings for the published manifold (spec §2.2): candidates per feature, the
 # largest kept cosine distance, and the weight w = 1 / (1 + (d/σ)^p).
 KNN_TOPK, KNN_EPS, KNN_SIGMA, KNN_P, KNN_CLUSTERS = 15, 1.31, 0.535, 1.8, 179
@@ -26,7 +28,7 @@ KNN_TOPK, KNN_EPS, KNN_SIGMA, KNN_P, KNN_CLUSTERS = 15, 1.31, 0.535, 1.8, 179
 def chain_laplacian(dim: int) -> torch.Tensor:
     """(D, D) path-graph Laplacian: degrees 1, 2, …, 2, 1 on the diagonal, −1 beside it."""
     if dim < 2:
-        raise ValueError(f"chain_laplacian needs dim >= 2, got {dim}")
+        raise ConfigError(f"chain_laplacian needs dim >= 2, got {dim}")
     weights = torch.zeros(dim, dim, dtype=torch.float64)
     idx = torch.arange(dim - 1)
     weights[idx, idx + 1] = weights[idx + 1, idx] = 1.0
@@ -71,10 +73,10 @@ def knn_laplacian(embeddings: np.ndarray, dim: int, *, n_clusters: int = KNN_CLU
     """
     x = np.asarray(embeddings, dtype=np.float64)
     if x.ndim != 2 or len(x) < 2:
-        raise ValueError(f"embeddings must be an (N, F) matrix with N >= 2, got shape {x.shape}")
+        raise ConfigError(f"embeddings must be an (N, F) matrix with N >= 2, got shape {x.shape}")
     if x.shape[1] < dim:
-        raise ValueError(f"embeddings have {x.shape[1]} features, fewer than the Laplacian size {dim}: "
-                         "use embeddings at least head_dim wide")
+        raise ConfigError(f"embeddings have {x.shape[1]} features, fewer than the Laplacian size {dim}: "
+                          "use embeddings at least head_dim wide")
     x = x - x.mean(0)
     if x.shape[1] > dim:  # PCA to dim features
         _, _, vt = np.linalg.svd(x, full_matrices=False)
@@ -101,15 +103,15 @@ def knn_laplacian(embeddings: np.ndarray, dim: int, *, n_clusters: int = KNN_CLU
 def check_laplacian(lap: torch.Tensor, dim: int, where: str) -> torch.Tensor:
     """`lap` as float32 if it is a (dim, dim) symmetric matrix with zero row sums and no negative eigenvalue."""
     if tuple(lap.shape) != (dim, dim):
-        raise ValueError(f"{where}: the Laplacian is {tuple(lap.shape)}, but head_dim={dim} needs ({dim}, {dim})")
+        raise ConfigError(f"{where}: the Laplacian is {tuple(lap.shape)}, but head_dim={dim} needs ({dim}, {dim})")
     lap = lap.double()
     scale = float(lap.abs().max()) or 1.0
     if not torch.allclose(lap, lap.T, atol=1e-6 * scale):
-        raise ValueError(f"{where}: the Laplacian is not symmetric: symmetrise it, e.g. (L + L.T) / 2")
+        raise ConfigError(f"{where}: the Laplacian is not symmetric: symmetrise it, e.g. (L + L.T) / 2")
     if float(lap.sum(1).abs().max()) > 1e-5 * scale:
-        raise ValueError(f"{where}: the rows do not sum to 0; an unnormalised Laplacian is Deg − W")
+        raise ConfigError(f"{where}: the rows do not sum to 0; an unnormalised Laplacian is Deg − W")
     if float(torch.linalg.eigvalsh(lap)[0]) < -1e-6 * scale:
-        raise ValueError(f"{where}: the Laplacian has a negative eigenvalue; it must be positive semi-definite")
+        raise ConfigError(f"{where}: the Laplacian has a negative eigenvalue; it must be positive semi-definite")
     return lap.float()
 
 
@@ -117,7 +119,7 @@ def load_laplacian(path: str, dim: int) -> torch.Tensor:
     """A (dim, dim) Laplacian saved with `numpy.save`."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise FileNotFoundError(f"laplacian_path={path!r}: no such file; save a ({dim}, {dim}) matrix with numpy.save")
+        raise InputNotFound(f"laplacian_path={path!r}: no such file; save a ({dim}, {dim}) matrix with numpy.save")
     return check_laplacian(torch.from_numpy(np.load(file)), dim, f"laplacian_path={path!r}")
 
 

@@ -77,3 +77,35 @@ def test_laplacian_builds_a_usable_file_and_names_a_missing_input(run, tmp_path)
     assert code == 2 and "no embeddings file" in out and "numpy.save" in out and "Traceback" not in out
     code, out = run("laplacian", str(tmp_path / "emb.npy"), "--dim", "32")
     assert code == 2 and "fewer than the Laplacian size 32" in out
+
+
+# ---------------------------------------------------------------------------------- the error policy
+def test_a_bug_prints_its_traceback(run, monkeypatch):
+    """Only ptctl's own errors are one line: a ValueError from inside a library is a bug and propagates."""
+    def broken(spec):
+        raise ValueError("cannot reindex on an axis with duplicate labels")  # e.g. pandas, deep in a command
+
+    monkeypatch.setattr(cli, "_print_plan", broken)
+    with pytest.raises(ValueError, match="duplicate labels"):
+        run("study", "plan", str(cli.Path(cli.__file__).parents[1] / "studies" / "catalog" / "tiny.yaml"))
+
+
+def test_an_unreachable_server_is_one_line(run):
+    for argv in (["study", "list"], ["study", "report", "x"], ["report", "x"]):
+        code, out = run(*argv, "--server", "http://127.0.0.1:9")
+        assert code == 2 and out.startswith("error: cannot reach the ptctl server at http://127.0.0.1:9"), out
+        assert "Traceback" not in out
+
+
+def test_coord_check_writes_under_the_data_directory_by_default(run, tmp_path, monkeypatch):
+    from tests.service._cli import data_dir
+
+    data = data_dir(tmp_path, "data")
+    monkeypatch.setenv("PTCTL_DATA_DIR", str(data))
+    monkeypatch.chdir(tmp_path)
+    code, out = run("coord-check", "--widths", "16,32", "--steps", "2", "--seeds", "2", "--max-seeds", "2")
+    assert code in (0, 1, 3), out
+    written = sorted(p.name for p in (data / "coord_check").iterdir())
+    assert written == ["coord_pt_mup_channels.csv", "coord_pt_mup_channels.png"], written
+    assert f"wrote {data / 'coord_check' / 'coord_pt_mup_channels.csv'}" in out.replace("\n", "")
+    assert not (tmp_path / "coord_check").exists()  # not into the current directory

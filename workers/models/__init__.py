@@ -13,6 +13,7 @@ from dataclasses import fields
 
 from torch import nn
 
+from workers.errors import ConfigError
 from workers.models.bert import Bert, BertConfig
 from workers.models.pt import ProbabilisticTransformer, PTConfig
 from workers.models.tauformer import TauConfig, TauGPT
@@ -29,19 +30,19 @@ MODELS = {
 def build_model(name: str, **hp) -> nn.Module:
     """Build model `name` from keyword hyperparameters; unknown keys raise a ValueError listing valid ones."""
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}: choose one of {sorted(MODELS)}")
+        raise ConfigError(f"unknown model {name!r}: choose one of {sorted(MODELS)}")
     config_cls, model_cls = MODELS[name]
     valid = {f.name for f in fields(config_cls)}
     unknown = sorted(set(hp) - valid)
     if unknown:
-        raise ValueError(f"unknown {name} hyperparameter(s) {unknown}: valid ones are {sorted(valid)}")
+        raise ConfigError(f"unknown {name} hyperparameter(s) {unknown}: valid ones are {sorted(valid)}")
     return model_cls(config_cls(**hp))
 
 
 def objective_of(name: str) -> str:
     """The data objective model `name` trains with: "clm" (next tokens) or "mlm" (masked tokens)."""
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}: choose one of {sorted(MODELS)}")
+        raise ConfigError(f"unknown model {name!r}: choose one of {sorted(MODELS)}")
     return getattr(MODELS[name][1], "objective", "mlm")
 
 

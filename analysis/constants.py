@@ -1,0 +1,51 @@
+"""The parts of `analysis` that need no numpy, pandas or scipy: the trial table's vocabulary and the
+certificate's sample-size rule (eq. 9). `studies` imports these at import time; keeping them here keeps
+`import studies` (and so `ptctl --help`) free of the numerical stack.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+
+HPARAMS: tuple[str, ...] = ("lr", "w_H", "w_topic", "w_unary", "w_dep", "w_head", "w_topic_z")
+"""The seven transferred hparams: `lr` plus PT's six information weights (PT spec §3.2)."""
+
+PHASES: tuple[str, ...] = ("tune", "transfer", "verify", "validate", "compare")
+
+
+class TrialStatus(StrEnum):
+    """A trial's status, the table's `status` column (and the `status` tag of its MLflow run).
+
+    `completed`: ran its full budget; `stopped`: ended early by ASHA (its loss is real, its budget short);
+    `diverged`: NaN/inf or blown-up loss; `failed`: the infrastructure failed it (retries used up);
+    `running`: not finished yet (live MLflow runs only, never in a finished table)."""
+
+    COMPLETED = "completed"
+    DIVERGED = "diverged"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    RUNNING = "running"
+
+
+STATUSES: tuple[str, ...] = tuple(s.value for s in TrialStatus if s is not TrialStatus.RUNNING)  # the finished ones
+LOSS_STATUSES: frozenset[TrialStatus] = frozenset({TrialStatus.COMPLETED, TrialStatus.STOPPED})  # a real eval loss
+
+_EPS = 1e-9
+
+
+def min_samples(p: float = 0.05, alpha: float = 0.05) -> int:
+    """The smallest N with 1-(1-p)^N ≥ 1-α, i.e. ceil(ln α / ln(1-p)) (eq. 9): 59 for p=α=0.05.
+
+    A ratio that is an integer up to rounding (e.g. p=0.01, α=0.99² → 2.000000000000001) is
+    taken as that integer rather than rounded up past it.
+    """
+    check_probabilities(p, alpha)
+    ratio = math.log(alpha) / math.log(1 - p)
+    nearest = round(ratio)
+    return int(nearest) if abs(ratio - nearest) < _EPS else math.ceil(ratio)
+
+
+def check_probabilities(p: float, alpha: float) -> None:
+    if not (0 < p < 1 and 0 < alpha < 1):
+        raise ValueError(f"p and alpha must lie strictly between 0 and 1, got p={p}, alpha={alpha}")
