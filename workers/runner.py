@@ -118,8 +118,9 @@ class InProcessRunner:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         spec, t = job.spec, job.spec.tune
-        space = {name: optuna.distributions.FloatDistribution(r.low, r.high, log=r.log)
-                 for name, r in spec.space.searched().items()}
+        space: dict[str, optuna.distributions.BaseDistribution] = {
+            name: optuna.distributions.FloatDistribution(r.low, r.high, log=r.log)
+            for name, r in spec.space.searched().items()}
         study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=t.seed))
         defaults = spec.space.defaults()
         study.enqueue_trial({k: defaults[k] for k in space})
