@@ -24,7 +24,7 @@ from workers.data import (
     PAD_ID,
     UNK_ID,
     DataConfig,
-    MLMData,
+    MemoryData,
     Tokenizer,
     cache_key,
     data_dir,
@@ -55,7 +55,7 @@ def data_home(tmp_path_factory, monkeypatch, shared_corpora) -> Path:
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory, shared_corpora) -> MLMData:
+def small(tmp_path_factory, shared_corpora) -> MemoryData:
     """Shakespeare, first 60k words, lines packing with a small vocabulary (so <pad> and <unk> occur)."""
     with pytest.MonkeyPatch.context() as mp:
         home = tmp_path_factory.mktemp("small_home")
@@ -262,7 +262,7 @@ def test_at_least_one_masked_token_per_batch():
 @pytest.mark.parametrize("mode", ["mask", "80-10-10"])
 def test_real_batches_mask_rate(small, mode):
     cfg = replace(small.cfg, mask_mode=mode)
-    mlm = MLMData(cfg, small.tokenizer, small._train, small._eval, small.train_tokens)
+    mlm = MemoryData(cfg, small.tokenizer, small._train, small._eval, small.train_tokens)
     batches = [b for _, b in zip(range(60), mlm.train_batches(64, seed=3), strict=False)]
     ids = torch.cat([torch.where(b.labels == IGNORE_INDEX, b.input_ids, b.labels) for b in batches])
     selected = torch.cat([b.labels != IGNORE_INDEX for b in batches])
@@ -364,11 +364,11 @@ def test_max_tokens_caps_words_read(tmp_path):
 
 def test_source_errors_name_the_fix(tmp_path):
     (tmp_path / "c.jsonl").write_text(json.dumps({"content": "x"}) + "\n")
-    with pytest.raises(ValueError, match=r"DataConfig.text_field='text'.*\['content'\]"):
+    with pytest.raises(ValueError, match=r"data.text_field='text'.*\['content'\]"):
         load_documents(DataConfig(source="jsonl", path=str(tmp_path / "c.jsonl")))
-    with pytest.raises(ValueError, match=r"DataConfig.text_field='text'.*\['content'\]"):
+    with pytest.raises(ValueError, match=r"data.text_field='text'.*\['content'\]"):
         load_documents(DataConfig(source="hf", path=str(tmp_path / "c.jsonl")))
-    with pytest.raises(FileNotFoundError, match=r"DataConfig.path=.*no \.txt files"):
+    with pytest.raises(FileNotFoundError, match=r"data.path=.*no \.txt files"):
         load_documents(DataConfig(source="text", path=str(tmp_path / "missing/*.txt")))
 
 

@@ -28,7 +28,7 @@ from workers.data import (
     Batch,
     BatchStream,
     DataConfig,
-    MLMData,
+    MemoryData,
     StreamData,
     is_held_out,
     prepare,
@@ -225,7 +225,7 @@ def test_tokenizer_is_trained_on_max_tokens_train_words_only(tmp_path):
 
 def test_stream_without_train_rows_names_the_fix(tmp_path):
     (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": f"w{i} x"}) + "\n" for i in range(20)))
-    with pytest.raises(ValueError, match=r"DataConfig.path=.*no sequence of seq_len=64.*lower seq_len"):
+    with pytest.raises(ValueError, match=r"data.path=.*no sequence of seq_len=64.*lower seq_len"):
         prepare(DataConfig(source="jsonl", path=str(tmp_path / "c.jsonl"), streaming=True))
     data = prepare(stream_cfg(str(tmp_path / "c.jsonl"), eval_fraction=0.5))
     empty = StreamData(data.cfg, data.tokenizer, data._eval, lambda: iter([]))
@@ -257,7 +257,7 @@ def test_train_batches_divert_to_validation(tmp_path, streaming):
     assert digest(draw(stream, 9)) == [b for i, b in enumerate(plain[:11], 1) if i % 4]
     assert digest(stream.take_diverted()) == [plain[3], plain[7]] and stream.take_diverted() == []
     assert digest([next(stream)]) == [plain[12]] and digest(stream.take_diverted()) == [plain[11]]
-    assert isinstance(data, StreamData if streaming else MLMData)
+    assert isinstance(data, StreamData if streaming else MemoryData)
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [
