@@ -238,15 +238,15 @@ class ModelSize(BaseModel):
     model_config = _STRICT
 
     vocab_size: PosInt = Field(description="token ids: the data's vocabulary")
-    width: PosInt = Field(description="d, the model width")
+    width: PosInt = Field(64, description="d, the model width")
     base_width: PosInt = Field(description="d0, the μP base the hparams are tuned at (omitted: width)")
     parametrization: Parametrization = Field("standard", description="'standard' or 'mup' (μP)")
 
     @model_validator(mode="before")
     @classmethod
     def _base_is_width(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("base_width") is None and "width" in data:
-            data = {**data, "base_width": data["width"]}
+        if isinstance(data, dict) and data.get("base_width") is None:
+            data = {**data, "base_width": data.get("width", cls.model_fields["width"].default)}
         return data
 
     @model_validator(mode="after")
