@@ -223,10 +223,10 @@ def rebase(arch: Arch, base_width: int, new_base: int) -> Arch:
     return arch.model_copy(update=arch.at_width(new_base, base_width))
 
 
-def mup_error(arch: Arch, parametrization: str, where: str = "model.arch") -> str | None:
+def mup_error(arch: Arch, parametrization: str) -> str | None:
     """Why `arch` cannot run under `parametrization` (None when it can): PT's μP is specified for 'uv' only."""
     if isinstance(arch, PTArch) and parametrization == "mup" and arch.decomposition != "uv":
-        return (f"{where}.decomposition={arch.decomposition!r}: μP is specified for 'uv' only (PT spec §3.1); use "
+        return (f"model.arch.decomposition={arch.decomposition!r}: μP is specified for 'uv' only (PT spec §3.1); use "
                 "decomposition: uv or parametrization: standard")
     return None
 
