@@ -172,7 +172,7 @@ def worker(spec: dict) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     from workers.models import build_model
-    from workers.models.pt import mlm_loss
+    from workers.models.common import token_loss
 
     torch.manual_seed(0)
     if spec["threads"]:
@@ -215,13 +215,13 @@ def worker(spec: dict) -> dict:
         opt.zero_grad(set_to_none=True)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp == "bf16"):
             logits = model(ids)
-        mlm_loss(logits.float(), labels).backward()
+        token_loss(logits.float(), labels).backward()
         opt.step()
 
     # matmul FLOPs torch itself counts, on a 2-sequence batch scaled to B: a check of the formula
     small = ids[:2]
     with FlopCounterMode(display=False) as fc, torch.autocast(dev.type, torch.bfloat16, enabled=amp == "bf16"):
-        mlm_loss(model(small).float(), labels[:2]).backward()
+        token_loss(model(small).float(), labels[:2]).backward()
     counted = fc.get_total_flops() * (B / small.shape[0]) / (B * n)
     model.zero_grad(set_to_none=True)
 

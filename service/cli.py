@@ -59,18 +59,20 @@ def _widths(text: str) -> tuple[int, ...]:
 
 # ---------------------------------------------------------------------------------------------
 def cmd_train(args: argparse.Namespace) -> int:
-    from workers.data import DataConfig
+    from pydantic import ValidationError
+
+    from studies.spec import DataSpec
     from workers.models import objective_of
     from workers.train import TrialConfig, train_trial
 
     hp = {"width": args.width, "base_width": args.base_width or args.width,
           "parametrization": args.parametrization, **_parse_set(args.set)}
     try:
-        data = DataConfig(source=args.source, path=args.path, max_tokens=args.max_tokens, seq_len=args.seq_len,
-                          objective=objective_of(args.model), streaming=args.streaming)
+        data = DataSpec(source=args.source, path=args.path, max_tokens=args.max_tokens, seq_len=args.seq_len,
+                        objective=objective_of(args.model), streaming=args.streaming)
         cfg = TrialConfig(model=args.model, model_hp=hp, data=data, steps=args.steps, lr=args.lr,
                           batch_size=args.batch_size, eval_every=args.eval_every, seed=args.seed, device=args.device)
-    except ValueError as exc:  # the configs' own checks of the values given on the command line
+    except (ValueError, ValidationError) as exc:  # the configs' own checks of the values given on the command line
         raise usage_error(str(exc)) from None
 
     def progress(row: dict) -> None:

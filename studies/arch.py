@@ -1,10 +1,14 @@
-"""The model families' fixed architectures (`model.arch`) and `ModelSpec`, which picks one by `family`.
+"""The model families' configs, each declared once: the fixed architecture (`model.arch`) and the full config
+a worker builds the model from; `ModelSpec` picks the arch by `family`.
 
-Each arch mirrors its worker dataclass without importing it (`studies` imports no torch): `PTArch` ↔
-`workers.models.pt.PTConfig`, `BertArch` ↔ `workers.models.bert.BertConfig`, `UTArch` ↔
-`workers.models.universal.UTConfig`, `TauArch` ↔ `workers.models.tauformer.TauConfig`, each minus
-`vocab_size` (from `data`), `width`, `base_width` (from the phase and `tune`), `parametrization` (from
-`model`) and the family's hparams (from `space`).
+An arch (`PTArch`, `BertArch`, `UTArch`, `TauArch`) is what a study fixes. The model config (`PTConfig`,
+`BertConfig`, `UTConfig`, `TauConfig`) is that arch plus what a trial adds: `vocab_size` (from the data),
+`width`, `base_width` and `parametrization` (`ModelSize`) and the family's hparams (from `space`). The
+workers' models (`workers/models/`) take these configs as they are; `studies` imports no torch.
+
+Which widths an arch builds at is decided in one place, the arch's `width_steps` (PT: its scaled sizes
+must stay integers; TauGPT: whole kv groups of heads): `width_step`, `width_error`, `rebase`, the model
+configs' validation and the parameter counts of `studies.budget` all read it.
 """
 
 from __future__ import annotations
@@ -69,37 +73,24 @@ class PTArch(BaseModel):
             raise ValueError("the root-node variant (PT spec §2.4) is not implemented: set root: false")
         return value
 
+    def scaled(self) -> tuple[str, ...]:
+        """The sizes given at base_width that grow ∝ width: the paradigm's (n_channels or rank) and, with
+        topics, n_topics."""
+        return ("n_channels" if self.paradigm == "channels" else "rank",) + (("n_topics",) if self.topic != "none"
+                                                                             else ())
 
-def width_error(arch: Arch, base_width: int, width: int, where: str) -> str | None:
-    """Why `width` cannot be built from `arch` tuned at `base_width` (None when it can; BERT and UT: any width;
-    TauGPT: multiples of head_dim · kv_group).
+    def width_steps(self, base_width: int) -> dict[str, int]:
+        """`{size: step}`: a scaled size n stays an integer n·width/base_width at the multiples of its step."""
+        return {n: base_width // math.gcd(getattr(self, n), base_width) for n in self.scaled()}
 
-    `PTConfig`'s rule: the size the paradigm widens (n_channels for 'channels', rank for 'rank')
-    and, with topics, n_topics are given at base_width and must scale to an integer n·width/base_width.
-    """
-    if width < 1:
-        return f"{where}={width} must be a positive integer"
-    if isinstance(arch, TauArch):
-        step = width_step(arch, base_width)
-        return None if width % step == 0 else (
-            f"{where}={width} is not a multiple of model.arch.head_dim · kv_group = {step} (TauGPT widens by "
-            f"whole heads): use a multiple of {step}")
-    if not isinstance(arch, PTArch):
-        return None
-    scaled = ("n_channels" if arch.paradigm == "channels" else "rank",)
-    scaled += ("n_topics",) if arch.topic != "none" else ()
-    for name in scaled:
-        base = getattr(arch, name)
-        if (base * width) % base_width:
-            step = width_step(arch, base_width)
-            return (f"{where}={width} is incompatible with tune.base_width={base_width}: model.arch.{name}="
-                    f"{base} would scale to {base * width / base_width:g}, not an integer; use widths that "
-                    f"are multiples of {step}, or change model.arch.{name}")
-    return None
+    def at_width(self, width: int, base_width: int) -> dict[str, int]:
+        """The scaled sizes at `width` (a width `width_error` accepts)."""
+        return {n: getattr(self, n) * width // base_width for n in self.scaled()}
 
 
 class _EncoderArch(BaseModel):
-    """What BERT and UT share (`workers/models/bert.py`): heads of a fixed size, GELU FFN, LN placement."""
+    """What BERT and UT share (`workers/models/bert.py`): heads of a fixed size, GELU FFN, LN placement, the
+    MLM head and mup's init options. Any width builds (heads = round(width / head_dim))."""
 
     model_config = _STRICT
 
@@ -107,21 +98,30 @@ class _EncoderArch(BaseModel):
     ffn_mult: PosInt = Field(4, description="FFN width = ffn_mult · width")
     max_len: PosInt = Field(512, description="position rows; must be >= data.seq_len (set it equal: no unused rows)")
     norm: Literal["pre", "post"] = Field("pre", description="LayerNorm before each sublayer, or after (BERT)")
-
-
-class BertArch(_EncoderArch):
-    """BERT's fixed architecture (`BertConfig`'s fields but the derived ones and the hparams)."""
-
-    n_layers: PosInt = Field(2, description="Transformer layers")
     tie_decoder: bool = Field(True, description="decoder weight = token embedding (BERT)")
     mlm_transform: bool = Field(True, description="BERT's dense + GELU + LN before the decoder")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on embeddings, attention and sublayers")
     zero_query: bool = Field(False, description="init option (mup's for μP): query projection at zero")
-    zero_readout: bool = Field(False, description="init option (mup's for μP): an untied decoder at zero")
+    zero_readout: bool = Field(
+        False, description="init option (mup's for μP): the readouts at zero (an untied decoder; UT: the halting unit)")
+
+    def width_steps(self, base_width: int) -> dict[str, int]:
+        """No size constrains the width."""
+        return {}
+
+    def heads_at(self, width: int) -> int:
+        """Heads at `width`: the nearest whole number of `head_dim`-sized heads, at least one."""
+        return max(1, (width + self.head_dim // 2) // self.head_dim)
+
+
+class BertArch(_EncoderArch):
+    """BERT's fixed architecture."""
+
+    n_layers: PosInt = Field(2, description="Transformer layers")
 
 
 class UTArch(_EncoderArch):
-    """The Universal Transformer's fixed architecture (`UTConfig`'s fields but the derived ones and hparams)."""
+    """The Universal Transformer's fixed architecture."""
 
     n_steps: PosInt = Field(4, description="T, applications of the one shared layer (ACT's maximum)")
     timing: Literal["sinusoidal", "learned"] = Field(
@@ -129,16 +129,10 @@ class UTArch(_EncoderArch):
     act: bool = Field(False, description="adaptive computation time (halting per position)")
     act_threshold: float = Field(0.99, gt=0.0, le=1.0, description="ACT halts past this cumulative probability")
     act_penalty: float = Field(0.01, ge=0.0, description="τ, the ponder cost's weight in the loss")
-    tie_decoder: bool = Field(True, description="decoder weight = token embedding")
-    mlm_transform: bool = Field(True, description="BERT's dense + GELU + LN before the decoder")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on embeddings, attention and sublayers")
-    zero_query: bool = Field(False, description="init option (mup's for μP): query projection at zero")
-    zero_readout: bool = Field(False, description="init option (mup's for μP): decoder and halting unit at zero")
 
 
 class TauArch(BaseModel):
-    """TauGPT's fixed architecture (`TauConfig`'s fields but the derived ones and the hparams init_std,
-    output_mult and temperature). Width grows by heads at a fixed head_dim (Tauformer spec §7.1)."""
+    """TauGPT's fixed architecture. Width grows by heads at a fixed head_dim (Tauformer spec §7.1)."""
 
     model_config = _STRICT
 
@@ -175,6 +169,10 @@ class TauArch(BaseModel):
             raise ValueError(f"model.arch.head_dim={self.head_dim} must be even (RoPE pairs channel i with i + D/2)")
         return self
 
+    def width_steps(self, base_width: int) -> dict[str, int]:
+        """Widths are whole kv groups of heads."""
+        return {"head_dim · kv_group": self.head_dim * self.kv_group}
+
 
 def nested(info: ValidationInfo) -> dict[str, Any]:
     """`model_validate`'s strict and context for a model validated inside a validator: the outer call's, so
@@ -188,31 +186,156 @@ Arch = PTArch | BertArch | UTArch | TauArch
 
 
 def width_step(arch: Arch, base_width: int) -> int:
-    """Widths `arch` builds at are the multiples of this (PT: its scaled sizes must stay integers; TauGPT:
-    whole kv groups of heads; else 1)."""
-    if isinstance(arch, TauArch):
-        return arch.head_dim * arch.kv_group
-    if not isinstance(arch, PTArch):
-        return 1
-    scaled = ("n_channels" if arch.paradigm == "channels" else "rank",)
-    scaled += ("n_topics",) if arch.topic != "none" else ()
-    return math.lcm(*(base_width // math.gcd(getattr(arch, n), base_width) for n in scaled))
+    """Widths `arch` builds at are the multiples of this (1: any width)."""
+    return math.lcm(*arch.width_steps(base_width).values())
+
+
+def width_error(arch: Arch, base_width: int, width: int, where: str) -> str | None:
+    """Why `width` cannot be built from `arch` tuned at `base_width` (None when it can; BERT and UT: any width;
+    TauGPT: multiples of head_dim · kv_group; PT: widths at which every scaled size n·width/base_width is an
+    integer)."""
+    if width < 1:
+        return f"{where}={width} must be a positive integer"
+    for name, step in arch.width_steps(base_width).items():
+        if width % step == 0:
+            continue
+        if isinstance(arch, TauArch):
+            return (f"{where}={width} is not a multiple of model.arch.head_dim · kv_group = {step} (TauGPT widens "
+                    f"by whole heads): use a multiple of {step}")
+        base = getattr(arch, name)
+        return (f"{where}={width} is incompatible with tune.base_width={base_width}: model.arch.{name}={base} "
+                f"would scale to {base * width / base_width:g}, not an integer; use widths that are multiples of "
+                f"{width_step(arch, base_width)}, or change model.arch.{name}")
+    return None
 
 
 def rebase(arch: Arch, base_width: int, new_base: int) -> Arch:
     """`arch` with its sizes given at `new_base` instead of `base_width` (the same models at every width).
 
     PT's scaled sizes are given at the base width (h = n_channels · width / base_width); moving the μP base
-    to `new_base` (a compatible width) rescales them. BERT and UT have no such sizes.
+    to `new_base` (a compatible width) rescales them. BERT, UT and TauGPT have no such sizes.
     """
     if not isinstance(arch, PTArch):
         return arch
     error = width_error(arch, base_width, new_base, "the new base width")
     if error:
         raise ValueError(error)
-    scaled = ("n_channels" if arch.paradigm == "channels" else "rank",)
-    scaled += ("n_topics",) if arch.topic != "none" else ()
-    return arch.model_copy(update={n: getattr(arch, n) * new_base // base_width for n in scaled})
+    return arch.model_copy(update=arch.at_width(new_base, base_width))
+
+
+def mup_error(arch: Arch, parametrization: str) -> str | None:
+    """Why `arch` cannot run under `parametrization` (None when it can): PT's μP is specified for 'uv' only."""
+    if isinstance(arch, PTArch) and parametrization == "mup" and arch.decomposition != "uv":
+        return (f"model.arch.decomposition={arch.decomposition!r}: μP is specified for 'uv' only (PT spec §3.1); use "
+                "decomposition: uv or parametrization: standard")
+    return None
+
+
+# ----------------------------------------------------------------------------- the model configs
+class ModelSize(BaseModel):
+    """What a trial adds to every family's arch: the vocabulary, the width, the μP base and the parametrization."""
+
+    model_config = _STRICT
+
+    vocab_size: PosInt = Field(description="token ids: the data's vocabulary")
+    width: PosInt = Field(64, description="d, the model width")
+    base_width: PosInt = Field(description="d0, the μP base the hparams are tuned at (omitted: width)")
+    parametrization: Parametrization = Field("standard", description="'standard' or 'mup' (μP)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _base_is_width(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("base_width") is None:
+            data = {**data, "base_width": data.get("width", cls.model_fields["width"].default)}
+        return data
+
+    @model_validator(mode="after")
+    def _buildable(self) -> ModelSize:
+        arch: Any = self  # a config is its arch too (`PTConfig(PTArch, ModelSize, ...)`)
+        errors = [width_error(arch, self.base_width, getattr(self, n), n) for n in ("width", "base_width")]
+        errors.append(mup_error(arch, self.parametrization))
+        errors = [e for e in errors if e]
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+    @property
+    def width_mult(self) -> float:
+        return self.width / self.base_width
+
+
+class PTWeights(BaseModel):
+    """PT's hparams but lr: the six information weights (PT spec §3.2), all 1 in the original PT."""
+
+    model_config = _STRICT
+
+    w_H: float = Field(1.0, description="the ternary → H message (the attention logits)")
+    w_topic: float = Field(1.0, description="the binary → topic message (the topic logits)")
+    w_unary: float = Field(1.0, description="the unary → Z message S")
+    w_dep: float = Field(1.0, description="the ternary → Z message with the word as dependent (G_dep)")
+    w_head: float = Field(1.0, description="the ternary → Z message with the word as head (G_head)")
+    w_topic_z: float = Field(1.0, description="the binary → Z message (from the topic variables)")
+
+
+class PTConfig(PTArch, ModelSize, PTWeights):
+    """Everything `workers.models.pt.ProbabilisticTransformer` is built from, and its sizes at `width`."""
+
+    @property
+    def h(self) -> int:
+        return self.at_width(self.width, self.base_width).get("n_channels", self.n_channels)
+
+    @property
+    def r(self) -> int:
+        return self.at_width(self.width, self.base_width).get("rank", self.rank)
+
+    @property
+    def m(self) -> int:
+        return self.at_width(self.width, self.base_width).get("n_topics", self.n_topics)
+
+    @property
+    def n_buckets(self) -> int:
+        return 2 * self.gamma + 2  # γ = 0: one bucket per direction (the authors' dists = "")
+
+
+class _EncoderConfig(ModelSize):
+    """BERT's and UT's hparams (mup's usual knobs) and heads."""
+
+    init_std: float = Field(0.02, gt=0, description="standard: every weight; μP: embeddings, readout, hidden at d0")
+    output_mult: float = Field(1.0, gt=0, description="multiplies the logits (μP: output_mult · d0/d)")
+    attn_mult: float = Field(1.0, gt=0, description="multiplies the attention logits")
+
+    @property
+    def n_heads(self) -> int:
+        return self.heads_at(self.width)  # type: ignore[attr-defined]  (from the family's arch)
+
+
+class BertConfig(BertArch, _EncoderConfig):
+    """Everything `workers.models.bert.Bert` is built from."""
+
+
+class UTConfig(UTArch, _EncoderConfig):
+    """Everything `workers.models.universal.UniversalTransformer` is built from."""
+
+
+class TauConfig(TauArch, ModelSize):
+    """Everything `workers.models.tauformer.TauGPT` is built from, and its heads."""
+
+    init_std: float = Field(0.5, gt=0, description="matrices: std = init_std / √fan_in (reference: Kaiming gain 0.5)")
+    output_mult: float = Field(1.0, gt=0, description="multiplies the logits (μP: output_mult · d0/d)")
+    temperature: float = Field(0.03, gt=0, description="initial T_h (spec §3.2: ≈ the init λ spread at D = 64)")
+
+    @property
+    def n_heads(self) -> int:
+        return self.width // self.head_dim
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.n_heads // self.kv_group
+
+
+ModelConfig = PTConfig | BertConfig | UTConfig | TauConfig
+CONFIGS: dict[str, type[ModelConfig]] = {"pt": PTConfig, "bert": BertConfig, "ut": UTConfig, "tauformer": TauConfig}
+"""Each family's model config (what `workers.models.build_model` validates its keyword arguments with)."""
 
 
 class ModelSpec(BaseModel):
@@ -238,8 +361,7 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _mup_needs_uv(self) -> ModelSpec:
-        arch = self.arch
-        if isinstance(arch, PTArch) and self.parametrization == "mup" and arch.decomposition != "uv":
-            raise ValueError(f"model.arch.decomposition={arch.decomposition!r}: μP is specified for "
-                             "'uv' only (PT spec §3.1); use decomposition: uv or parametrization: standard")
+        error = mup_error(self.arch, self.parametrization)
+        if error:
+            raise ValueError(error)
         return self

@@ -1,7 +1,8 @@
 """Parameter counts, FLOPs and the width-for-budget solver, computed from the architectures' shapes (no torch).
 
 `param_count` equals `sum(p.numel() for p in model.parameters())` of the model `build_model` makes (a tied
-decoder counted once); `tests/studies/test_budget.py` builds the models and checks it.
+decoder counted once); `tests/workers/test_budget_counts.py` builds the models and checks it. Sizes at a width
+come from the arches (`PTArch.at_width`, `heads_at`), the same the models are built with.
 
 FLOPs are the matmul FLOPs of the implementation as written (2 per multiply-add: every `nn.Linear`,
 `einsum` and `@`), the convention of Kaplan et al. and of `benchmarks/bench_pt.py`; elementwise work
@@ -26,25 +27,19 @@ from studies.arch import Arch, BertArch, PTArch, UTArch, width_error, width_step
 MAX_WIDTH = 1 << 16  # the solver's search limit
 
 
-def n_heads(width: int, head_dim: int) -> int:
-    """`workers.models.bert.n_heads_for`: the nearest whole number of heads, at least one."""
-    return max(1, (width + head_dim // 2) // head_dim)
-
-
 def _pt_sizes(arch: PTArch, width: int, base_width: int) -> tuple[int, int, int, int]:
-    """PT's (K, h, r, m) at `width` (sizes given at `base_width`, widened by the paradigm)."""
+    """PT's (K, h, r, m) at `width` (sizes given at `base_width`, widened by the paradigm; m = 0 without topics)."""
     error = width_error(arch, base_width, width, "width")
     if error:
         raise ValueError(error)
+    sizes = arch.at_width(width, base_width)
     k = 2 * arch.gamma + 2  # γ = 0: one bucket per direction (the authors' dists = "")
-    h = arch.n_channels * width // base_width if arch.paradigm == "channels" else arch.n_channels
-    r = arch.rank * width // base_width if arch.paradigm == "rank" else arch.rank
-    m = arch.n_topics * width // base_width if arch.topic != "none" else 0
-    return k, h, r, m
+    m = sizes["n_topics"] if arch.topic != "none" else 0
+    return k, sizes.get("n_channels", arch.n_channels), sizes.get("rank", arch.rank), m
 
 
 def _layer_params(d: int, arch: BertArch | UTArch) -> int:
-    a, f = n_heads(d, arch.head_dim) * arch.head_dim, arch.ffn_mult * d
+    a, f = arch.heads_at(d) * arch.head_dim, arch.ffn_mult * d
     return 3 * (d * a + a) + a * d + d + d * f + f + f * d + d + 4 * d  # q k v, o, FFN, two LayerNorms
 
 
@@ -92,7 +87,7 @@ def forward_flops(family: str, arch: Arch, width: int, vocab_size: int, seq_len:
         return terms
     if family not in ("bert", "ut"):
         raise ValueError(f"unknown model family {family!r}: choose one of ['pt', 'bert', 'ut']")
-    a, f = n_heads(d, arch.head_dim) * arch.head_dim, arch.ffn_mult * d
+    a, f = arch.heads_at(d) * arch.head_dim, arch.ffn_mult * d
     layer = {"qkv": 2 * n * d * 3 * a, "attention": 2 * 2 * n * n * a, "out": 2 * n * a * d, "ffn": 2 * 2 * n * d * f}
     times = arch.n_layers if family == "bert" else arch.n_steps
     terms = {name: times * v for name, v in layer.items()}

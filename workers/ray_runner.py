@@ -143,7 +143,7 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
     entered = time.time()  # with `left`: the trainable's own span (the orchestration benchmark splits the overhead)
     spec = StudySpec.model_validate(spec_dict)
     trial = planned_trial(spec, phase, config, tune.get_context().get_trial_id())
-    cfg = TrialConfig.from_dict(trial.trial_config(spec))
+    cfg = TrialConfig.model_validate(trial.trial_config(spec))
     torch.set_num_threads(max(1, int(cpus)))
     resume = _checkpointed_state()
     resumed = {"resumed_from": resume["step"]} if resume else {}

@@ -148,7 +148,7 @@ class InProcessRunner:
                                 name=trial_run_name(trial.trial_key, dict(trial.hparams)))
         tracker.log_params(run, config)
         try:
-            result = (self.train or train_trial)(TrialConfig.from_dict(config))
+            result = (self.train or train_trial)(TrialConfig.model_validate(config))
         except Exception as exc:  # Tune's `failed`: the trial could not train (no retries in process)
             message = one_line(exc)
             row = trial_row(spec, trial, TrialStatus.FAILED, {}, message)

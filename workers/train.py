@@ -1,7 +1,7 @@
 """One trial: build a model, train it with μP-aware AdamW, evaluate on a fixed held-out set.
 
-`train_trial(config) -> TrialResult` is pure torch (no Ray, no MLflow): the Ray layer passes a
-`progress` callback that receives a metrics dict at every logged step.
+`train_trial(config) -> TrialResult` is pure torch (no Ray, no MLflow): the config is a `studies.spec.TrialConfig`
+(or its dict); the Ray layer passes a `progress` callback that receives a metrics dict at every logged step.
 A diverging run (NaN/inf loss) ends with status "diverged"; it never raises.
 
 The model's `objective` ("mlm" or "clm") must match the data's. A model with `calibrate` (TauGPT) sets τ
@@ -21,76 +21,22 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 import torch
 
 from analysis.taumode import collapse_warning
-from workers.data import Batch, DataConfig, MLMData, prepare
+from studies.spec import DataSpec, TrialConfig
+from workers.data import Batch, MemoryData, prepare
 from workers.models import build_model, objective_of
-from workers.models.pt import mlm_loss
+from workers.models.common import token_loss
 
 Progress = Callable[[dict[str, Any]], None]
 TrainState = dict[str, Any]  # what `checkpoint` receives and `resume` takes; torch.save-able with weights_only
 Checkpoint = Callable[[dict[str, Any], TrainState], None]
-SCHEDULES = ("cosine", "linear", "constant")
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrialConfig:
-    model: str = "pt"
-    model_hp: dict[str, Any] = field(default_factory=dict)  # build_model kwargs except vocab_size
-    data: DataConfig = field(default_factory=DataConfig)
-    steps: int = 200
-    batch_size: int = 32
-    lr: float = 1e-2  # base learning rate; μP multiplies it per parameter group
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 10
-    schedule: str = "cosine"  # after warmup: "cosine" | "linear" (to min_lr_ratio) | "constant"
-    min_lr_ratio: float = 0.1
-    plateau_patience: int = 0  # halve (× plateau_factor) the lr after this many evals without a new best; 0: off
-    plateau_factor: float = 0.5
-    grad_clip: float = 5.0  # PT paper; 0 disables
-    t_l2: float = 0.0  # coefficient of the unsquared ‖T‖_F penalty (PT paper: 5e-4)
-    eval_every: int = 50
-    eval_batches: int = 8  # cap on fixed held-out batches per evaluation
-    log_every: int = 10
-    max_loss: float = 1e3  # a finite loss above this (ln|V| is ~10) also counts as diverged
-    uniform_margin: float | None = 1.0  # eval loss > max(ln|V|, untrained loss) + this: diverged; None: off
-    seed: int = 0
-    device: str = "auto"  # "auto" | "cpu" | "cuda"
-
-    def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"TrialConfig.schedule={self.schedule!r}: choose one of {list(SCHEDULES)}")
-        for name in ("steps", "batch_size", "eval_every", "eval_batches", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TrialConfig.{name}={getattr(self, name)}: must be >= 1")
-        if not self.lr > 0:
-            raise ValueError(f"TrialConfig.lr={self.lr}: must be > 0")
-        if self.plateau_patience < 0 or not 0 < self.plateau_factor < 1:
-            raise ValueError(f"TrialConfig: plateau_patience={self.plateau_patience} must be >= 0 and "
-                             f"plateau_factor={self.plateau_factor} in (0, 1)")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrialConfig:
-        valid = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - valid)
-        if unknown:
-            raise ValueError(f"unknown trial config key(s) {unknown}: valid ones are {sorted(valid)}")
-        d = dict(d)
-        if isinstance(d.get("data"), dict):
-            d["data"] = DataConfig(**d["data"])
-        if "betas" in d:
-            d["betas"] = tuple(d["betas"])
-        return cls(**d)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -110,7 +56,7 @@ class TrialResult:
 
 
 @functools.lru_cache(maxsize=4)
-def load_data(cfg: DataConfig) -> MLMData:
+def load_data(cfg: DataSpec) -> MemoryData:
     """`prepare` once per process per data config (trials of a study share it)."""
     return prepare(cfg)
 
@@ -148,7 +94,7 @@ def lr_factor(step: int, cfg: TrialConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
 
 
-def evaluate(model: torch.nn.Module, data: MLMData, cfg: TrialConfig, device: torch.device) -> float:
+def evaluate(model: torch.nn.Module, data: MemoryData, cfg: TrialConfig, device: torch.device) -> float:
     """Mean loss per scored token over the fixed held-out batches."""
     return mean_loss(model, data.eval_batches(cfg.batch_size)[: cfg.eval_batches], device)
 
@@ -171,13 +117,13 @@ def _batch_loss(model: torch.nn.Module, batch: Batch, device: torch.device) -> t
     labels = batch.labels.to(device)
     select = labels != -100
     logits = model(batch.input_ids.to(device), batch.attention_mask.to(device), select=select)
-    return mlm_loss(logits, labels[select])
+    return token_loss(logits, labels[select])
 
 
 def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None = None,
                 checkpoint: Checkpoint | None = None, resume: TrainState | None = None) -> TrialResult:
     """Train one trial; `checkpoint` gets (row, state) at every evaluation, `resume` continues from a state."""
-    cfg = config if isinstance(config, TrialConfig) else TrialConfig.from_dict(config)
+    cfg = config if isinstance(config, TrialConfig) else TrialConfig.model_validate(config)
     objective = objective_of(cfg.model)
     if objective != cfg.data.objective:
         raise ValueError(f"model {cfg.model!r} trains with objective {objective!r} but data.objective is "
@@ -342,4 +288,4 @@ def with_hparams(cfg: TrialConfig, hparams: dict[str, float]) -> TrialConfig:
     """Apply the transferred hparams: `lr` to the optimiser, the rest to the model."""
     hp = dict(hparams)
     lr = hp.pop("lr", cfg.lr)
-    return replace(cfg, lr=lr, model_hp={**cfg.model_hp, **hp})
+    return TrialConfig.model_validate({**dict(cfg), "lr": lr, "model_hp": {**cfg.model_hp, **hp}})

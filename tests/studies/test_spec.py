@@ -11,10 +11,10 @@ import pytest
 from pydantic import ValidationError
 
 import studies
+from studies.arch import PTConfig
 from studies.space import HPARAMS
-from studies.spec import CATALOG_DIR, StudySpec, VerifySpec
+from studies.spec import CATALOG_DIR, StudySpec, TrialConfig, VerifySpec
 from tests.studies._dicts import with_changes
-from tests.studies._mirror import dataclass_defaults
 
 CATALOG = sorted(CATALOG_DIR.glob("*.yaml"))
 MINIMAL = {"name": "demo", "tune": {"base_width": 16, "asha": {"grace_steps": 10}},
@@ -318,12 +318,13 @@ def test_trial_config_splits_the_hparams():
         32, 16, "mup")
 
 
-def test_trial_config_has_the_worker_dataclasses_fields():
-    cfg = StudySpec.model_validate(MINIMAL).trial_config(32, HP, seed=0)
-    assert set(cfg) == set(dataclass_defaults("workers/train.py", "TrialConfig"))
-    assert set(cfg["data"]) == set(dataclass_defaults("workers/data.py", "DataConfig"))
-    pt_fields = set(dataclass_defaults("workers/models/pt.py", "PTConfig"))
-    assert set(cfg["model_hp"]) == pt_fields - {"vocab_size"}
+def test_trial_config_is_what_the_worker_validates():
+    spec = StudySpec.model_validate(MINIMAL)
+    trial = TrialConfig.model_validate(spec.trial_config(32, HP, seed=0))
+    assert (trial.data, trial.lr, trial.steps) == (spec.data, HP["lr"], spec.train.steps)
+    model = PTConfig(vocab_size=100, **trial.model_hp)  # every key is one of the model config's, none missing
+    assert (model.width, model.base_width, model.parametrization, model.w_H) == (32, 16, "mup", HP["w_H"])
+    assert set(trial.model_hp) == set(PTConfig.model_fields) - {"vocab_size"}
 
 
 def test_trial_config_fills_frozen_and_missing_hparams_with_defaults():

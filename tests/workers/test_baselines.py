@@ -79,7 +79,7 @@ def test_ut_shares_one_layer_and_act_adds_a_ponder_cost():
 
 @pytest.mark.parametrize("name", ["bert", "ut"])
 def test_config_errors_name_the_fix(name):
-    with pytest.raises(ValueError, match="norm='mid'.*choose one of"):
+    with pytest.raises(ValueError, match=r"norm\n  Input should be 'pre' or 'post'.*input_value='mid'"):
         build_model(name, **SMALL, norm="mid")
     with pytest.raises(ValueError, match="unknown .* hyperparameter.*valid ones"):
         build_model(name, **SMALL, n_head=4)

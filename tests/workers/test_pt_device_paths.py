@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from workers.models import build_model
-from workers.models.pt import mlm_loss
+from workers.models.common import token_loss
 
 HP = {"vocab_size": 50, "width": 32, "base_width": 32, "n_channels": 4, "rank": 8, "gamma": 2,
       "topic": "single_split", "n_topics": 4}
@@ -46,7 +46,7 @@ def grads_of(model, ids, mask, autocast: bool = False):
     model.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         logits = model(ids, mask)
-    mlm_loss(logits.float(), ids.masked_fill(~mask, -100)).backward()
+    token_loss(logits.float(), ids.masked_fill(~mask, -100)).backward()
     return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

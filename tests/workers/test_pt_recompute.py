@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from workers.models import build_model
-from workers.models.pt import mlm_loss
+from workers.models.common import token_loss
 
 TOL = 1e-10
 BASE = {"vocab_size": 23, "width": 12, "base_width": 12, "n_channels": 2, "rank": 3, "n_iter": 3, "gamma": 2}
@@ -41,7 +41,7 @@ def run(hp: dict, recompute: bool, pad: bool = True) -> tuple[torch.Tensor, dict
     labels = torch.where(torch.rand(3, 11, generator=g) < 0.4, ids, torch.full_like(ids, -100)).masked_fill(~mask, -100)
     torch.manual_seed(2)  # the same dropout masks in both runs
     logits = model(ids, mask)
-    (mlm_loss(logits, labels) + 0.1 * logits.square().mean()).backward()
+    (token_loss(logits, labels) + 0.1 * logits.square().mean()).backward()
     return logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -78,7 +78,7 @@ def saved_bytes(recompute: bool) -> int:
 
     ids = torch.randint(0, 23, (2, 16))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = mlm_loss(model(ids), ids)
+        loss = token_loss(model(ids), ids)
     loss.backward()
     return sum(seen.values())
 

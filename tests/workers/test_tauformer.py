@@ -224,11 +224,11 @@ def test_mup_groups_learning_rates_and_readout():
 
 
 @pytest.mark.parametrize(("hp", "message"), [
-    ({"width": 36}, "multiple of head_dim · kv_group = 8"),
+    ({"width": 36}, "width=36 is not a multiple of model.arch.head_dim · kv_group = 8"),
     ({"head_dim": 7, "width": 28, "base_width": 28}, "must be even"),
-    ({"laplacian": "file"}, "laplacian_path=None"),
-    ({"attention": "flash"}, r"attention='flash': choose one of \['tau', 'dot', 'uniform'\]"),
-    ({"temperature": 0.0}, "temperature=0.0: must be > 0"),
+    ({"laplacian": "file"}, "laplacian_path must be set for laplacian 'file'"),
+    ({"attention": "flash"}, r"attention\n  Input should be 'tau', 'dot' or 'uniform'.*input_value='flash'"),
+    ({"temperature": 0.0}, r"temperature\n  Input should be greater than 0"),
 ])
 def test_config_errors_name_the_field_and_the_fix(hp, message):
     with pytest.raises(ValueError, match=message):

@@ -19,81 +19,22 @@ blocks, and `tests/workers/test_baselines.py` checks the grouping against mup's 
   bias   (biases, LayerNorm gains and shifts)                        0 / 1                 lr × 1
   attention logits  attn_mult · q·k / head_dim   (standard: attn_mult · q·k / √head_dim)
 
-Standard: every weight N(0, init_std) (BERT: 0.02), one lr, logits output_mult · x Wᵀ.
+Standard: every weight N(0, init_std) (BERT: 0.02), one lr, logits output_mult · x Wᵀ. The lr multipliers and
+the readout scale are `workers/models/common.py`'s `MuReadout` (shared with TauGPT); the config, `BertConfig`,
+is declared in `studies.arch`.
 Shapes: B batch, n length, d width, a attention width, H heads, f FFN width, V vocabulary.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-NORMS = ("pre", "post")
-
-
-def n_heads_for(width: int, head_dim: int) -> int:
-    """Heads at `width`: the nearest whole number of `head_dim`-sized heads, at least one."""
-    return max(1, (width + head_dim // 2) // head_dim)
-
-
-def check_common(cfg, name: str) -> None:
-    """Validation shared by the BERT and UT configs; errors name the field and the fix."""
-    if cfg.parametrization not in ("standard", "mup"):
-        raise ValueError(f"{name}.parametrization={cfg.parametrization!r}: choose one of ['standard', 'mup']")
-    if cfg.norm not in NORMS:
-        raise ValueError(f"{name}.norm={cfg.norm!r}: choose one of {list(NORMS)}")
-    for field in ("vocab_size", "width", "base_width", "head_dim", "ffn_mult", "max_len"):
-        if getattr(cfg, field) < 1:
-            raise ValueError(f"{name}.{field}={getattr(cfg, field)}: must be a positive integer")
-    if not 0.0 <= cfg.dropout < 1.0:
-        raise ValueError(f"{name}.dropout={cfg.dropout}: must be in [0, 1)")
-    for field in ("init_std", "output_mult", "attn_mult"):
-        if not getattr(cfg, field) > 0:
-            raise ValueError(f"{name}.{field}={getattr(cfg, field)}: must be > 0")
-
-
-class Widths:
-    """Derived sizes shared by the encoder configs (fields `width`, `base_width`, `head_dim`)."""
-
-    @property
-    def width_mult(self) -> float:
-        return self.width / self.base_width
-
-    @property
-    def n_heads(self) -> int:
-        return n_heads_for(self.width, self.head_dim)
-
-
-@dataclass(frozen=True)
-class BertConfig(Widths):
-    vocab_size: int
-    width: int = 128  # d_model
-    base_width: int = 128  # d0: the μP base (width_mult = width / base_width); unused by "standard"
-    n_layers: int = 2
-    head_dim: int = 32  # fixed; heads = round(width / head_dim)
-    ffn_mult: int = 4  # f = ffn_mult · d
-    max_len: int = 512  # rows of the learned position table (>= the data's seq_len)
-    norm: str = "pre"  # "pre" (LN before each sublayer, a final LN) | "post" (BERT: LN after each residual)
-    tie_decoder: bool = True  # decoder weight = token embedding (BERT)
-    mlm_transform: bool = True  # BERT's dense + GELU + LN before the decoder
-    dropout: float = 0.0
-    parametrization: str = "standard"  # "standard" | "mup"
-    # hparams (searched by the tune phase)
-    init_std: float = 0.02  # standard: every weight; μP: embeddings, the readout, hidden ones at base_width
-    output_mult: float = 1.0  # multiplies the logits (μP: output_mult · d0/d)
-    attn_mult: float = 1.0  # multiplies the attention logits
-    # init options (mup's recommendations for μP; off by default)
-    zero_query: bool = False  # initialise the query projection at zero
-    zero_readout: bool = False  # initialise the readouts at zero (an untied decoder; UT's ACT halting unit)
-
-    def __post_init__(self) -> None:
-        check_common(self, "BertConfig")
-        if self.n_layers < 1:
-            raise ValueError(f"BertConfig.n_layers={self.n_layers}: must be a positive integer")
+from studies.arch import BertConfig, UTConfig
+from workers.models.common import MuReadout
 
 
 class Layer(nn.Module):
@@ -161,10 +102,11 @@ class MLMHead(nn.Module):
         return F.linear(x * mult, self.weight, self.bias)  # (…, V)
 
 
-class Encoder(nn.Module):
-    """What BERT and UT share: parameter groups, μP init and lr multipliers, the readout and its scale."""
+class Encoder(MuReadout, nn.Module):
+    """What BERT and UT share: parameter groups, μP init, the readout; μP lr multipliers and readout scale
+    from `MuReadout`."""
 
-    cfg: BertConfig  # or `UTConfig`: the fields used here are common to both
+    cfg: BertConfig | UTConfig
 
     def _group(self) -> None:
         """Sort every parameter into input / hidden / output / bias (the table in the module docstring)."""
@@ -201,14 +143,6 @@ class Encoder(nn.Module):
             for p in self.groups["output"]:
                 p.zero_()
 
-    def lr_multipliers(self) -> dict[str, float]:
-        """Per-group factors on the base learning rate (μP: hidden ∝ 1/width_mult, as mup's MuAdamW)."""
-        if self.cfg.parametrization != "mup":
-            return {"input": 1.0, "hidden": 1.0, "output": 1.0, "bias": 1.0}
-        # --- μP: Adam learning rates, hidden ∝ d0/d; input, output (read out × d0/d) and vectors unscaled ---
-        return {"input": 1.0, "hidden": 1.0 / self.cfg.width_mult, "output": 1.0, "bias": 1.0}
-        # --- end μP ---
-
     def attn_scale(self) -> float:
         cfg = self.cfg
         if cfg.parametrization == "mup":
@@ -216,14 +150,6 @@ class Encoder(nn.Module):
             return cfg.attn_mult / cfg.head_dim
             # --- end μP ---
         return cfg.attn_mult / math.sqrt(cfg.head_dim)
-
-    def readout_mult(self) -> float:
-        cfg = self.cfg
-        if cfg.parametrization == "mup":
-            # --- μP: readout output_mult · d0/d (mup's MuReadout / MuSharedReadout) ---
-            return cfg.output_mult / cfg.width_mult
-            # --- end μP ---
-        return cfg.output_mult
 
     def readout(self, x: torch.Tensor, select: torch.Tensor | None, trace: dict | None) -> torch.Tensor:
         logits = self.head(x if select is None else x[select], self.readout_mult())  # (B, n, V) | (N, V)

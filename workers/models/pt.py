@@ -8,7 +8,8 @@ Shapes: B batch, n length, d width (Z labels), h channels, r rank, K = 2γ+2 dis
 m topics. Comments give shapes as (B, n, d).
 
 μP changes (spec §3.3–3.5) sit inside blocks marked `# --- μP ---`; each is listed in the
-README's rule → code table and guarded by the coordinate-check test.
+README's rule → code table and guarded by the coordinate-check test. The config, `PTConfig`, is declared in
+`studies.arch` (its arch, width, parametrization and the six information weights).
 
 Memory (`PTConfig.recompute`, default on): per iteration the only (B, n, K, h, r) tensors kept for
 backward are the projections q = P·U and k = P·V themselves. The near-diagonal gathers of the
@@ -23,126 +24,13 @@ arithmetic is that of `recompute=False` (tests/workers/test_pt_recompute.py: ≤
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from studies.arch import PTConfig
+
 NEG = -1e9  # logit for impossible head choices (self, padding)
-INFO_WEIGHTS = ("w_H", "w_topic", "w_unary", "w_dep", "w_head", "w_topic_z")
-
-
-@dataclass(frozen=True)
-class PTConfig:
-    vocab_size: int
-    width: int = 64  # d: labels per Z variable = embedding width
-    base_width: int = 64  # d0: the proxy width hparams are tuned at (width_mult = width / base_width)
-    n_channels: int = 4  # h at base_width (scaled with width when paradigm == "channels")
-    rank: int = 16  # r at base_width (scaled with width when paradigm == "rank")
-    n_iter: int = 3  # T MFVI iterations
-    gamma: int = 3  # distance clip threshold γ; K = 2γ+2 buckets (γ = 0: one per direction, the authors' dists "")
-    decomposition: str = "uv"  # "uv" | "uvw" | "none" (full T tensor)
-    async_update: bool = True  # H then Z from the new H; False = both from the previous iteration
-    block_msg: bool = False  # drop the head-side message G_head
-    dropout: float = 0.0  # one rate, on Z logits and on H (async: probabilities; sync: logits), as the authors
-    # the authors' MFVI step size α and damping β (PT paper App. B.1–B.2; 1 and 0 = plain MFVI)
-    stepsize_Z: float = 1.0  # P^t = α·softmax(L_z^t) + (1−α)·P^{t−1}
-    stepsize_H: float = 1.0  # A^t = α·softmax(L_h^t) + (1−α)·A^{t−1}
-    damping_Z: float = 0.0  # L_z^t = β·L_z^{t−1} + (1−β)·(new Z message)
-    damping_H: float = 0.0  # L_h^t = β·L_h^{t−1} + (1−β)·(new H message)
-    topic: str = "none"  # "none" | "single_split" (global topic variables, the FFN analogue)
-    n_topics: int = 64  # m at base_width (scaled with width: m ∝ d)
-    root: bool = False  # root-node variant (SST): not implemented
-    parametrization: str = "standard"  # "standard" (original PT) | "mup"
-    paradigm: str = "channels"  # "channels" (h ∝ d) | "rank" (r ∝ d)
-    # the six information weights (spec §3.2), all 1 by default
-    w_H: float = 1.0
-    w_topic: float = 1.0
-    w_unary: float = 1.0
-    w_dep: float = 1.0
-    w_head: float = 1.0
-    w_topic_z: float = 1.0
-    # reconstructed μP choices (spec §3.3–3.5, tagged [R]/[?]): options with documented defaults
-    tau_form: str = "d_over_r"  # τ = d/r ("d_over_r") or (d/r)/(d0/r0) ("base_normalized")
-    output_init: str = "inv_d"  # μP decoder init std ∝ 1/d ("inv_d") or ∝ 1/√d ("inv_sqrt_d")
-    topic_coef: str = "m_over_d"  # μP topic-logit coefficient: m/d ("m_over_d") or 1 ("one")
-    init_std_input: float = 1.0  # μP: std of S, width-independent
-    init_std_hidden: float = 0.25  # μP: U, V, B std = init_std_hidden / sqrt(d) (1.0 amplifies across iterations)
-    init_std_output: float = 1.0  # μP: decoder std = init_std_output/sqrt(d0) · (d0/d or sqrt(d0/d))
-    # execution, not the model: recompute the per-bucket gathers/contexts in backward (exact, less memory)
-    recompute: bool = True
-
-    def __post_init__(self) -> None:
-        choices = {
-            "decomposition": ("uv", "uvw", "none"),
-            "topic": ("none", "single_split"),
-            "parametrization": ("standard", "mup"),
-            "paradigm": ("channels", "rank"),
-            "tau_form": ("d_over_r", "base_normalized"),
-            "output_init": ("inv_d", "inv_sqrt_d"),
-            "topic_coef": ("m_over_d", "one"),
-        }
-        for name, ok in choices.items():
-            if getattr(self, name) not in ok:
-                raise ValueError(f"PTConfig.{name}={getattr(self, name)!r}: choose one of {list(ok)}")
-        for name in ("vocab_size", "width", "base_width", "n_channels", "rank", "n_iter", "n_topics"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"PTConfig.{name}={getattr(self, name)}: must be a positive integer")
-        if self.gamma < 0:
-            raise ValueError(f"PTConfig.gamma={self.gamma}: must be >= 0 (0 means one bucket per direction)")
-        for name in ("stepsize_Z", "stepsize_H"):
-            if not 0.0 < getattr(self, name) <= 1.0:
-                raise ValueError(f"PTConfig.{name}={getattr(self, name)}: must be in (0, 1] (1 = full update)")
-        for name in ("damping_Z", "damping_H"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"PTConfig.{name}={getattr(self, name)}: must be in [0, 1) (0 = no damping)")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"PTConfig.dropout={self.dropout}: must be in [0, 1)")
-        if self.root:
-            raise ValueError(
-                "PTConfig.root=True: the root-node variant (spec §2.4, used for SST) is not implemented; "
-                "set root: false"
-            )
-        if self.parametrization == "mup" and self.decomposition != "uv":
-            raise ValueError(
-                f"PTConfig.decomposition={self.decomposition!r}: μP scaling is specified for the 'uv' "
-                "decomposition only (spec §3.1); use decomposition: uv or parametrization: standard"
-            )
-        scaled = {"channels": "n_channels", "rank": "rank"}[self.paradigm]
-        for name in (scaled, "n_topics") if self.topic != "none" else (scaled,):
-            base = getattr(self, name)
-            if (base * self.width) % self.base_width:
-                raise ValueError(
-                    f"PTConfig.width={self.width}: {name}={base} at base_width={self.base_width} "
-                    f"must scale to an integer; pick a width that is a multiple of "
-                    f"{self.base_width // math.gcd(base, self.base_width)}"
-                )
-
-    # derived sizes ----------------------------------------------------------------------------
-    @property
-    def width_mult(self) -> float:
-        return self.width / self.base_width
-
-    @property
-    def h(self) -> int:
-        return self.n_channels * self.width // self.base_width if self.paradigm == "channels" else self.n_channels
-
-    @property
-    def r(self) -> int:
-        return self.rank * self.width // self.base_width if self.paradigm == "rank" else self.rank
-
-    @property
-    def m(self) -> int:
-        return self.n_topics * self.width // self.base_width
-
-    @property
-    def n_buckets(self) -> int:
-        return 2 * self.gamma + 2
-
-
-def config_fields() -> tuple[str, ...]:
-    return tuple(f.name for f in fields(PTConfig))
 
 
 class _Offsets:
@@ -505,8 +393,3 @@ class ProbabilisticTransformer(nn.Module):
         if trace is not None:
             trace["mlm_logits"] = logits
         return logits
-
-
-def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy summed over masked positions (labels != -100) / number of masked tokens."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)

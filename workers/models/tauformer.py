@@ -23,6 +23,8 @@ inside `# --- μP ---` blocks:
   buffers: L, τ, the RoPE tables (no grad)
 
 Standard: the same init (the reference's Kaiming gain 0.5 ≈ init_std 0.5), one lr, logits output_mult · xWᵀ.
+The lr multipliers and the readout scale are `MuReadout`'s (`workers/models/common.py`, shared with BERT and UT);
+the config, `TauConfig`, is declared in `studies.arch`.
 The λ logit needs no 1/D factor under μP: λ is bounded and its gradient is already Θ(1/D) (spec §7.1).
 
 `generate` decodes with a `KVCache` that stores (V, λk) per layer for "tau" (K and V for "dot"): λk depends
@@ -33,90 +35,19 @@ Shapes: B batch, T length, C width, H heads, G kv heads, D head_dim, V vocabular
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from studies.arch import TauConfig
 from workers.laplacian import chain_laplacian, knn_laplacian, load_laplacian, rotated
+from workers.models.common import MuReadout
 
-ATTENTIONS = ("tau", "dot", "uniform")
-LAPLACIANS = ("chain", "knn", "file")
-TAU_MODES = ("calibrate", "fixed")
 EPS = 1e-6
 MASKED = -1e9  # the reference fills future positions with −1e9, not −inf
 QUANTILES = (0.05, 0.5, 0.95)
-
-
-@dataclass(frozen=True)
-class TauConfig:
-    vocab_size: int
-    width: int = 128  # n_embd = n_heads · head_dim
-    base_width: int = 128  # d0: the μP base; unused by "standard"
-    n_layers: int = 2
-    head_dim: int = 32  # D: fixed; also the Laplacian's size
-    kv_group: int = 1  # query heads per kv head (1: MHA; n_heads: MQA)
-    max_len: int = 1024  # RoPE table rows: the longest sequence, prompt plus generated tokens
-    attention: str = "tau"  # "tau" | "dot" (the dot-product twin) | "uniform" (causal mean)
-    laplacian: str = "chain"  # "chain" | "knn" (from an (N, F) embedding .npy) | "file" (a (D, D) .npy)
-    laplacian_path: str | None = None  # the .npy read by "knn" and "file"
-    laplacian_rotate: bool = False  # use UᵀLU, a random orthogonal conjugate (same spectrum; spec §2.6 control)
-    tau_mode: str = "calibrate"  # "calibrate": τ = median E of block-0 keys on a batch | "fixed": τ = tau
-    tau: float = 1.0  # τ when fixed, and before the first calibration
-    recalibrate_every: int = 0  # steps between recalibrations (0: calibrate once, at step 0)
-    recalibrate_ema: float = 0.0  # recalibration: τ ← ema · τ + (1 − ema) · median
-    learn_temperature: bool = True  # the per-head temperature is a parameter (spec §3.2) or fixed
-    qkv_clamp: float = 5.0  # clamp q, k, v to ±qkv_clamp (reference: 5; 0: off)
-    logit_clamp: float = 50.0  # clamp the LM logits to ±logit_clamp (reference: 50; 0: off)
-    rope_base: float = 10000.0
-    embed_std: float = 1.0  # std of wte
-    zero_proj: bool = False  # initialise the residual output projections (c_proj, mlp_proj) at zero
-    parametrization: str = "standard"  # "standard" | "mup"
-    laplacian_seed: int = 0  # seeds the rotation (laplacian_rotate) and the knn clustering
-    # hparams (searched by the tune phase)
-    init_std: float = 0.5  # matrices: std = init_std / √fan_in (reference: Kaiming-uniform gain 0.5)
-    output_mult: float = 1.0  # multiplies the logits (μP: output_mult · d0/d)
-    temperature: float = 0.03  # initial T_h (spec §3.2: ≈ the init λ spread at D = 64)
-
-    def __post_init__(self) -> None:
-        name = "TauConfig"
-        choices = {"attention": ATTENTIONS, "laplacian": LAPLACIANS, "tau_mode": TAU_MODES,
-                   "parametrization": ("standard", "mup")}
-        for field, valid in choices.items():
-            if getattr(self, field) not in valid:
-                raise ValueError(f"{name}.{field}={getattr(self, field)!r}: choose one of {list(valid)}")
-        for field in ("vocab_size", "width", "base_width", "n_layers", "head_dim", "kv_group", "max_len"):
-            if getattr(self, field) < 1:
-                raise ValueError(f"{name}.{field}={getattr(self, field)}: must be a positive integer")
-        if self.head_dim % 2:
-            raise ValueError(f"{name}.head_dim={self.head_dim}: must be even (RoPE pairs channel i with i + D/2)")
-        for field in ("width", "base_width"):
-            if getattr(self, field) % (self.head_dim * self.kv_group):
-                raise ValueError(f"{name}.{field}={getattr(self, field)}: must be a multiple of head_dim · kv_group"
-                                 f" = {self.head_dim * self.kv_group} (width grows by whole kv groups of heads)")
-        if (self.laplacian_path is None) != (self.laplacian == "chain"):
-            raise ValueError(f"{name}.laplacian_path={self.laplacian_path!r}: give a .npy file with laplacian "
-                             f"'knn' or 'file', and none with 'chain'")
-        for field in ("tau", "temperature", "init_std", "output_mult", "embed_std", "rope_base"):
-            if not getattr(self, field) > 0:
-                raise ValueError(f"{name}.{field}={getattr(self, field)}: must be > 0")
-        if self.recalibrate_every < 0 or not 0 <= self.recalibrate_ema < 1:
-            raise ValueError(f"{name}: recalibrate_every={self.recalibrate_every} must be >= 0 and "
-                             f"recalibrate_ema={self.recalibrate_ema} in [0, 1)")
-
-    @property
-    def n_heads(self) -> int:
-        return self.width // self.head_dim
-
-    @property
-    def n_kv_heads(self) -> int:
-        return self.n_heads // self.kv_group
-
-    @property
-    def width_mult(self) -> float:
-        return self.width / self.base_width
 
 
 def rms(x: torch.Tensor) -> torch.Tensor:
@@ -265,7 +196,7 @@ class Block(nn.Module):
         return x
 
 
-class TauGPT(nn.Module):
+class TauGPT(MuReadout, nn.Module):
     """`forward(input_ids)` returns next-token logits (B, T, V); `select` (B, T) decodes only those positions.
 
     `attention_mask` is accepted for the model contract and unused: attention is causal, and right-padding
@@ -320,21 +251,6 @@ class TauGPT(nn.Module):
             for block in self.blocks:
                 block.attn.c_proj.weight.zero_()
                 block.mlp_proj.weight.zero_()
-
-    def lr_multipliers(self) -> dict[str, float]:
-        if self.cfg.parametrization != "mup":
-            return {"input": 1.0, "hidden": 1.0, "output": 1.0, "bias": 1.0}
-        # --- μP: Adam learning rates, hidden ∝ d0/d; input, output (read out × d0/d), temperature unscaled ---
-        return {"input": 1.0, "hidden": 1.0 / self.cfg.width_mult, "output": 1.0, "bias": 1.0}
-        # --- end μP ---
-
-    def readout_mult(self) -> float:
-        cfg = self.cfg
-        if cfg.parametrization == "mup":
-            # --- μP: readout output_mult · d0/d (mup's MuReadout) ---
-            return cfg.output_mult / cfg.width_mult
-            # --- end μP ---
-        return cfg.output_mult
 
     def temperature(self) -> torch.Tensor:
         """T_h (H,) in fp32."""

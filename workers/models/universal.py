@@ -14,51 +14,12 @@ and `# --- μP ---` blocks); the timestep table is an input weight, the halting 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from workers.models.bert import Encoder, Layer, MLMHead, Widths, check_common
-
-TIMINGS = ("sinusoidal", "learned")
-
-
-@dataclass(frozen=True)
-class UTConfig(Widths):
-    vocab_size: int
-    width: int = 128  # d_model
-    base_width: int = 128  # d0: the μP base; unused by "standard"
-    n_steps: int = 4  # T: applications of the shared layer (ACT's maximum)
-    head_dim: int = 32  # fixed; heads = round(width / head_dim)
-    ffn_mult: int = 4  # f = ffn_mult · d
-    max_len: int = 512  # rows of the position table (learned timing) / longest sequence
-    norm: str = "pre"  # "pre" | "post"
-    timing: str = "sinusoidal"  # position and timestep signals: "sinusoidal" (UT paper) | "learned" tables
-    act: bool = False  # adaptive computation time
-    act_threshold: float = 0.99  # ACT halts a position once its cumulative halting probability passes this
-    act_penalty: float = 0.01  # τ, the ponder cost's weight in the loss
-    tie_decoder: bool = True
-    mlm_transform: bool = True
-    dropout: float = 0.0
-    parametrization: str = "standard"  # "standard" | "mup"
-    # hparams
-    init_std: float = 0.02
-    output_mult: float = 1.0
-    attn_mult: float = 1.0
-    # init options (mup's recommendations for μP)
-    zero_query: bool = False  # initialise the query projection at zero
-    zero_readout: bool = False  # initialise the readouts at zero (an untied decoder, the halting unit)
-
-    def __post_init__(self) -> None:
-        check_common(self, "UTConfig")
-        if self.n_steps < 1:
-            raise ValueError(f"UTConfig.n_steps={self.n_steps}: must be a positive integer")
-        if self.timing not in TIMINGS:
-            raise ValueError(f"UTConfig.timing={self.timing!r}: choose one of {list(TIMINGS)}")
-        if not 0.0 < self.act_threshold <= 1.0 or self.act_penalty < 0:
-            raise ValueError(f"UTConfig.act_threshold={self.act_threshold} must be in (0, 1] and "
-                             f"act_penalty={self.act_penalty} >= 0")
+from studies.arch import UTConfig
+from workers.models.bert import Encoder, Layer, MLMHead
 
 
 def sinusoid(length: int, d: int) -> torch.Tensor:
