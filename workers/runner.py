@@ -30,7 +30,7 @@ from studies.spec import StudySpec
 from workers.errors import one_line
 from workers.verdicts import trial_run_name
 
-METRIC_PREFIXES = ("lr_", "train_loss", "eval_loss", "stream_val_loss", "tokens", "tau.")  # logged per step
+METRIC_PREFIXES = ("lr_", "train_loss", "eval_loss", "stream_val_loss", "tokens", "tau.", "system/")  # per step
 GROUP_MULT = "group_lr_mult."  # final-result prefix of the per-group lr multipliers (μP), logged as `lr_mult.*` params
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -150,6 +151,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
     plateau_scale, stale = 1.0, 0
     start_loss = math.nan  # the untrained model's loss (the first batch's, before any update)
     start = time.perf_counter()
+    usage_start = (time.perf_counter(), time.process_time())  # this run's own clock, unlike `start` on resume
     first = 1
     if resume is not None:
         model.load_state_dict(resume["model"])
@@ -212,6 +214,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
             row: dict[str, Any] = {"step": step, "train_loss": loss_value, "tokens": tokens,
                                    "tokens_per_s": tokens / elapsed}
             row.update({f"lr_{g['name']}": g["lr"] for g in opt.param_groups})
+            row.update(_system(*usage_start))
             if cfg.plateau_patience:
                 row["lr_scale"] = step_scale
             if evaluated:
@@ -274,6 +277,14 @@ def _monitor(model: torch.nn.Module, input_ids: torch.Tensor, step: int, monitor
                        verdict.verdict)
     return {**{k: v for k, v in stats.items() if k != "step"},
             **{f"tau.collapse.{layer}": float(layer in flagged) for layer in layers}}
+
+
+def _system(wall_start: float, cpu_start: float) -> dict[str, float]:
+    """The trial process's own use since the run began, without psutil: CPU utilisation (100 = one core busy,
+    every torch thread counted) and the process's peak resident memory (a reused Ray actor's peak so far)."""
+    wall = max(time.perf_counter() - wall_start, 1e-9)
+    return {"system/cpu_utilization_percentage": 100 * (time.process_time() - cpu_start) / wall,
+            "system/peak_rss_megabytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def _result(status, eval_loss, best, train_loss, steps, tokens, start, model_info, history, message=""):

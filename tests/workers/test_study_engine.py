@@ -96,6 +96,8 @@ def test_mlflow_tells_the_study_at_a_glance(tiny_study):
     assert all(r.data.metrics["steps_done"] < spec.train.steps for r in stopped)
     assert all("lr_mult.hidden" in r.data.params for r in trials if r.data.tags["status"] == "completed"
                and "reused_from" not in r.data.tags)
+    assert all({"system/cpu_utilization_percentage", "system/peak_rss_megabytes"} <= set(r.data.metrics)
+               for r in trials if r.data.tags["status"] == "completed" and "reused_from" not in r.data.tags)
     reused = [r for r in trials if r.data.tags.get("reused_from")]
     assert [r.data.tags["reused_from"] for r in reused] == ["transfer-w32-s0"]
 

@@ -1,6 +1,7 @@
 import math
 
 import pytest
+import torch
 
 from studies.spec import DataSpec
 from workers.train import TrialConfig, lr_factor, train_trial, with_hparams
@@ -37,6 +38,9 @@ def test_progress_reports_lr_per_group_and_eval():
     assert rows[-1]["lr_hidden"] == pytest.approx(rows[-1]["lr_input"])
     assert "eval_loss" in rows[1] and "eval_loss" not in rows[0]
     assert result.tokens > 0 and result.tokens_per_s > 0
+    # the trial process's own use, psutil-free: MLflow shows `system/` metrics under its System metrics tab
+    assert 0 < rows[-1]["system/cpu_utilization_percentage"] <= 100 * torch.get_num_threads() * 1.5
+    assert 50 < rows[-1]["system/peak_rss_megabytes"] < 64_000
 
 
 def test_mup_group_lrs_follow_width_mult():
@@ -161,7 +165,7 @@ def test_a_resumed_trial_ends_exactly_where_an_undisturbed_one_ends(kw):
     assert [r["step"] for r in rows] == [15, 20, 25, 30]  # only the steps after the checkpoint
     assert resumed.eval_loss == full.eval_loss and resumed.best_eval_loss == full.best_eval_loss
     assert resumed.tokens == full.tokens and resumed.steps == full.steps == 30
-    drop = ("tokens_per_s",)
+    drop = ("tokens_per_s", "system/cpu_utilization_percentage", "system/peak_rss_megabytes")
     assert [{k: v for k, v in r.items() if k not in drop} for r in resumed.history] == \
         [{k: v for k, v in r.items() if k not in drop} for r in full.history]
 
