@@ -63,3 +63,9 @@ class InfrastructureLost(StudyError):
     """Ray (or another piece of infrastructure) went away; re-running the same command resumes."""
 
     status = StudyStatus.INTERRUPTED
+
+
+class Interrupted(StudyError):
+    """The study was stopped before a phase's trials had all run (Ctrl-C, SIGTERM); re-running resumes it."""
+
+    status = StudyStatus.INTERRUPTED

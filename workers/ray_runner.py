@@ -41,7 +41,7 @@ from ray.tune.schedulers import ASHAScheduler  # noqa: E402
 from analysis.table import TrialStatus  # noqa: E402
 from studies.plan import PlannedTrial  # noqa: E402
 from studies.spec import StudySpec  # noqa: E402
-from workers.errors import InfrastructureLost  # noqa: E402
+from workers.errors import InfrastructureLost, Interrupted  # noqa: E402
 from workers.runner import GROUP_MULT, METRIC_PREFIXES, PhaseJob, trial_frame, trial_row  # noqa: E402
 from workers.train import TrialConfig, train_trial  # noqa: E402
 from workers.verdicts import trial_run_name  # noqa: E402
@@ -402,7 +402,17 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
             ray.exceptions.RpcError) as exc:
         raise InfrastructureLost(f"Ray failed during the {phase} phase ({type(exc).__name__}: {exc}); "
                                  "re-run to resume it") from exc
+    check_all_ran(phase, grid, spec.tune.num_trials if planned is None else len(planned))
     return trial_table(spec, phase, grid)
+
+
+def check_all_ran(phase: str, grid, expected: int) -> None:
+    """Raise `Interrupted` when Tune returned before every trial ran: on SIGINT it stops and returns the trials it
+    has (fewer than planned; one that never started has no config); its saved state resumes the rest."""
+    ran = sum(result.config is not None for result in grid)
+    if ran < expected:
+        raise Interrupted(f"the {phase} phase stopped with {ran} of its {expected} trials run "
+                          "(interrupted): re-run the same command to resume it")
 
 
 def _renew(tuner: tune.Tuner, faults: dict[str, Any]) -> None:

@@ -179,44 +179,50 @@ def test_diverging_trial_is_recorded_and_study_completes(data_dir):
 
 
 DRIVER = """
+import sys
 from studies import load_catalog
 from studies.spec import StudySpec
 from workers.driver import run_study
 data = load_catalog("tiny").as_dict()
 data["verify"] = None
-data["tune"].update(seed=1, num_trials=8)  # not the e2e study's tune phase, which would be reused
-run_study(StudySpec.model_validate(data), "resume")
+data["tune"].update(seed=int(sys.argv[2]), num_trials=8)  # not the e2e study's tune phase, which would be reused
+run_study(StudySpec.model_validate(data), sys.argv[1])
 """
 RESUME_TRIALS = 8
 
 
-def test_killed_driver_resumes_without_duplicates(data_dir):
+@pytest.mark.parametrize(("study_id", "seed", "sig"), [("resume", 1, signal.SIGKILL), ("ctrl-c", 2, signal.SIGINT)])
+def test_a_killed_or_interrupted_driver_resumes_without_duplicates(data_dir, study_id, seed, sig):
+    """SIGKILL (a crash) or SIGINT (Ctrl-C: Tune stops and returns the trials it ran) mid-tune, then the same
+    command again: every planned trial once, in the table and in MLflow."""
     env = {**os.environ, "PTCTL_DATA_DIR": str(data_dir), "RAY_ADDRESS": ""}
     from workers.tracking import Tracker
 
     tracker = Tracker("tiny", f"sqlite:///{data_dir / 'mlflow.db'}")
-    log = open(data_dir / "resume-driver.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER], env=env, start_new_session=True, stdout=log, stderr=log)
+    command = [sys.executable, "-c", DRIVER, study_id, str(seed)]
+    log = open(data_dir / f"{study_id}-driver.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=log, stderr=log)
     deadline = time.time() + 240
     while time.time() < deadline:  # kill it once some tune trials have finished and others run
-        runs = tracker.runs("resume", "trial") if (data_dir / "mlflow.db").exists() else []
+        runs = tracker.runs(study_id, "trial") if (data_dir / "mlflow.db").exists() else []
         if sum(r.data.tags.get("status") in ("completed", "stopped") for r in runs) >= 2:
             break
         time.sleep(0.5)
     else:
         proc.kill()
-        log_text = (data_dir / "resume-driver.log").read_text()
+        log_text = (data_dir / f"{study_id}-driver.log").read_text()
         pytest.fail(f"the tune phase did not finish two trials in time:\n{log_text}")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    state = json.loads((data_dir / "studies" / "resume" / "state.json").read_text())
-    assert "tune" not in state["phases"]  # killed during tune
+    os.killpg(proc.pid, sig)
+    proc.wait(120)
+    state = json.loads((data_dir / "studies" / study_id / "state.json").read_text())
+    assert "tune" not in state["phases"]  # stopped during tune
+    if sig == signal.SIGINT:
+        assert state["status"] == "interrupted" and "re-run" in state["error"], state.get("error")
 
-    subprocess.run([sys.executable, "-c", DRIVER], env=env, check=True, timeout=600,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(command, env=env, check=True, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     spec = load_catalog("tiny")
-    trials = pd.read_csv(data_dir / "studies" / "resume" / "artifacts" / "trials.csv")
-    runs = _runs("resume", spec.experiment_name())
+    trials = pd.read_csv(data_dir / "studies" / study_id / "artifacts" / "trials.csv")
+    runs = _runs(study_id, spec.experiment_name())
     tune_runs = [r for r in runs["trial"] if r.data.tags["phase"] == "tune"]
     assert len(trials[trials.phase == "tune"]) == RESUME_TRIALS
     assert len(tune_runs) == len({r.data.tags["trial_key"] for r in tune_runs}) == RESUME_TRIALS
