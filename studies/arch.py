@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
+    SerializeAsAny,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -374,7 +375,7 @@ class ModelSpec(BaseModel):
 
     family: ModelFamily = Field("pt", description="the model family (one registered in `studies.family`)")
     parametrization: Parametrization = Field("mup", description="'mup' (μP) or 'standard'")
-    arch: Arch = Field(None, validate_default=True,  # type: ignore[assignment]  (None: the family's defaults)
+    arch: SerializeAsAny[Arch] = Field(None, validate_default=True,  # type: ignore[assignment]  (None: defaults)
                        description="the fixed architecture: PTArch, BertArch, UTArch or TauArch by family")
 
     @field_validator("arch", mode="wrap")

@@ -4,6 +4,7 @@ through the model contract's loss and hooks, and runs the coordinate check."""
 
 from __future__ import annotations
 
+import warnings
 from typing import ClassVar
 
 import pytest
@@ -93,6 +94,9 @@ DATA = DataSpec(max_tokens=20_000, seq_len=32)
 def test_a_family_registered_once_validates_and_trains_through_the_contract(mlp_family):
     spec = ModelSpec(family="mlp", parametrization="standard", arch={"hidden_mult": 3})
     assert spec.arch == MLPArch(hidden_mult=3) and space_class("mlp") is MLPSpace
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # serialised as its own arch, not as one of the built-in arches
+        assert ModelSpec.model_validate_json(spec.model_dump_json()) == spec
     assert "mlp." in metric_prefixes()
 
     rows: list[dict] = []
