@@ -10,6 +10,7 @@ fastapi), so the CLI and the API validate a spec without starting anything.
 from pathlib import Path
 
 from studies.budget import forward_flops, param_count, train_flops, width_for_budget
+from studies.family import FAMILIES, Family, family_names, get_family, register
 from studies.space import (
     BASELINE_HPARAMS,
     HPARAMS,
@@ -22,7 +23,6 @@ from studies.space import (
 )
 from studies.spec import (
     CATALOG_DIR,
-    MODEL_FAMILIES,
     AshaSpec,
     BaselineSpec,
     BertArch,
@@ -67,7 +67,8 @@ __all__ = [
     "CATALOG_DIR",
     "HPARAMS",
     "INFORMATION_WEIGHTS",
-    "MODEL_FAMILIES",
+    "FAMILIES",
+    "Family",
     "TAU_HPARAMS",
     "AshaSpec",
     "BaselineSpace",
@@ -91,6 +92,9 @@ __all__ = [
     "ValidateSpec",
     "VerifySpec",
     "catalog_names",
+    "family_names",
+    "get_family",
+    "register",
     "catalog_path",
     "forward_flops",
     "load_catalog",

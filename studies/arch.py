@@ -1,5 +1,5 @@
 """The model families' configs, each declared once: the fixed architecture (`model.arch`) and the full config
-a worker builds the model from; `ModelSpec` picks the arch by `family`.
+a worker builds the model from; `ModelSpec` picks the arch by `family` (the registry: `studies.family`).
 
 An arch (`PTArch`, `BertArch`, `UTArch`, `TauArch`) is what a study fixes. The model config (`PTConfig`,
 `BertConfig`, `UTConfig`, `TauConfig`) is that arch plus what a trial adds: `vocab_size` (from the data),
@@ -14,15 +14,22 @@ configs' validation and the parameter counts of `studies.budget` all read it.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    SerializeAsAny,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import core_schema
 
-ModelFamily = Literal["pt", "bert", "ut", "tauformer"]
-MODEL_FAMILIES: tuple[str, ...] = get_args(ModelFamily)
 Parametrization = Literal["mup", "standard"]
-FAMILY_OBJECTIVE = {"pt": "mlm", "bert": "mlm", "ut": "mlm", "tauformer": "clm"}
-"""The data objective each family trains with (`workers.models.objective_of`): masked or next tokens."""
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -181,8 +188,33 @@ def nested(info: ValidationInfo) -> dict[str, Any]:
     return {"strict": True if context.get("strict") else None, "context": info.context}
 
 
-ARCHS: dict[str, type[BaseModel]] = {"pt": PTArch, "bert": BertArch, "ut": UTArch, "tauformer": TauArch}
 Arch = PTArch | BertArch | UTArch | TauArch
+"""The built-in families' arches (a registered family's arch is any pydantic model: `studies.family`)."""
+
+
+def _registered(name: str) -> str:
+    from studies.family import get_family  # the registry imports this module
+
+    get_family(name)
+    return name
+
+
+class _FamilyName:
+    """A registered family's name (`studies.family`): validated against the registry, offered as an enum."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(_registered, core_schema.str_schema())
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        from studies.family import family_names
+
+        return {"type": "string", "enum": family_names()}
+
+
+ModelFamily = Annotated[str, _FamilyName]
+"""A model family's name, one `studies.family.register`ed."""
 
 
 def width_step(arch: Arch, base_width: int) -> int:
@@ -334,8 +366,6 @@ class TauConfig(TauArch, ModelSize):
 
 
 ModelConfig = PTConfig | BertConfig | UTConfig | TauConfig
-CONFIGS: dict[str, type[ModelConfig]] = {"pt": PTConfig, "bert": BertConfig, "ut": UTConfig, "tauformer": TauConfig}
-"""Each family's model config (what `workers.models.build_model` validates its keyword arguments with)."""
 
 
 class ModelSpec(BaseModel):
@@ -343,15 +373,19 @@ class ModelSpec(BaseModel):
 
     model_config = _STRICT
 
-    family: ModelFamily = Field("pt", description=f"the model family, one of {list(MODEL_FAMILIES)}")
+    family: ModelFamily = Field("pt", description="the model family (one registered in `studies.family`)")
     parametrization: Parametrization = Field("mup", description="'mup' (μP) or 'standard'")
-    arch: Arch = Field(None, validate_default=True,  # type: ignore[assignment]  (None: the family's defaults)
+    arch: SerializeAsAny[Arch] = Field(None, validate_default=True,  # type: ignore[assignment]  (None: defaults)
                        description="the fixed architecture: PTArch, BertArch, UTArch or TauArch by family")
 
     @field_validator("arch", mode="wrap")
     @classmethod
     def _arch_of_family(cls, value: Any, handler: Any, info: ValidationInfo) -> Arch:
-        arch_cls = ARCHS[info.data.get("family", "pt")]
+        from studies.family import get_family
+
+        if "family" not in info.data:  # the family failed validation: its error names the registered ones
+            return value
+        arch_cls = get_family(info.data["family"]).arch
         if value is None:
             return arch_cls()
         if isinstance(value, arch_cls):

@@ -18,6 +18,9 @@ FLOPs are the matmul FLOPs of the implementation as written (2 per multiply-add:
 with a = heads·head_dim, f = ffn_mult·d, n_far = 2 (1 when γ = 0), n_msg = 2 (1 with block_msg), P_near
 the near (|i-j| ≤ γ) pairs. The trainer decodes only the masked positions, so n_dec = mask_rate·n in
 expectation. Training FLOPs = 3 × forward (the backward pass costs twice the forward) × sequences seen.
+
+Each family's counts are registered with it (`studies.family.Family.param_count`, `forward_flops`); a family
+without them cannot join a compare study.
 """
 
 from __future__ import annotations
@@ -48,54 +51,90 @@ def _head_params(d: int, vocab: int, arch: BertArch | UTArch) -> int:
     return transform + (0 if arch.tie_decoder else vocab * d) + vocab  # decoder bias always
 
 
+def pt_params(arch: PTArch, width: int, vocab_size: int, base_width: int | None) -> int:
+    """PT: S, decoder (+ bias), the ternary factors, topics."""
+    if base_width is None:
+        raise ValueError("PT's arch sizes are given at the base width: pass base_width=")
+    d, V = width, vocab_size
+    k, h, r, m = _pt_sizes(arch, d, base_width)
+    factors = {"uv": 2 * k * h * d * r, "uvw": 2 * k * d * r + k * h * r, "none": k * h * d * d}
+    return 2 * V * d + V + factors[arch.decomposition] + m * d
+
+
+def bert_params(arch: BertArch, width: int, vocab_size: int, base_width: int | None = None) -> int:
+    d, V = width, vocab_size
+    emb = V * d + arch.max_len * d + 2 * d  # tokens, positions, the embedding/final LayerNorm
+    return emb + arch.n_layers * _layer_params(d, arch) + _head_params(d, V, arch)
+
+
+def ut_params(arch: UTArch, width: int, vocab_size: int, base_width: int | None = None) -> int:
+    d, V = width, vocab_size
+    emb = V * d + 2 * d + ((arch.max_len + arch.n_steps) * d if arch.timing == "learned" else 0)
+    halt = d + 1 if arch.act else 0
+    return emb + _layer_params(d, arch) + halt + _head_params(d, V, arch)
+
+
+def _counted(family: str):
+    """`family`'s registration, which must carry its counts."""
+    from studies.family import FAMILIES, get_family  # the registry imports this module
+
+    entry = get_family(family)
+    if entry.param_count is None or entry.forward_flops is None:
+        counted = [name for name, f in FAMILIES.items() if f.param_count is not None]
+        raise ValueError(f"unknown model family {family!r}: choose one of {counted}")
+    return entry
+
+
 def param_count(family: str, arch: Arch, width: int, vocab_size: int, base_width: int | None = None) -> int:
     """Parameters of `family`'s model at `width` (PT needs `base_width`, where its arch sizes are given)."""
-    d, V = width, vocab_size
-    if family == "pt":
-        if base_width is None:
-            raise ValueError("PT's arch sizes are given at the base width: pass base_width=")
-        k, h, r, m = _pt_sizes(arch, d, base_width)
-        factors = {"uv": 2 * k * h * d * r, "uvw": 2 * k * d * r + k * h * r, "none": k * h * d * d}
-        return 2 * V * d + V + factors[arch.decomposition] + m * d  # S, decoder (+ bias), ternary, topics
-    if family == "bert":
-        emb = V * d + arch.max_len * d + 2 * d  # tokens, positions, the embedding/final LayerNorm
-        return emb + arch.n_layers * _layer_params(d, arch) + _head_params(d, V, arch)
-    if family == "ut":
-        emb = V * d + 2 * d + ((arch.max_len + arch.n_steps) * d if arch.timing == "learned" else 0)
-        halt = d + 1 if arch.act else 0
-        return emb + _layer_params(d, arch) + halt + _head_params(d, V, arch)
-    raise ValueError(f"unknown model family {family!r}: choose one of ['pt', 'bert', 'ut']")
+    return _counted(family).param_count(arch, width, vocab_size, base_width)
+
+
+def pt_flops(arch: PTArch, width: int, vocab_size: int, seq_len: int, n_decoded: float,
+             base_width: int | None) -> dict[str, float]:
+    if base_width is None:
+        raise ValueError("PT's arch sizes are given at the base width: pass base_width=")
+    d, V, n = width, vocab_size, seq_len
+    k, h, r, m = _pt_sizes(arch, d, base_width)
+    r = d if arch.decomposition == "none" else r  # the full T is used as U = T, V = I
+    n_far = 2
+    n_msg = 1 if arch.block_msg else 2
+    p_near = sum(2 * (n - off) for off in range(1, min(arch.gamma, n - 1) + 1))
+    per_iter = {"projections": 2 * 2 * n * d * k * h * r, "far_scores": n_far * 2 * h * n * n * r,
+                "gathers": n_msg * n_far * 2 * h * n * n * r, "back_projections": n_msg * 2 * n * k * h * r * d,
+                "topics": 2 * 2 * n * d * m, "near": (1 + n_msg) * 2 * h * p_near * r}
+    terms = {name: arch.n_iter * v for name, v in per_iter.items()}
+    terms["decoder"] = 2 * n_decoded * d * V
+    return terms
+
+
+def _encoder_flops(arch: BertArch | UTArch, times: int, width: int, vocab_size: int, seq_len: int,
+                   n_decoded: float) -> dict[str, float]:
+    d, V, n = width, vocab_size, seq_len
+    a, f = arch.heads_at(d) * arch.head_dim, arch.ffn_mult * d
+    layer = {"qkv": 2 * n * d * 3 * a, "attention": 2 * 2 * n * n * a, "out": 2 * n * a * d, "ffn": 2 * 2 * n * d * f}
+    terms = {name: times * v for name, v in layer.items()}
+    if isinstance(arch, UTArch) and arch.act:
+        terms["halting"] = arch.n_steps * 2 * n * d
+    terms["transform"] = 2 * n_decoded * d * d if arch.mlm_transform else 0
+    terms["decoder"] = 2 * n_decoded * d * V
+    return terms
+
+
+def bert_flops(arch: BertArch, width: int, vocab_size: int, seq_len: int, n_decoded: float,
+               base_width: int | None = None) -> dict[str, float]:
+    return _encoder_flops(arch, arch.n_layers, width, vocab_size, seq_len, n_decoded)
+
+
+def ut_flops(arch: UTArch, width: int, vocab_size: int, seq_len: int, n_decoded: float,
+             base_width: int | None = None) -> dict[str, float]:
+    return _encoder_flops(arch, arch.n_steps, width, vocab_size, seq_len, n_decoded)
 
 
 def forward_flops(family: str, arch: Arch, width: int, vocab_size: int, seq_len: int, n_decoded: float,
                   base_width: int | None = None) -> dict[str, float]:
     """Matmul FLOPs of one forward pass over one sequence, term by term (module docstring)."""
-    d, V, n = width, vocab_size, seq_len
-    if family == "pt":
-        if base_width is None:
-            raise ValueError("PT's arch sizes are given at the base width: pass base_width=")
-        k, h, r, m = _pt_sizes(arch, d, base_width)
-        r = d if arch.decomposition == "none" else r  # the full T is used as U = T, V = I
-        n_far = 2
-        n_msg = 1 if arch.block_msg else 2
-        p_near = sum(2 * (n - off) for off in range(1, min(arch.gamma, n - 1) + 1))
-        per_iter = {"projections": 2 * 2 * n * d * k * h * r, "far_scores": n_far * 2 * h * n * n * r,
-                    "gathers": n_msg * n_far * 2 * h * n * n * r, "back_projections": n_msg * 2 * n * k * h * r * d,
-                    "topics": 2 * 2 * n * d * m, "near": (1 + n_msg) * 2 * h * p_near * r}
-        terms = {name: arch.n_iter * v for name, v in per_iter.items()}
-        terms["decoder"] = 2 * n_decoded * d * V
-        return terms
-    if family not in ("bert", "ut"):
-        raise ValueError(f"unknown model family {family!r}: choose one of ['pt', 'bert', 'ut']")
-    a, f = arch.heads_at(d) * arch.head_dim, arch.ffn_mult * d
-    layer = {"qkv": 2 * n * d * 3 * a, "attention": 2 * 2 * n * n * a, "out": 2 * n * a * d, "ffn": 2 * 2 * n * d * f}
-    times = arch.n_layers if family == "bert" else arch.n_steps
-    terms = {name: times * v for name, v in layer.items()}
-    if family == "ut" and arch.act:
-        terms["halting"] = arch.n_steps * 2 * n * d
-    terms["transform"] = 2 * n_decoded * d * d if arch.mlm_transform else 0
-    terms["decoder"] = 2 * n_decoded * d * V
-    return terms
+    return _counted(family).forward_flops(arch, width, vocab_size, seq_len, n_decoded, base_width)
 
 
 def train_flops(family: str, arch: Arch, width: int, vocab_size: int, seq_len: int, mask_rate: float,
@@ -113,7 +152,7 @@ def width_for_budget(family: str, arch: Arch, budget: float, vocab_size: int, ba
     count grows with width, so the first width at or past the budget is found by bisection (a few dozen counts,
     whatever the budget), and the nearest is it or the width before it.
     """
-    step = width_step(arch, base_width) if family == "pt" and base_width is not None else 1
+    step = width_step(arch, base_width) if _counted(family).width_multiples and base_width is not None else 1
 
     def count_at(k: int) -> int:
         return param_count(family, arch, k * step, vocab_size, base_width)
@@ -135,5 +174,6 @@ def width_for_budget(family: str, arch: Arch, budget: float, vocab_size: int, ba
         raise ValueError(
             f"no {family} width meets {budget:,.0f} parameters within {tolerance:.0%} ({lo}; {hi}; widths step "
             f"by {step}): move the budget, raise compare.tolerance, or pick an arch with a finer width step"
-            + (" (PT: paradigm 'rank' with rank a multiple of base_width/2 steps by 2)" if family == "pt" else ""))
+            + (" (PT: paradigm 'rank' with rank a multiple of base_width/2 steps by 2)" if isinstance(arch, PTArch)
+               else ""))
     return best

@@ -81,10 +81,14 @@ class CompareSpec(BaseModel):
         if len(set(families)) != len(families):
             problems.append(f"compare families {families} repeat one: model.family is tuned once and "
                             "transferred, each baseline is tuned at every budget; list each family once")
-        if "tauformer" in families:
-            return problems + [f"compare families {families} include tauformer, a causal LM: a compare study "
-                               "pairs the MLM families (pt, bert, ut) on one objective; compare TauGPT with its "
-                               "dot-product twin through model.arch.attention instead"]
+        from studies.family import FAMILIES, get_family  # the registry imports this module (through budget)
+
+        causal = [f for f in families if get_family(f).objective != "mlm"]
+        if causal:
+            mlm = [name for name, f in FAMILIES.items() if f.objective == "mlm"]
+            return problems + [f"compare families {families} include {', '.join(causal)}, a causal LM: a compare "
+                               f"study pairs the MLM families ({', '.join(mlm)}) on one objective; compare TauGPT "
+                               "with its dot-product twin through model.arch.attention instead"]
         for m in [model, *(b.model for b in self.baselines)]:
             for budget in sorted({*self.budgets, self.proxy()}):
                 try:

@@ -6,7 +6,7 @@ Each hparam has a `Range` (bounds, log or linear, and the default value it takes
 searched); `SearchSpace.frozen` lists the hparams held at their default instead of being tuned.
 A study's tune phase searches `searched()`; every trial also receives `fixed()`; `defaults()` is
 the point the space is centred on (PT: lr 1e-2, every information weight 1.0: the original PT).
-`space_class(family)` gives a model family's space.
+`space_class(family)` gives a model family's space (registered with it in `studies.family`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from analysis import HPARAMS
 
-__all__ = ["BASELINE_HPARAMS", "HPARAMS", "INFORMATION_WEIGHTS", "TAU_HPARAMS", "BaselineSpace", "Range",
+__all__ = ["BASELINE_HPARAMS", "HPARAMS", "INFORMATION_WEIGHTS", "TAU_HPARAMS", "BaselineSpace", "Range", "Space",
            "SearchSpace", "TauSpace",
            "check_hparam_names", "space_class", "validate_space"]
 
@@ -90,7 +90,7 @@ def _weight_field(name: str, what: str) -> Any:
     return Field(default_factory=_weight, description=f"{name}: the scale of {what} (PT spec §3.2)")
 
 
-class _Space(BaseModel):
+class Space(BaseModel):
     """What every family's space shares: validation of names and `frozen`, and the views of the ranges."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -105,7 +105,7 @@ class _Space(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _check_frozen(self) -> _Space:
+    def _check_frozen(self) -> Space:
         check_hparam_names(self.frozen, "space.frozen", self.HPARAMS)
         repeated = sorted({n for n in self.frozen if self.frozen.count(n) > 1})
         if repeated:
@@ -136,7 +136,7 @@ class _Space(BaseModel):
         return {**self.defaults(), **{k: float(v) for k, v in hparams.items()}}
 
 
-class SearchSpace(_Space):
+class SearchSpace(Space):
     """PT's space: a `Range` per hparam (each optional: omitted ones take the documented default range)."""
 
     HPARAMS: ClassVar[tuple[str, ...]] = HPARAMS
@@ -157,7 +157,7 @@ class SearchSpace(_Space):
     )
 
 
-class BaselineSpace(_Space):
+class BaselineSpace(Space):
     """The BERT / UT space (`workers/models/bert.py`): lr, the init std and the output and attention multipliers.
 
     Defaults: lr 3e-3 (Adam, small encoders), init_std 0.05 (BERT's 0.02 is ≈ 0.55/√768; at the widths of
@@ -181,7 +181,7 @@ class BaselineSpace(_Space):
     frozen: list[str] = Field(default_factory=list, description="hparams held at their default, e.g. [attn_mult]")
 
 
-class TauSpace(_Space):
+class TauSpace(Space):
     """The TauGPT space (`workers/models/tauformer.py`): lr, the init std, the output multiplier and the
     initial attention temperature.
 
@@ -206,18 +206,15 @@ class TauSpace(_Space):
     frozen: list[str] = Field(default_factory=list, description="hparams held at their default, e.g. [temperature]")
 
 
-SPACES: dict[str, type[_Space]] = {"pt": SearchSpace, "bert": BaselineSpace, "ut": BaselineSpace,
-                                   "tauformer": TauSpace}
+def space_class(family: str) -> type[Space]:
+    """The search-space class of model `family` (its registration in `studies.family`)."""
+    from studies.family import get_family  # the registry imports this module
+
+    space: type[Space] = get_family(family).space  # type: ignore[assignment]
+    return space
 
 
-def space_class(family: str) -> type[_Space]:
-    """The search-space class of model `family`."""
-    if family not in SPACES:
-        raise ValueError(f"no search space for model family {family!r}: choose one of {sorted(SPACES)}")
-    return SPACES[family]
-
-
-def validate_space(value: Any, family: str, **options: Any) -> _Space:
+def validate_space(value: Any, family: str, **options: Any) -> Space:
     """`value` (None, a dict or a space) as `family`'s space; a space of another family is re-validated
     (`options`: `model_validate`'s strict and context)."""
     cls = space_class(family)

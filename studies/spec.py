@@ -25,8 +25,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from analysis import PHASES, min_samples
 from studies.arch import (
-    FAMILY_OBJECTIVE,
-    MODEL_FAMILIES,
     BertArch,
     ModelFamily,
     ModelSpec,
@@ -38,14 +36,20 @@ from studies.arch import (
     width_error,
 )
 from studies.compare import BaselineSpec, CompareSpec
+from studies.family import FAMILIES, get_family
 from studies.space import BaselineSpace, SearchSpace, TauSpace, validate_space
 
-__all__ = ["CATALOG_DIR", "MODEL_FAMILIES", "AshaSpec", "BaselineSpec", "BertArch", "CompareSpec", "DataSpec",
+__all__ = ["CATALOG_DIR", "AshaSpec", "BaselineSpec", "BertArch", "CompareSpec", "DataSpec",
            "ModelFamily", "ModelSpec", "PTArch", "Parametrization", "ResourcesSpec", "StudySpec", "TrackingSpec",
            "TauArch", "TrainSpec", "TransferSpec", "TrialConfig", "TuneSpec", "UTArch", "ValidateSpec", "VerifySpec",
            "width_error"]
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
+
+
+def _objective(family: Any) -> str:
+    """The data objective of `family` ("mlm" for a name the family field will reject)."""
+    return FAMILIES[family].objective if isinstance(family, str) and family in FAMILIES else "mlm"
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -140,7 +144,7 @@ class TrialConfig(TrainSpec):
     """One trial as a worker trains it (`workers.train.train_trial`): `TrainSpec`'s budget (with the phase's
     `steps`), the model family, the model config's keyword arguments but `vocab_size` (`model_hp`: the arch,
     width, base_width, parametrization and the hparams but lr; `build_model` validates them with the family's
-    config in `studies.arch.CONFIGS`), the data, the base `lr` and the `seed`.
+    config, registered in `studies.family`), the data, the base `lr` and the `seed`.
 
     `StudySpec.trial_config` builds it as a plain dict, which is what Ray hands a trial."""
 
@@ -355,7 +359,7 @@ class StudySpec(BaseModel):
         model, section = data.get("model"), data.get("data")
         family = model.get("family", "pt") if isinstance(model, dict) else getattr(model, "family", "pt")
         if (section is None or isinstance(section, dict)) and "objective" not in (section or {}):
-            data = {**data, "data": {**(section or {}), "objective": FAMILY_OBJECTIVE.get(family, "mlm")}}
+            data = {**data, "data": {**(section or {}), "objective": _objective(family)}}
         return data
 
     @model_validator(mode="after")
@@ -410,7 +414,7 @@ class StudySpec(BaseModel):
         problems = [f"{where}.arch.max_len={m.arch.max_len} is below data.seq_len={self.data.seq_len}: set max_len "
                     f"to {self.data.seq_len}" for where, m in models
                     if not isinstance(m.arch, PTArch) and m.arch.max_len < self.data.seq_len]
-        objective = FAMILY_OBJECTIVE[self.model.family]
+        objective = get_family(self.model.family).objective
         if self.data.objective != objective:
             problems.append(f"data.objective={self.data.objective!r} does not fit model.family "
                             f"{self.model.family!r}, which trains with {objective!r}: set data.objective: "

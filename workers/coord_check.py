@@ -22,23 +22,11 @@ import torch
 from analysis.coord import CoordVerdict, coord_slopes, coord_verdict
 from studies.spec import DataSpec, TrialConfig
 from workers.errors import ConfigError
-from workers.models import READOUT, build_model, objective_of
+from workers.models import build_model, family
 from workers.models.common import token_loss
 from workers.train import load_data, make_optimizer
 
-# Small models per family. PT: h = 2, r = 8 at the base width, widened by the paradigm. TauGPT: heads of 16
-# dims (the Laplacian's size), widened by heads, every hparam at its default. BERT and UT:
-# heads of 16 dims (2 heads at width 32, 16 at 256), positions for the check's 32-token sequences, and
-# init_std 0.15 at the base width 32 (≈ 0.85/√32, the order of BERT's 0.02 ≈ 0.55/√768 relative to fan-in;
-# with 0.02 the random part is so small at d0 = 32 that the attention logits of the first updates shrink
-# with width at these widths: slopes to −0.6 under μP, measured in docs/LOG.md).
-FAMILY_HP: dict[str, dict] = {
-    "pt": {"n_channels": 2, "rank": 8, "n_iter": 3, "gamma": 3},
-    "bert": {"n_layers": 2, "head_dim": 16, "max_len": 32, "init_std": 0.15},
-    "ut": {"n_steps": 3, "head_dim": 16, "max_len": 32, "init_std": 0.15},
-    "tauformer": {"n_layers": 2, "head_dim": 16, "max_len": 32},  # widens by heads: 2 heads at 32, 16 at 256
-}
-DEFAULT_HP = FAMILY_HP["pt"]
+# The small model per family is registered with it (`studies.family.Family.coord_hp`, with the reasons).
 CHECK_LR_TIMES_BASE = 0.32  # the check's lr·d0: 1e-2 at base width 32, 2.5e-3 at 128
 DEFAULT_DATA = DataSpec(max_tokens=200_000, seq_len=32)
 
@@ -62,11 +50,10 @@ def coord_data(
     Seeds are `base_seed … base_seed + seeds − 1`; seed s draws the model and the batches, so
     every width sees the same data for one seed and the seeds are independent replicates.
     """
-    if model not in FAMILY_HP:
-        raise ConfigError(f"no coordinate-check defaults for model {model!r}: choose one of {sorted(FAMILY_HP)}")
-    hp = {**FAMILY_HP[model], **(model_hp or {})}
+    entry = family(model)
+    hp = {**entry.coord_hp, **(model_hp or {})}
     hp.setdefault("base_width", min(widths))
-    data = data.model_copy(update={"objective": objective_of(model)})  # TauGPT: causal LM batches
+    data = data.model_copy(update={"objective": entry.objective})  # TauGPT: causal LM batches
     cfg = TrialConfig(model=model, data=data, lr=lr, batch_size=batch_size, weight_decay=0.0, grad_clip=0.0)
     mlm = load_data(data)
     rows = []
@@ -78,8 +65,7 @@ def coord_data(
             batches = mlm.train_batches(batch_size, seed=1000 + seed)  # same batches at every width
             for step in range(steps):
                 batch = next(batches)
-                if hasattr(net, "calibrate"):  # TauGPT: τ from the first batch, as in training
-                    net.calibrate(batch.input_ids, step)
+                net.before_step(batch, step)  # TauGPT: τ from the first batch, as in training
                 trace: dict[str, torch.Tensor] = {}
                 logits = net(batch.input_ids, batch.attention_mask, trace=trace)
                 for name, act in trace.items():
@@ -87,8 +73,9 @@ def coord_data(
                     rows.append((parametrization, width, seed, step, name, rms))
                 opt.zero_grad(set_to_none=True)
                 loss = token_loss(logits, batch.labels)
-                if hasattr(net, "aux_loss"):
-                    loss = loss + net.aux_loss()
+                aux = net.aux_loss()  # the traced forward's aux terms, as `net.loss` adds them
+                if aux is not None:
+                    loss = loss + aux
                 loss.backward()
                 opt.step()
     df = pd.DataFrame(rows, columns=["parametrization", "width", "seed", "step", "name", "rms"])
@@ -134,6 +121,6 @@ def coord_check(
         df = pd.concat(frames, ignore_index=True)
         slopes = coord_slopes(df)
         verdict = coord_verdict(slopes, steps=tuple(range(1, steps)), parametrization=parametrization,
-                                may_vanish=may_vanish, output_name=READOUT[model])
+                                may_vanish=may_vanish, output_name=family(model).readout)
         if verdict.status != "inconclusive" or ran >= max_seeds:
             return df, slopes, verdict, lr

@@ -42,7 +42,7 @@ from analysis.table import TrialStatus  # noqa: E402
 from studies.plan import PlannedTrial  # noqa: E402
 from studies.spec import StudySpec  # noqa: E402
 from workers.errors import InfrastructureLost, Interrupted  # noqa: E402
-from workers.runner import GROUP_MULT, METRIC_PREFIXES, PhaseJob, trial_frame, trial_row  # noqa: E402
+from workers.runner import GROUP_MULT, PhaseJob, metric_prefixes, trial_frame, trial_row  # noqa: E402
 from workers.train import TrialConfig, train_trial  # noqa: E402
 from workers.verdicts import trial_run_name  # noqa: E402
 
@@ -305,10 +305,11 @@ class MlflowTrials(tune.Callback):
         if result.get("resumed_from") and self._tagged.get(trial.trial_id) != result["resumed_from"]:
             self.tracker.set_tags(run, {"resumed_from_step": result["resumed_from"]})
             self._tagged[trial.trial_id] = result["resumed_from"]
-        rows = []  # a restart's repeats of steps the run has are dropped
+        rows: list[dict[str, Any]] = []  # a restart's repeats of steps the run has are dropped
+        prefixes = metric_prefixes()
         for each in [*json.loads(result.get(BATCH_KEY) or "[]"), result]:
             if each["step"] > max(self._logged.get(trial.trial_id, 0), rows[-1]["step"] if rows else 0):
-                rows.append({k: v for k, v in each.items() if k == "step" or k.startswith(METRIC_PREFIXES)})
+                rows.append({k: v for k, v in each.items() if k == "step" or k.startswith(prefixes)})
         if not rows:
             return
         self.tracker.log_metrics(run, rows)

@@ -25,12 +25,18 @@ from typing import Any, Protocol
 import pandas as pd
 
 from analysis.table import LOSS_STATUSES, TrialStatus
+from studies.family import FAMILIES
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 from workers.errors import one_line
 from workers.verdicts import trial_run_name
 
-METRIC_PREFIXES = ("lr_", "train_loss", "eval_loss", "stream_val_loss", "tokens", "tau.", "system/")  # per step
+METRIC_PREFIXES = ("lr_", "train_loss", "eval_loss", "stream_val_loss", "tokens", "system/")  # per step, any family
+
+
+def metric_prefixes() -> tuple[str, ...]:
+    """The per-step metrics a trial logs: every family's, and those its family registers (TauGPT: `tau.`)."""
+    return METRIC_PREFIXES + tuple(p for f in FAMILIES.values() for p in f.metric_prefixes)
 GROUP_MULT = "group_lr_mult."  # final-result prefix of the per-group lr multipliers (μP), logged as `lr_mult.*` params
 
 
@@ -158,7 +164,8 @@ class InProcessRunner:
             metrics = {"eval_loss": result.eval_loss, "best_eval_loss": result.best_eval_loss, "step": result.steps,
                        "tokens": result.tokens, "wall_time_s": result.wall_time_s, "params": result.params}
             row = trial_row(spec, trial, result.status, metrics, result.message)
-            history = [{k: v for k, v in r.items() if k == "step" or k.startswith(METRIC_PREFIXES)}
+            prefixes = metric_prefixes()
+            history = [{k: v for k, v in r.items() if k == "step" or k.startswith(prefixes)}
                        for r in result.history]
             tracker.log_metrics(run, [*history, {"step": result.steps, "steps_done": result.steps}])
             if result.lr_multipliers:

@@ -4,10 +4,11 @@
 (or its dict); the Ray layer passes a `progress` callback that receives a metrics dict at every logged step.
 A diverging run (NaN/inf loss) ends with status "diverged"; it never raises.
 
-The model's `objective` ("mlm" or "clm") must match the data's. A model with `calibrate` (TauGPT) sets τ
-from the first training batch; one with `monitor` adds its statistics (TauGPT: `tau.*`, with collapse
-flags) to every evaluation's row, computed on a fixed held-out batch. Batches the data stream diverts
-(`data.stream_val_every`) give `stream_val_loss`.
+The family's objective ("mlm" or "clm") must match the data's. The model owns its loss (`model.loss(batch)`,
+aux terms included) and is driven through the hooks of `workers.models.contract.LanguageModel`: `before_trial`
+once, `before_step` before every step (TauGPT: τ calibration) and `eval_metrics` at every evaluation, on a
+fixed held-out batch, whose metrics join the row (TauGPT: `tau.*` with collapse flags). Batches the data
+stream diverts (`data.stream_val_every`) give `stream_val_loss`.
 
 At every evaluation an optional `checkpoint(row, state)` hook receives the trial's whole resumable state
 (model, optimiser, step, RNG, plateau and history; the data position is the step: the seeded stream is
@@ -17,7 +18,6 @@ replayed); `train_trial(..., resume=state)` continues from it and ends where an 
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import resource
 import time
@@ -25,19 +25,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pandas as pd
 import torch
 
-from analysis.taumode import collapse_warning
 from studies.spec import DataSpec, TrialConfig
 from workers.data import Batch, MemoryData, prepare
 from workers.models import build_model, objective_of
-from workers.models.common import token_loss
+from workers.models.contract import LanguageModel
 
 Progress = Callable[[dict[str, Any]], None]
 TrainState = dict[str, Any]  # what `checkpoint` receives and `resume` takes; torch.save-able with weights_only
 Checkpoint = Callable[[dict[str, Any], TrainState], None]
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -95,30 +92,21 @@ def lr_factor(step: int, cfg: TrialConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
 
 
-def evaluate(model: torch.nn.Module, data: MemoryData, cfg: TrialConfig, device: torch.device) -> float:
+def evaluate(model: LanguageModel, data: MemoryData, cfg: TrialConfig, device: torch.device) -> float:
     """Mean loss per scored token over the fixed held-out batches."""
     return mean_loss(model, data.eval_batches(cfg.batch_size)[: cfg.eval_batches], device)
 
 
 @torch.no_grad()
-def mean_loss(model: torch.nn.Module, batches: list[Batch], device: torch.device) -> float:
-    """Mean loss per scored token over `batches`, in eval mode."""
+def mean_loss(model: LanguageModel, batches: list[Batch], device: torch.device) -> float:
+    """Mean token loss per scored token over `batches`, in eval mode (on the model's device)."""
     model.eval()
     total, count = 0.0, 0
     for batch in batches:
-        total += float(_batch_loss(model, batch, device)) * batch.n_masked
+        total += float(model.token_loss(batch)) * batch.n_masked
         count += batch.n_masked
     model.train()
     return total / max(count, 1)
-
-
-def _batch_loss(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
-    """Mean loss per scored position (MLM: the masked ones; causal LM: every next token), decoding only those
-    (the |V|-wide head dominates the step otherwise)."""
-    labels = batch.labels.to(device)
-    select = labels != -100
-    logits = model(batch.input_ids.to(device), batch.attention_mask.to(device), select=select)
-    return token_loss(logits, labels[select])
 
 
 def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None = None,
@@ -138,10 +126,9 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
     base_lrs = [g["lr"] for g in opt.param_groups]
     info = (params, {g["name"]: g["lr"] / cfg.lr for g in opt.param_groups})  # the result's model facts
     batches = data.train_batches(cfg.batch_size, seed=cfg.seed)
-    calibrate = getattr(model, "calibrate", None)  # TauGPT: τ from the first batch (and periodically)
-    monitor_ids = (data.eval_batches(cfg.batch_size)[0].input_ids.to(device)  # fixed: comparable over steps
-                   if hasattr(model, "monitor") else None)
-    monitored: list[dict[str, float]] = []
+    probe = data.eval_batches(cfg.batch_size)[0]  # `eval_metrics`' batch: fixed, so comparable over steps
+    monitored: list[dict[str, float]] = []  # what `eval_metrics` returned so far, with the step
+    model.before_trial(cfg)
 
     history: list[dict[str, Any]] = []
     best = math.inf
@@ -175,13 +162,8 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
         for group, base in zip(opt.param_groups, base_lrs, strict=True):
             group["lr"] = base * factor
         batch = next(batches)
-        if calibrate is not None:
-            calibrate(batch.input_ids.to(device), step - 1)
-        loss = _batch_loss(model, batch, device)
-        if cfg.t_l2 > 0 and hasattr(model, "t_norm"):
-            loss = loss + cfg.t_l2 * model.t_norm()
-        if hasattr(model, "aux_loss"):  # e.g. UT's ACT ponder cost (0 without ACT)
-            loss = loss + model.aux_loss().to(loss.device)
+        model.before_step(batch, step - 1)
+        loss, _ = model.loss(batch)
         loss_value = float(loss.detach())
         if step == 1:
             start_loss = loss_value
@@ -220,8 +202,10 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
             if evaluated:
                 row["eval_loss"] = eval_loss
                 row.update(_stream_val(model, batches, device))
-                if monitor_ids is not None:
-                    row.update(_monitor(model, monitor_ids, step, monitored))
+                extra = model.eval_metrics(probe, step, monitored)
+                if extra:
+                    monitored.append({"step": step, **extra})
+                    row.update(extra)
             history.append(row)
             if progress is not None:
                 progress(row)
@@ -255,28 +239,11 @@ def _state(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, device
             "rng": torch.get_rng_state(), "cuda_rng": cuda_rng, **loop}
 
 
-def _stream_val(model: torch.nn.Module, batches, device: torch.device) -> dict[str, float]:
+def _stream_val(model: LanguageModel, batches, device: torch.device) -> dict[str, float]:
     """`stream_val_loss`: the loss on the train batches the stream diverted since the last eval (data's
     `stream_val_every`, the TauGPT post's validation), beside the fixed held-out set's `eval_loss`."""
     diverted = batches.take_diverted()
     return {"stream_val_loss": mean_loss(model, diverted, device)} if diverted else {}
-
-
-def _monitor(model: torch.nn.Module, input_ids: torch.Tensor, step: int, monitored: list[dict[str, float]]
-             ) -> dict[str, float]:
-    """The model's monitoring statistics on a fixed batch, with `tau.collapse.<layer>` flags (0/1) from
-    `analysis.taumode.collapse_warning` over the monitors so far; a warning is logged once per layer."""
-    stats = {"step": step, **model.monitor(input_ids)}
-    monitored.append(stats)
-    verdict = collapse_warning(pd.DataFrame(monitored))
-    flagged = {f.layer for f in verdict.flags if f.step == step}
-    layers = sorted({k.rsplit(".", 1)[1] for k in stats if k.startswith("tau.E_k.p50.")})
-    newly = sorted(flagged - {f.layer for f in verdict.flags if f.step < step})
-    if newly:
-        logger.warning("step %d, %s: median E_k fell while its p05–p95 spread shrank (%s)", step, ", ".join(newly),
-                       verdict.verdict)
-    return {**{k: v for k, v in stats.items() if k != "step"},
-            **{f"tau.collapse.{layer}": float(layer in flagged) for layer in layers}}
 
 
 def _system(wall_start: float, cpu_start: float) -> dict[str, float]:

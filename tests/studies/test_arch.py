@@ -3,17 +3,19 @@
 import pytest
 from pydantic import ValidationError
 
-from studies.arch import ARCHS, CONFIGS, PTArch, PTConfig, TauArch, TauConfig, rebase, width_error, width_step
+from studies.arch import PTArch, PTConfig, TauArch, TauConfig, rebase, width_error, width_step
+from studies.family import FAMILIES
 from studies.space import space_class
 
 SIZE = {"vocab_size", "width", "base_width", "parametrization"}
 
 
-@pytest.mark.parametrize("family", sorted(CONFIGS))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_model_config_is_its_arch_the_size_and_the_hparams_but_lr(family):
+    entry = FAMILIES[family]
     hparams = set(space_class(family).HPARAMS) - {"lr"}
-    assert set(CONFIGS[family].model_fields) == set(ARCHS[family].model_fields) | SIZE | hparams
-    assert issubclass(CONFIGS[family], ARCHS[family])
+    assert set(entry.config.model_fields) == set(entry.arch.model_fields) | SIZE | hparams
+    assert issubclass(entry.config, entry.arch)
 
 
 @pytest.mark.parametrize(("arch", "config"), [
@@ -48,4 +50,4 @@ def test_base_width_defaults_to_width_and_mup_needs_uv():
     with pytest.raises(ValidationError, match="μP is specified for 'uv' only"):
         PTConfig(vocab_size=10, width=16, decomposition="uvw", parametrization="mup")
     with pytest.raises(ValidationError, match="vocab_size"):
-        CONFIGS["bert"](vocab_size=0, width=16)
+        FAMILIES["bert"].config(vocab_size=0, width=16)

@@ -10,7 +10,7 @@ from workers.coord_check import coord_data
 from workers.models import build_model
 
 WIDTHS = (32, 64, 128, 256)
-LR = 1e-2  # the PT check's base learning rate; the models are `workers.coord_check.FAMILY_HP`'s (init_std 0.15)
+LR = 1e-2  # the PT check's base learning rate; the models are the registered `coord_hp` (init_std 0.15)
 SMALL = {"vocab_size": 50, "width": 48, "head_dim": 16, "max_len": 16}
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from analysis.coord import coord_slopes, coord_verdict
-from studies.arch import FAMILY_OBJECTIVE
+from studies.family import FAMILIES
 from workers.coord_check import coord_data
 from workers.laplacian import (
     chain_laplacian,
@@ -20,7 +20,7 @@ from workers.laplacian import (
     load_laplacian,
     rotated,
 )
-from workers.models import MODELS, READOUT, build_model, objective_of
+from workers.models import build_model, model_class, objective_of
 from workers.models.tauformer import KVCache, apply_rope, rope_tables, taumode
 
 V = 50
@@ -265,9 +265,10 @@ def test_coordinate_check_passes_under_mup_and_fails_under_standard(parametrizat
         assert judged[judged.name.str.startswith("mlp_out")].slope.max() >= 0.8
 
 
-def test_every_family_declares_its_objective_and_readout_as_studies_expects():
-    assert {name: objective_of(name) for name in MODELS} == FAMILY_OBJECTIVE
-    assert set(READOUT) == set(MODELS)
+def test_every_registered_family_has_a_model_class_and_only_taugpt_is_causal():
+    assert {name: objective_of(name) for name in FAMILIES} == {"pt": "mlm", "bert": "mlm", "ut": "mlm",
+                                                                "tauformer": "clm"}
+    assert all(isinstance(model_class(name), type) for name in FAMILIES)
     with pytest.raises(ValueError, match="choose one of"):
         objective_of("gpt5")
 

@@ -35,6 +35,7 @@ from torch import nn
 
 from studies.arch import BertConfig, UTConfig
 from workers.models.common import MuReadout
+from workers.models.contract import LanguageModel
 
 
 class Layer(nn.Module):
@@ -102,7 +103,7 @@ class MLMHead(nn.Module):
         return F.linear(x * mult, self.weight, self.bias)  # (…, V)
 
 
-class Encoder(MuReadout, nn.Module):
+class Encoder(MuReadout, LanguageModel):
     """What BERT and UT share: parameter groups, μP init, the readout; μP lr multipliers and readout scale
     from `MuReadout`."""
 

@@ -24,11 +24,13 @@ arithmetic is that of `recompute=False` (tests/workers/test_pt_recompute.py: ≤
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
 
 from studies.arch import PTConfig
+from workers.models.contract import LanguageModel
 
 NEG = -1e9  # logit for impossible head choices (self, padding)
 
@@ -197,7 +199,7 @@ class _Messages(torch.autograd.Function):
         return dA, dq, dk, dWu, dWv, None, None, None
 
 
-class ProbabilisticTransformer(nn.Module):
+class ProbabilisticTransformer(LanguageModel):
     """PT encoder + MLM head. `forward(input_ids, attention_mask)` returns (B, n, |V|) logits.
 
     With `select` (a (B, n) mask, e.g. `labels != -100`) only the selected positions are decoded.
@@ -224,6 +226,7 @@ class ProbabilisticTransformer(nn.Module):
         self.drop_h = nn.Dropout(cfg.dropout)  # H (and topic) dropout
         self.drop_z = nn.Dropout(cfg.dropout)  # Z-logit dropout
         self._offsets: _Offsets | None = None
+        self.t_l2 = 0.0  # the ‖T‖ penalty's weight (`before_trial`: the trial's train.t_l2)
 
         # parameter groups (spec §3.3): input / hidden / output / bias
         self.groups = {"input": [self.unary.weight], "output": [self.decoder.weight], "bias": [self.decoder.bias]}
@@ -270,6 +273,13 @@ class ProbabilisticTransformer(nn.Module):
             return self.U[:, None] * self.W[:, :, None, :], self.V[:, None].expand(-1, self.cfg.h, -1, -1)
         eye = torch.eye(self.cfg.width, device=self.T.device, dtype=self.T.dtype)
         return self.T, eye.expand(self.cfg.n_buckets, self.cfg.h, -1, -1)
+
+    def before_trial(self, config: Any) -> None:
+        self.t_l2 = config.t_l2
+
+    def aux_loss(self) -> torch.Tensor | None:
+        """The authors' L2 penalty t_l2 · ‖T‖ (None when t_l2 is 0)."""
+        return self.t_l2 * self.t_norm() if self.t_l2 > 0 else None
 
     def t_norm(self) -> torch.Tensor:
         """Unsquared Frobenius norm of the full (K, d, d, h) ternary tensor (the authors' L2 penalty).

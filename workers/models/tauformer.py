@@ -3,14 +3,18 @@
 Per head vector x (D = head_dim, after RoPE): E = xᵀLx / (xᵀx + ε) ≥ 0, λ = E / (E + τ) ∈ [0, 1), and the
 logit of query i on key j is −|λq_i − λk_j| / T_h (Tauformer spec §3–§4). L is a fixed D×D feature-graph
 Laplacian shared by every layer and head (`workers/laplacian.py`); τ is calibrated as the median E of
-block 0's keys on a batch (`calibrate`); T_h is a learnable per-head temperature exp(s_h). E, λ and the
-logits are computed in fp32. `attention` selects the kernel: "tau", its dot-product twin "dot"
-(softmax(q·k/√D), spec §5.3 baseline a; PyTorch's fused `scaled_dot_product_attention` unless logits are
-traced or monitored) or "uniform" (logits ≡ 0: causal mean, baseline b).
+block 0's keys on a batch (`calibrate`, run by the trainer's `before_step` hook); T_h is a learnable per-head
+temperature exp(s_h). E, λ and the logits are computed in fp32. `attention` selects the kernel: "tau", its
+dot-product twin "dot" (softmax(q·k/√D), spec §5.3 baseline a; PyTorch's fused `scaled_dot_product_attention`
+unless logits are traced or monitored) or "uniform" (logits ≡ 0: causal mean, baseline b).
 
 Block (nanochat-like, spec §4): x + attn(rms(x)), then x + mlp(rms(x)); parameter-free RMSNorms; bias-free
 projections clamped to ±qkv_clamp; RoPE (half-split) and a parameter-free QK RMSNorm; ReLU² MLP C → 4C → C;
-a final RMSNorm and an untied lm_head, logits clamped to ±logit_clamp.
+a final RMSNorm and an untied lm_head, logits clamped to ±logit_clamp. The blocks take activations, not the
+model: `forward` hands each one a `Kernel` (the RoPE rows, L, τ and the temperatures' log).
+
+Monitoring (`monitor`: E, λ, attention entropy, temperatures, τ) reaches the trainer through the `eval_metrics`
+hook, which adds the collapse flags of `analysis.taumode.collapse_warning`.
 
 Width is n_embd = n_heads · head_dim: it grows by heads at a fixed head_dim (= the Laplacian size), so L,
 τ, the temperature and the whole attention kernel are width-invariant (spec §7.1). μP (spec §7, Adam),
@@ -34,20 +38,27 @@ Shapes: B batch, T length, C width, H heads, G kv heads, D head_dim, V vocabular
 
 from __future__ import annotations
 
+import logging
 import math
+from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from analysis.taumode import collapse_warning
 from studies.arch import TauConfig
+from workers.batches import Batch
 from workers.laplacian import chain_laplacian, knn_laplacian, load_laplacian, rotated
 from workers.models.common import MuReadout
+from workers.models.contract import LanguageModel
 
 EPS = 1e-6
 MASKED = -1e9  # the reference fills future positions with −1e9, not −inf
 QUANTILES = (0.05, 0.5, 0.95)
+logger = logging.getLogger(__name__)
 
 
 def rms(x: torch.Tensor) -> torch.Tensor:
@@ -79,6 +90,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def _quantiles(values: torch.Tensor) -> list[float]:
     """p05, p50, p95 of `values` (of the first 10⁶ values: `torch.quantile` takes at most 2²⁴)."""
     return torch.quantile(values.detach().float().flatten()[:1_000_000], torch.tensor(QUANTILES)).tolist()
+
+
+def temperature(log_temp: torch.Tensor) -> torch.Tensor:
+    """T_h = exp(s_h) (H,) in fp32."""
+    return log_temp.float().exp().clamp_min(EPS)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """What each block's attention reads besides its input (the model's buffers and its temperature parameter):
+    the RoPE tables (cos, sin) of the chunk's positions, the Laplacian, τ and the per-head log-temperatures s_h."""
+
+    rope: tuple[torch.Tensor, torch.Tensor]
+    laplacian: torch.Tensor
+    tau: torch.Tensor
+    log_temp: torch.Tensor
 
 
 class KVCache:
@@ -127,22 +154,22 @@ class Attention(nn.Module):
                    for proj in (self.c_q, self.c_k, self.c_v))
         return rms(apply_rope(q, *rope)), rms(apply_rope(k, *rope)), v
 
-    def forward(self, x: torch.Tensor, model: TauGPT, layer: int, pos: int, cache: KVCache | None,
-                trace: dict | None, stats: dict | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernel: Kernel, layer: int, cache: KVCache | None, trace: dict | None,
+                stats: dict | None) -> torch.Tensor:
         cfg = self.cfg
         B, T, _ = x.shape
-        q, k, v = self.heads(x, model.rope(pos, T))
+        q, k, v = self.heads(x, kernel.rope)
         lam_q = lam_k = None
         if cfg.attention == "tau":
-            e_q, lam_q = taumode(q, model.laplacian, model.tau)  # (B, H, T)
-            e_k, lam_k = taumode(k, model.laplacian, model.tau)  # (B, G, T): before the kv-group expansion
+            e_q, lam_q = taumode(q, kernel.laplacian, kernel.tau)  # (B, H, T)
+            e_k, lam_k = taumode(k, kernel.laplacian, kernel.tau)  # (B, G, T): before the kv-group expansion
             if stats is not None:
                 for tag, value in (("E_q", e_q), ("E_k", e_k), ("lambda_q", lam_q), ("lambda_k", lam_k)):
                     stats[f"{tag}.layer{layer}"] = value
             if trace is not None:
                 trace[f"lambda_q.layer{layer}"], trace[f"lambda_k.layer{layer}"] = lam_q, lam_k
         if cache is not None:  # append this chunk, then attend over everything cached
-            end = pos + T
+            pos, end = cache.pos, cache.pos + T
             cache.v[layer, :, :, pos:end] = v
             if cache.lam is not None:
                 cache.lam[layer, :, :, pos:end] = lam_k
@@ -160,7 +187,7 @@ class Attention(nn.Module):
         v = v.repeat_interleave(group, 1)  # (B, H, Tk, D)
         if cfg.attention == "tau":
             lam_k = lam_k.repeat_interleave(group, 1)  # (B, H, Tk)
-            temp = model.temperature().view(1, -1, 1, 1)  # (1, H, 1, 1)
+            temp = temperature(kernel.log_temp).view(1, -1, 1, 1)  # (1, H, 1, 1)
             logits = -(lam_q[..., :, None] - lam_k[..., None, :]).abs() / temp  # (B, H, T, Tk), fp32
         elif cfg.attention == "dot":
             k = k.repeat_interleave(group, 1)
@@ -186,8 +213,9 @@ class Block(nn.Module):
         self.fc = nn.Linear(cfg.width, 4 * cfg.width, bias=False)
         self.mlp_proj = nn.Linear(4 * cfg.width, cfg.width, bias=False)
 
-    def forward(self, x, model, layer, pos, cache, trace, stats) -> torch.Tensor:
-        a = self.attn(rms(x), model, layer, pos, cache, trace, stats)
+    def forward(self, x: torch.Tensor, kernel: Kernel, layer: int, cache: KVCache | None, trace: dict | None,
+                stats: dict | None) -> torch.Tensor:
+        a = self.attn(rms(x), kernel, layer, cache, trace, stats)
         x = x + a
         f = self.mlp_proj(F.relu(self.fc(rms(x))).square())  # ReLU²
         x = x + f
@@ -196,14 +224,12 @@ class Block(nn.Module):
         return x
 
 
-class TauGPT(MuReadout, nn.Module):
+class TauGPT(MuReadout, LanguageModel):
     """`forward(input_ids)` returns next-token logits (B, T, V); `select` (B, T) decodes only those positions.
 
     `attention_mask` is accepted for the model contract and unused: attention is causal, and right-padding
     comes after every real token, so no real token sees it.
     """
-
-    objective = "clm"
 
     def __init__(self, cfg: TauConfig) -> None:
         super().__init__()
@@ -254,7 +280,7 @@ class TauGPT(MuReadout, nn.Module):
 
     def temperature(self) -> torch.Tensor:
         """T_h (H,) in fp32."""
-        return self.log_temp.float().exp().clamp_min(EPS)
+        return temperature(self.log_temp)
 
     def rope(self, pos: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         if pos + length > self.cfg.max_len:
@@ -271,11 +297,12 @@ class TauGPT(MuReadout, nn.Module):
         cache: KVCache | None = None,  # decode: append to the cache and attend over it
     ) -> torch.Tensor:
         pos = cache.pos if cache is not None else 0
+        kernel = Kernel(self.rope(pos, input_ids.shape[1]), self.laplacian, self.tau, self.log_temp)
         x = self.wte(input_ids)  # (B, T, C)
         if trace is not None:
             trace["embed"] = x
         for i, block in enumerate(self.blocks):
-            x = block(x, self, i, pos, cache, trace, stats)
+            x = block(x, kernel, i, cache, trace, stats)
         if cache is not None:
             cache.pos += input_ids.shape[1]
         x = rms(x)
@@ -288,6 +315,23 @@ class TauGPT(MuReadout, nn.Module):
         return logits
 
     # ------------------------------------------------------------------ τ calibration and monitoring
+    def before_step(self, batch: Batch, step: int) -> None:
+        """τ from the step's batch when due (`calibrate`)."""
+        self.calibrate(batch.input_ids.to(self.tau.device), step)
+
+    def eval_metrics(self, batch: Batch, step: int, past: list[dict[str, float]]) -> dict[str, float]:
+        """`monitor` on the fixed batch, with `tau.collapse.<layer>` flags (0/1) from `analysis.taumode.
+        collapse_warning` over the monitors so far (`past` and this one); a warning is logged once per layer."""
+        stats = self.monitor(batch.input_ids.to(self.tau.device))
+        verdict = collapse_warning(pd.DataFrame([*past, {"step": step, **stats}]))
+        flagged = {f.layer for f in verdict.flags if f.step == step}
+        layers = sorted({k.rsplit(".", 1)[1] for k in stats if k.startswith("tau.E_k.p50.")})
+        newly = sorted(flagged - {f.layer for f in verdict.flags if f.step < step})
+        if newly:
+            logger.warning("step %d, %s: median E_k fell while its p05–p95 spread shrank (%s)", step,
+                           ", ".join(newly), verdict.verdict)
+        return {**stats, **{f"tau.collapse.{layer}": float(layer in flagged) for layer in layers}}
+
     @torch.no_grad()
     def block0_key_energies(self, input_ids: torch.Tensor) -> torch.Tensor:
         """E of block 0's post-RoPE key vectors on `input_ids`, flattened."""

@@ -65,7 +65,7 @@ class UniversalTransformer(Encoder):
         return self.pos_signal[:n], self.step_signal
 
     def aux_loss(self) -> torch.Tensor:
-        """ACT's ponder cost of the last forward (0 without ACT): `train_trial` adds it to the loss."""
+        """ACT's ponder cost of the last forward (0 without ACT): `loss` adds it to the token loss."""
         if self._ponder is None:
             return torch.zeros(())
         return self.cfg.act_penalty * self._ponder

@@ -1,0 +1,121 @@
+"""A family is one registration: a throwaway family, defined here (an MLP language model over embeddings),
+registered through `studies.family.register` alone, validates in a `ModelSpec`, trains with `train_trial`
+through the model contract's loss and hooks, and runs the coordinate check."""
+
+from __future__ import annotations
+
+import warnings
+from typing import ClassVar
+
+import pytest
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from studies.arch import ModelSize, ModelSpec
+from studies.family import FAMILIES, Family, register
+from studies.space import Range, Space, space_class
+from studies.spec import DataSpec, TrialConfig
+from workers.coord_check import coord_data
+from workers.models.contract import LanguageModel
+from workers.runner import metric_prefixes
+from workers.train import train_trial
+
+_steps_seen: list[int] = []
+
+
+class MLPArch(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden_mult: int = Field(2, gt=0, description="the MLP's hidden width / width")
+
+    def width_steps(self, base_width: int) -> dict[str, int]:
+        return {}
+
+
+class MLPConfig(MLPArch, ModelSize):
+    init_std: float = Field(0.02, gt=0)
+
+
+class MLPSpace(Space):
+    HPARAMS: ClassVar[tuple[str, ...]] = ("lr", "init_std")
+    lr: Range = Field(default_factory=lambda: Range(low=1e-4, high=1e-1, default=1e-2))
+    init_std: Range = Field(default_factory=lambda: Range(low=0.005, high=0.5, default=0.02))
+    frozen: list[str] = Field(default_factory=list)
+
+
+class MLPLM(LanguageModel):
+    """Each token's logits from its own embedding through one residual MLP (no attention)."""
+
+    def __init__(self, cfg: MLPConfig) -> None:
+        super().__init__()
+        self.cfg, d = cfg, cfg.width
+        self.emb = nn.Embedding(cfg.vocab_size, d)
+        self.fc, self.proj = nn.Linear(d, cfg.hidden_mult * d), nn.Linear(cfg.hidden_mult * d, d)
+        self.decoder = nn.Linear(d, cfg.vocab_size)
+        for p in self.parameters():
+            nn.init.normal_(p, std=cfg.init_std)
+        self.groups = {"input": [self.emb.weight], "hidden": [self.fc.weight, self.proj.weight],
+                       "output": [self.decoder.weight], "bias": [self.fc.bias, self.proj.bias, self.decoder.bias]}
+
+    def lr_multipliers(self) -> dict[str, float]:
+        return dict.fromkeys(self.groups, 1.0)
+
+    def forward(self, input_ids, attention_mask=None, trace=None, select=None) -> torch.Tensor:
+        x = self.emb(input_ids)
+        h = self.proj(F.gelu(self.fc(x)))
+        x = x + h
+        x = x if select is None else x[select]
+        logits = self.decoder(x)
+        if trace is not None:
+            trace["embed"], trace["mlp_out"], trace["logits"] = self.emb(input_ids), h, logits
+        return logits
+
+    def before_step(self, batch, step: int) -> None:
+        _steps_seen.append(step)
+
+    def eval_metrics(self, batch, step: int, past: list[dict[str, float]]) -> dict[str, float]:
+        return {"mlp.decoder_norm": float(self.decoder.weight.detach().norm()), "mlp.evals": float(len(past) + 1)}
+
+
+@pytest.fixture
+def mlp_family():
+    entry = register(Family("mlp", MLPArch, MLPConfig, MLPSpace, MLPLM, readout="logits",
+                            coord_hp={"hidden_mult": 2, "init_std": 0.1}, metric_prefixes=("mlp.",)))
+    _steps_seen.clear()
+    yield entry
+    del FAMILIES["mlp"]
+
+
+DATA = DataSpec(max_tokens=20_000, seq_len=32)
+
+
+def test_a_family_registered_once_validates_and_trains_through_the_contract(mlp_family):
+    spec = ModelSpec(family="mlp", parametrization="standard", arch={"hidden_mult": 3})
+    assert spec.arch == MLPArch(hidden_mult=3) and space_class("mlp") is MLPSpace
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # serialised as its own arch, not as one of the built-in arches
+        assert ModelSpec.model_validate_json(spec.model_dump_json()) == spec
+    assert "mlp." in metric_prefixes()
+
+    rows: list[dict] = []
+    cfg = TrialConfig(model="mlp", model_hp={"width": 32, "hidden_mult": 2}, data=DATA, lr=1e-2, steps=12,
+                      batch_size=8, eval_every=4, log_every=4, warmup_steps=2, eval_batches=2, device="cpu")
+    result = train_trial(cfg, progress=rows.append)
+    assert result.status == "completed", result.message
+    evals = [r for r in rows if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [4, 8, 12]
+    assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]
+    assert [r["mlp.evals"] for r in evals] == [1.0, 2.0, 3.0]  # `past` holds the earlier evaluations' rows
+    assert _steps_seen == list(range(12))  # `before_step` before every step, with the updates done so far
+
+
+def test_the_registered_family_runs_the_coordinate_check(mlp_family):
+    df = coord_data("mlp", parametrization="standard", widths=(16, 32), steps=2, seeds=1, data=DATA)
+    assert set(df.name) == {"embed", "mlp_out", "logits"} and set(df.width) == {16, 32}
+
+
+def test_an_unregistered_family_is_refused_with_the_registered_ones():
+    with pytest.raises(ValueError, match=r"unknown model family 'mlp': choose one of \['pt', 'bert', 'ut'"):
+        TrialConfig(model="mlp")

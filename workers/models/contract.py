@@ -1,0 +1,71 @@
+"""The model contract: what `workers.train.train_trial` and `workers.coord_check` call on every family.
+
+A family's model subclasses `LanguageModel` and provides `groups` (parameter group → parameters),
+`lr_multipliers()` (group → factor on the base learning rate; μP lives here) and `forward(input_ids,
+attention_mask, trace=None, select=None)` (logits; `trace` collects named activations, `select` decodes only
+those positions). It owns its loss: `loss(batch) -> (loss, metrics)` is the scored tokens' cross-entropy plus
+`aux_loss()`, the family's extra terms (UT: ACT's ponder cost; PT: the ‖T‖ penalty).
+
+The hooks, in the style of optuna's samplers, are no-ops unless a family overrides them; the trainer calls each at
+its point whatever the family:
+
+  before_trial(config)            once, with the `TrialConfig`, before the first step (PT: its penalty weight)
+  before_step(batch, step)        before each training step, `step` updates done so far (TauGPT: τ calibration)
+  eval_metrics(batch, step, past) at each evaluation, on a fixed held-out batch, with the rows it returned
+                                  before: extra per-step metrics (TauGPT: `tau.*` and its collapse flags)
+
+A family's per-step metrics reach the trackers when their prefix is registered with it
+(`studies.family.Family.metric_prefixes`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from workers.batches import Batch
+from workers.models.common import token_loss
+
+
+class LanguageModel(nn.Module):
+    """Base class of every family's model (module docstring)."""
+
+    groups: dict[str, list[nn.Parameter]]
+
+    def lr_multipliers(self) -> dict[str, float]:
+        raise NotImplementedError(f"{type(self).__name__} must define lr_multipliers()")
+
+    def token_loss(self, batch: Batch) -> torch.Tensor:
+        """Mean cross-entropy per scored position (MLM: the masked ones; causal LM: every next token), decoding
+        only those (the |V|-wide head dominates the step otherwise)."""
+        device = next(self.parameters()).device
+        labels = batch.labels.to(device)
+        select = labels != -100
+        logits = self(batch.input_ids.to(device), batch.attention_mask.to(device), select=select)
+        return token_loss(logits, labels[select])
+
+    def aux_loss(self) -> torch.Tensor | None:
+        """The family's extra loss terms after a forward pass (None: none)."""
+        return None
+
+    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The training loss on `batch` and its terms (detached): `token_loss`, and `aux_loss` when there is one."""
+        tokens = self.token_loss(batch)
+        aux = self.aux_loss()
+        if aux is None:
+            return tokens, {"token_loss": tokens.detach()}
+        return tokens + aux.to(tokens.device), {"token_loss": tokens.detach(), "aux_loss": aux.detach()}
+
+    # ------------------------------------------------------------------ hooks (no-ops by default)
+    def before_trial(self, config: Any) -> None:
+        """Called once with the trial's `TrialConfig` before training."""
+
+    def before_step(self, batch: Batch, step: int) -> None:
+        """Called before each training step; `step` counts the updates done so far (0 first)."""
+
+    def eval_metrics(self, batch: Batch, step: int, past: list[dict[str, float]]) -> dict[str, float]:
+        """Extra metrics at an evaluation after `step` updates, on a fixed held-out `batch`; `past` holds the rows
+        this hook returned at earlier evaluations (with their `step`)."""
+        return {}
