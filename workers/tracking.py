@@ -1,6 +1,6 @@
 """MLflow: the one module that imports it.
 
-Hierarchy (design.md): one experiment per study name; a study run (tag kind=study), a child run per
+Hierarchy: one experiment per study name; a study run (tag kind=study), a child run per
 phase (kind=phase), a grandchild per trial (kind=trial), nested with `mlflow.parentRunId`.
 Every run is found-or-created by its tags, so a resumed study never makes a second run for the
 same study, phase or trial. The key tags include `study_instance`, a random id the driver mints when
