@@ -63,7 +63,8 @@ def print_summary(console: Console, view: StudyView) -> None:
     report = view.folder.report
     if report.exists():
         console.print(f"report: {report}")
-    figures = [view.folder.figure(name) for name in FIGURES if view.folder.figure(name).exists()]
+    names = [*FIGURES[:1], *(f"mutransfer_{h}" for h in validate.get("hparam_drift", {})), *FIGURES[1:]]
+    figures = [view.folder.figure(name) for name in names if view.folder.figure(name).exists()]
     if figures:
         console.print("figures: " + ", ".join(str(f) for f in figures), soft_wrap=True)
     if view.runs_link:

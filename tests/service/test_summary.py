@@ -44,11 +44,16 @@ TUNE = {"status": "done", "best_hparams": {**dict.fromkeys(HPARAMS, 1.0), "lr": 
 def test_tune_and_validate_only(tmp_path):
     sweep = sweep_table(paper_like_optimum)
     drift = lr_drift(sweep)
+    w_h = lr_drift(sweep.assign(swept="lr"))  # a second swept hparam's verdict, as validate.hparams gives
     view = _study(tmp_path, _spec(transfer=None, verify=None,
                                   validate={"widths": [64, 128], "lrs": [0.001, 0.01, 0.1]}),
-                  {"tune": TUNE, "validate": {"status": "done", "lr_drift": drift.model_dump()}},
+                  {"tune": TUNE, "validate": {"status": "done", "lr_drift": drift.model_dump(),
+                                              "hparam_drift": {"w_H": w_h.model_copy(update={"hparam": "w_H"})
+                                                               .model_dump()}}},
                   {"tune": trials([{"eval_loss": 5.1}]), "validate": sweep})
+    view.folder.figure("mutransfer_w_H").write_bytes(b"png")
     text = _printed(view)
+    assert "w_H sweep (validate)" in text and "mutransfer_w_H.png" in text
     assert "lr=0.01" in text
     assert "mup" in text and "standard" in text and "+0.00" in text and "-1.00" in text
     assert "per doubling" in text
