@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from studies import budget
 from studies.arch import BertArch, BertConfig, PTArch, PTConfig, TauArch, TauConfig, UTArch, UTConfig
-from studies.space import BaselineSpace, SearchSpace, TauSpace
+from studies.space import BaselineSpace, SearchSpace, Space, TauSpace
 
 Objective = Literal["mlm", "clm"]
 
@@ -36,7 +36,7 @@ class Family:
     name: str
     arch: type[BaseModel]  # what a study fixes (`model.arch`)
     config: type[BaseModel]  # what the model is built from: the arch, `ModelSize` and the hparams
-    space: type[BaseModel]  # the search space of its hparams (`studies.space.Space`)
+    space: type[Space]  # the search space of its hparams
     model: str | type  # its nn.Module: "module:Class" (imported by `workers.models`), or the class itself
     objective: Objective = "mlm"  # masked tokens, or next tokens ("clm")
     readout: str = "mlm_logits"  # the output logits' name in a trace
