@@ -217,6 +217,17 @@ ModelFamily = Annotated[str, _FamilyName]
 """A model family's name, one `studies.family.register`ed."""
 
 
+class _FamilyArch:
+    """A registered family's arch (`ModelSpec` validates it by family): its JSON schema offers every family's."""
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        from studies.family import FAMILIES
+
+        arches = dict.fromkeys(f.arch for f in FAMILIES.values())  # each once, in registration order
+        return handler(core_schema.union_schema([a.__pydantic_core_schema__ for a in arches]))
+
+
 def width_step(arch: Arch, base_width: int) -> int:
     """Widths `arch` builds at are the multiples of this (1: any width)."""
     return math.lcm(*arch.width_steps(base_width).values())
@@ -384,8 +395,8 @@ class ModelSpec(BaseModel):
 
     family: ModelFamily = Field("pt", description="the model family (one registered in `studies.family`)")
     parametrization: Parametrization = Field("mup", description="'mup' (μP) or 'standard'")
-    arch: SerializeAsAny[Arch] = Field(None, validate_default=True,  # None: the family's default arch
-                       description="the fixed architecture: PTArch, BertArch, UTArch or TauArch by family")
+    arch: Annotated[SerializeAsAny[Arch], _FamilyArch] = Field(
+        None, validate_default=True, description="the fixed architecture: the family's arch (omitted: its defaults)")
 
     @field_validator("arch", mode="wrap")
     @classmethod

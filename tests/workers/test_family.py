@@ -101,6 +101,7 @@ DATA = DataSpec(max_tokens=20_000, seq_len=32)
 def test_a_family_registered_once_validates_and_trains_through_the_contract(mlp_family):
     spec = ModelSpec(family="mlp", parametrization="standard", arch={"hidden_mult": 3})
     assert spec.arch == MLPArch(hidden_mult=3) and space_class("mlp") is MLPSpace
+    assert {"$ref": "#/$defs/MLPArch"} in ModelSpec.model_json_schema()["properties"]["arch"]["anyOf"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # serialised as its own arch, not as one of the built-in arches
         assert ModelSpec.model_validate_json(spec.model_dump_json()) == spec
