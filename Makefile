@@ -13,7 +13,7 @@ demo: install
 
 test: install
 	$(PY) -m ruff check .
-	$(PY) -m mypy  # pyproject [tool.mypy]: strict on analysis/, the default checks on the other packages
+	$(PY) -m mypy  # pyproject [tool.mypy]: strict on analysis/ and studies/, the default checks on the other packages
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: install  # every benchmark; each prepares its own data (a fresh clone and an empty ~/.ptctl work)

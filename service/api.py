@@ -176,7 +176,7 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz", response_model=Readiness, tags=["health"], responses={503: {"model": Readiness}})
 def readyz(request: Request, response: Response) -> Readiness:
     control, settings = _control(request), _settings(request)
-    checks = {"store": _check(lambda: control.store.ping() or "reachable"),
+    checks = {"store": _check(lambda: _store_check(control)),
               "ray": _check(control.executor.check),
               "mlflow": _check(lambda: _mlflow_check(settings.tracking_uri))}
     ready = all(c.ok for c in checks.values())
@@ -189,6 +189,11 @@ def _check(probe) -> Check:
         return Check(ok=True, detail=probe())
     except Exception as exc:
         return Check(ok=False, detail=f"{type(exc).__name__}: {exc}"[:500])
+
+
+def _store_check(control: Control) -> str:
+    control.store.ping()
+    return "reachable"
 
 
 def _mlflow_check(uri: str) -> str:

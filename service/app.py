@@ -133,7 +133,7 @@ def _error_responses(app: FastAPI, schema: dict) -> None:
     for route in flat_routes(app.routes):
         if not isinstance(route, APIRoute) or not route.include_in_schema:
             continue
-        for method in route.methods:
+        for method in route.methods or ():
             responses = schema["paths"][route.path_format][method.lower()]["responses"]
             declared = {str(code) for code in route.responses}
             for code in [c for c in responses if c in ("401", "403", "422") and c not in declared]:
@@ -185,5 +185,5 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     app.add_middleware(AllowedMethods, routes=app.routes)
     app.add_middleware(HeaderLimit, max_bytes=settings.limits.header_bytes)  # outermost: before anything else
     _errors(app)
-    app.openapi = lambda: _openapi(app)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]  # FastAPI's way to customise the schema
     return app

@@ -125,7 +125,8 @@ class Control:
 
     def reconcile(self, startup: bool = False) -> list[str]:
         """Mark studies whose driver is gone (every running one when Ray itself is gone); returns their ids."""
-        lost, gone = [], self.executor.lost()
+        lost: list[str] = []
+        gone = self.executor.lost()
         for study_id in self.store.ids_with_status(StudyStatus.RUNNING):
             error = None
             if gone:

@@ -43,7 +43,7 @@ from fastapi import HTTPException
 from pydantic import ValidationError
 
 from service.settings import Settings
-from studies.spec import StudySpec
+from studies.spec import ModelSpec, StudySpec
 
 Loc = tuple[str | int, ...]
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # owner/name, as the hub spells repo ids
@@ -75,7 +75,7 @@ class RemotePolicy:
     # ------------------------------------------------------------------ the spec
     def violations(self, spec: StudySpec) -> list[Violation]:
         found = [_guarded(self._data, spec, where=("data", "path"))]
-        models = [(("model",), spec.model)]
+        models: list[tuple[Loc, ModelSpec]] = [(("model",), spec.model)]
         if spec.compare is not None:
             models += [(("compare", "baselines", i, "model"), b.model) for i, b in enumerate(spec.compare.baselines)]
         for loc, model in models:

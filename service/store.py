@@ -13,13 +13,15 @@ write here; SQLite runs in WAL mode with a busy timeout so they can.
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import JSON, DateTime, Integer, String, Text, create_engine, event, func, select, text, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -140,7 +142,7 @@ class Store:
         with Session(self.engine) as s:
             return [Study.of(r) for r in s.scalars(query)], s.scalar(count) or 0
 
-    def ids_with_status(self, status: str) -> list[str]:
+    def ids_with_status(self, status: str) -> builtins.list[str]:  # (`list` here is the method above)
         with Session(self.engine) as s:
             return list(s.scalars(select(StudyRow.id).where(StudyRow.status == status)))
 
@@ -184,7 +186,7 @@ class Store:
         return existing
 
     def transition(self, study_id: str, target: StudyStatus, error: str | None = None, *,
-                   expect: Iterable[StudyStatus] | None = None, attempt: int | None = None) -> Study:
+                   expect: Iterable[str] | None = None, attempt: int | None = None) -> Study:
         """Move to `target` if the current status allows it (atomically); else `IllegalTransition`.
 
         `expect` narrows the allowed sources to the statuses the caller saw (a resume of a cancelled study
@@ -203,7 +205,8 @@ class Store:
         if attempt is not None:
             stmt = stmt.where(StudyRow.attempts == attempt)
         with Session(self.engine) as s, s.begin():
-            changed = s.execute(stmt.values(**values)).rowcount
+            # an UPDATE's result is a CursorResult (rowcount); `Session.execute` is typed as returning a Result
+            changed = cast("CursorResult[Any]", s.execute(stmt.values(**values))).rowcount
         study = self.get(study_id)
         if not changed:
             if attempt is not None and study.attempts != attempt:

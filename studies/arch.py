@@ -14,7 +14,7 @@ configs' validation and the parameter counts of `studies.budget` all read it.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import (
     BaseModel,
@@ -217,6 +217,17 @@ ModelFamily = Annotated[str, _FamilyName]
 """A model family's name, one `studies.family.register`ed."""
 
 
+class _FamilyArch:
+    """A registered family's arch (`ModelSpec` validates it by family): its JSON schema offers every family's."""
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        from studies.family import FAMILIES
+
+        arches = dict.fromkeys(f.arch for f in FAMILIES.values())  # each once, in registration order
+        return handler(core_schema.union_schema([a.__pydantic_core_schema__ for a in arches]))
+
+
 def width_step(arch: Arch, base_width: int) -> int:
     """Widths `arch` builds at are the multiples of this (1: any width)."""
     return math.lcm(*arch.width_steps(base_width).values())
@@ -286,9 +297,9 @@ class ModelSize(BaseModel):
         arch: Any = self  # a config is its arch too (`PTConfig(PTArch, ModelSize, ...)`)
         errors = [width_error(arch, self.base_width, getattr(self, n), n) for n in ("width", "base_width")]
         errors.append(mup_error(arch, self.parametrization))
-        errors = [e for e in errors if e]
-        if errors:
-            raise ValueError("; ".join(errors))
+        found = [e for e in errors if e]
+        if found:
+            raise ValueError("; ".join(found))
         return self
 
     @property
@@ -329,16 +340,25 @@ class PTConfig(PTArch, ModelSize, PTWeights):
         return 2 * self.gamma + 2  # γ = 0: one bucket per direction (the authors' dists = "")
 
 
+class _EncoderHeads(Protocol):
+    """What `_EncoderConfig.n_heads` needs of a config: its width and its arch's `heads_at`."""
+
+    @property
+    def width(self) -> int: ...
+
+    def heads_at(self, width: int) -> int: ...
+
+
 class _EncoderConfig(ModelSize):
-    """BERT's and UT's hparams (mup's usual knobs) and heads."""
+    """BERT's and UT's hparams (mup's usual knobs) and heads (the arch's `heads_at`, mixed in beside it)."""
 
     init_std: float = Field(0.02, gt=0, description="standard: every weight; μP: embeddings, readout, hidden at d0")
     output_mult: float = Field(1.0, gt=0, description="multiplies the logits (μP: output_mult · d0/d)")
     attn_mult: float = Field(1.0, gt=0, description="multiplies the attention logits")
 
     @property
-    def n_heads(self) -> int:
-        return self.heads_at(self.width)  # type: ignore[attr-defined]  (from the family's arch)
+    def n_heads(self: _EncoderHeads) -> int:
+        return self.heads_at(self.width)
 
 
 class BertConfig(BertArch, _EncoderConfig):
@@ -375,12 +395,12 @@ class ModelSpec(BaseModel):
 
     family: ModelFamily = Field("pt", description="the model family (one registered in `studies.family`)")
     parametrization: Parametrization = Field("mup", description="'mup' (μP) or 'standard'")
-    arch: SerializeAsAny[Arch] = Field(None, validate_default=True,  # type: ignore[assignment]  (None: defaults)
-                       description="the fixed architecture: PTArch, BertArch, UTArch or TauArch by family")
+    arch: Annotated[SerializeAsAny[Arch], _FamilyArch] = Field(
+        None, validate_default=True, description="the fixed architecture: the family's arch (omitted: its defaults)")
 
     @field_validator("arch", mode="wrap")
     @classmethod
-    def _arch_of_family(cls, value: Any, handler: Any, info: ValidationInfo) -> Arch:
+    def _arch_of_family(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
         from studies.family import get_family
 
         if "family" not in info.data:  # the family failed validation: its error names the registered ones

@@ -25,7 +25,12 @@ without them cannot join a compare study.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from studies.arch import Arch, BertArch, PTArch, UTArch, width_error, width_step
+
+if TYPE_CHECKING:
+    from studies.family import Family
 
 MAX_WIDTH = 1 << 16  # the solver's search limit
 
@@ -74,7 +79,7 @@ def ut_params(arch: UTArch, width: int, vocab_size: int, base_width: int | None 
     return emb + _layer_params(d, arch) + halt + _head_params(d, V, arch)
 
 
-def _counted(family: str):
+def _counted(family: str) -> Family:
     """`family`'s registration, which must carry its counts."""
     from studies.family import FAMILIES, get_family  # the registry imports this module
 
@@ -87,7 +92,9 @@ def _counted(family: str):
 
 def param_count(family: str, arch: Arch, width: int, vocab_size: int, base_width: int | None = None) -> int:
     """Parameters of `family`'s model at `width` (PT needs `base_width`, where its arch sizes are given)."""
-    return _counted(family).param_count(arch, width, vocab_size, base_width)
+    count = _counted(family).param_count
+    assert count is not None  # `_counted` checks it
+    return count(arch, width, vocab_size, base_width)
 
 
 def pt_flops(arch: PTArch, width: int, vocab_size: int, seq_len: int, n_decoded: float,
@@ -103,7 +110,7 @@ def pt_flops(arch: PTArch, width: int, vocab_size: int, seq_len: int, n_decoded:
     per_iter = {"projections": 2 * 2 * n * d * k * h * r, "far_scores": n_far * 2 * h * n * n * r,
                 "gathers": n_msg * n_far * 2 * h * n * n * r, "back_projections": n_msg * 2 * n * k * h * r * d,
                 "topics": 2 * 2 * n * d * m, "near": (1 + n_msg) * 2 * h * p_near * r}
-    terms = {name: arch.n_iter * v for name, v in per_iter.items()}
+    terms: dict[str, float] = {name: arch.n_iter * v for name, v in per_iter.items()}
     terms["decoder"] = 2 * n_decoded * d * V
     return terms
 
@@ -113,7 +120,7 @@ def _encoder_flops(arch: BertArch | UTArch, times: int, width: int, vocab_size: 
     d, V, n = width, vocab_size, seq_len
     a, f = arch.heads_at(d) * arch.head_dim, arch.ffn_mult * d
     layer = {"qkv": 2 * n * d * 3 * a, "attention": 2 * 2 * n * n * a, "out": 2 * n * a * d, "ffn": 2 * 2 * n * d * f}
-    terms = {name: times * v for name, v in layer.items()}
+    terms: dict[str, float] = {name: times * v for name, v in layer.items()}
     if isinstance(arch, UTArch) and arch.act:
         terms["halting"] = arch.n_steps * 2 * n * d
     terms["transform"] = 2 * n_decoded * d * d if arch.mlm_transform else 0
@@ -134,7 +141,9 @@ def ut_flops(arch: UTArch, width: int, vocab_size: int, seq_len: int, n_decoded:
 def forward_flops(family: str, arch: Arch, width: int, vocab_size: int, seq_len: int, n_decoded: float,
                   base_width: int | None = None) -> dict[str, float]:
     """Matmul FLOPs of one forward pass over one sequence, term by term (module docstring)."""
-    return _counted(family).forward_flops(arch, width, vocab_size, seq_len, n_decoded, base_width)
+    flops = _counted(family).forward_flops
+    assert flops is not None  # `_counted` checks it
+    return flops(arch, width, vocab_size, seq_len, n_decoded, base_width)
 
 
 def train_flops(family: str, arch: Arch, width: int, vocab_size: int, seq_len: int, mask_rate: float,
@@ -169,10 +178,10 @@ def width_for_budget(family: str, arch: Arch, budget: float, vocab_size: int, ba
     if below is not None and abs(below[1] - budget) / budget <= best_miss:  # a tie goes to the narrower width
         best, best_miss = below[0], abs(below[1] - budget) / budget
     if best_miss > tolerance:
-        lo = f"width {below[0]} has {below[1]:,}" if below else "no smaller width exists"
-        hi = f"width {width} has {count:,}"
+        under = f"width {below[0]} has {below[1]:,}" if below else "no smaller width exists"
+        over = f"width {width} has {count:,}"
         raise ValueError(
-            f"no {family} width meets {budget:,.0f} parameters within {tolerance:.0%} ({lo}; {hi}; widths step "
+            f"no {family} width meets {budget:,.0f} parameters within {tolerance:.0%} ({under}; {over}; widths step "
             f"by {step}): move the budget, raise compare.tolerance, or pick an arch with a finer width step"
             + (" (PT: paradigm 'rank' with rank a multiple of base_width/2 steps by 2)" if isinstance(arch, PTArch)
                else ""))

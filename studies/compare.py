@@ -26,7 +26,7 @@ class BaselineSpec(BaseModel):
     model_config = _STRICT
 
     model: ModelSpec = Field(description="family (e.g. bert, ut), parametrization and arch")
-    space: SearchSpace | BaselineSpace = Field(None, validate_default=True,  # type: ignore[assignment]
+    space: SearchSpace | BaselineSpace = Field(None, validate_default=True,
                                                description="the family's search space (None: its defaults)")
     num_trials: PosInt = Field(8, description="tune trials at each budget")
 

@@ -55,14 +55,14 @@ def sequence_flops(spec: StudySpec, width: int) -> float:
                        spec.data.mask_rate, 1, spec.tune.base_width)
 
 
-def asha_steps(max_t: int, grace: int, eta: int) -> float:
+def asha_steps(max_t: int, grace: int, eta: float) -> float:
     """Expected steps of one trial under synchronous successive halving with rungs g·η^k < max_t."""
-    rungs = []
-    rung = grace
+    rungs: list[float] = []
+    rung: float = grace
     while rung < max_t:
         rungs.append(rung)
         rung *= eta
-    steps, start = 0.0, 0
+    steps, start = 0.0, 0.0
     for k, end in enumerate([*rungs, max_t]):
         steps += (end - start) / eta ** k
         start = end
@@ -79,17 +79,16 @@ def _phase(spec: StudySpec, phase: str, runs: list[tuple[int, float]], full_step
 
 def planned_runs(spec: StudySpec) -> dict[str, list[tuple[int, float]]]:
     """Per phase, (width, steps) of each planned trial; tune's steps are ASHA's expectation."""
-    t, runs = spec.tune, {}
-    steps = spec.steps_for("tune")
-    if t.asha.enabled:
-        steps = asha_steps(steps, t.asha.grace_steps, t.asha.reduction_factor)
+    t, full = spec.tune, spec.steps_for("tune")
+    steps = asha_steps(full, t.asha.grace_steps, t.asha.reduction_factor) if t.asha.enabled else full
+    runs: dict[str, list[tuple[int, float]]] = {}
     runs["tune"] = [(t.base_width, steps)] * t.num_trials
     if spec.transfer is not None:
         runs["transfer"] = [(w, spec.steps_for("transfer")) for w in spec.transfer.widths
                             for _ in range(spec.transfer.seeds)]
     if spec.verify is not None:
-        v = spec.verify
-        runs["verify"] = [(spec.verify_width(), spec.steps_for("verify"))] * (v.centre_seeds + v.resolved_n_samples())
+        n = spec.verify.centre_seeds + spec.verify.resolved_n_samples()
+        runs["verify"] = [(spec.verify_width(), spec.steps_for("verify"))] * n
     if spec.validate_ is not None:
         v = spec.validate_
         runs["validate"] = [(w, spec.steps_for("validate")) for _ in v.parametrizations for w in v.widths
@@ -126,7 +125,7 @@ def measured_cost(spec: StudySpec, tables: dict[str, Any], phase_wall_s: dict[st
         per_seq = {w: sequence_flops(spec, w) for w in widths | set(spec.transfer.widths if spec.transfer else [])}
     except ValueError:  # a family without a FLOP formula (TauGPT): wall time only
         per_seq = None
-    rows = []
+    rows: list[dict[str, Any]] = []
     for phase, table in tables.items():
         if phase not in (*CHECK_PHASES, "transfer") or table is None or table.empty:
             continue
@@ -138,9 +137,9 @@ def measured_cost(spec: StudySpec, tables: dict[str, Any], phase_wall_s: dict[st
     targets: dict[int, dict[str, float | None]] = {}
     transfer = tables.get("transfer")
     for w in (spec.transfer.widths if spec.transfer is not None else []):
-        at = transfer[transfer["width"] == w]["wall_time_s"].dropna() if transfer is not None else []
+        at = transfer[transfer["width"] == w]["wall_time_s"].dropna() if transfer is not None else None
         targets[w] = {"flops": None if per_seq is None else spec.train.steps * batch * per_seq[w],
-                      "wall_s": float(at.median()) if len(at) else None}
+                      "wall_s": float(at.median()) if at is not None and len(at) else None}
     metrics: dict[str, float] = {}
     for row in rows:
         if row["flops"] is not None:

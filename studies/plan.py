@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import pandas as pd
 
 from analysis.table import TrialStatus, judged_loss, phase_rows
-from studies.arch import rebase
+from studies.arch import ModelSpec, rebase
 from studies.budget import train_flops, width_for_budget
-from studies.spec import StudySpec
+from studies.spec import CompareSpec, StudySpec
 
 PLANNED_COLUMNS = ("family", "budget", "role", "tuned_at", "train_flops",  # compare trials' extra table columns
                    "swept")  # validate trials': the hparam their sweep varies
@@ -97,11 +97,13 @@ def best_hparams(spec: StudySpec, table: pd.DataFrame) -> dict[str, float]:
 
 def transfer_trials(spec: StudySpec, hparams: dict[str, float]) -> list[PlannedTrial]:
     """The winner, unchanged, at every transfer width and seed."""
-    return [_trial("transfer", f"w{w}-s{s}", w, s, hparams)
-            for w in spec.transfer.widths for s in range(spec.transfer.seeds)]
+    t = spec.transfer
+    if t is None:
+        raise ValueError("this study has no transfer section: add one with widths to the spec")
+    return [_trial("transfer", f"w{w}-s{s}", w, s, hparams) for w in t.widths for s in range(t.seeds)]
 
 
-def verify_trials(spec: StudySpec, centre: dict[str, float], skip_centre_seeds: list[int] | tuple = ()
+def verify_trials(spec: StudySpec, centre: dict[str, float], skip_centre_seeds: Collection[int] = ()
                   ) -> list[PlannedTrial]:
     """The centre with `centre_seeds` seeds (but `skip_centre_seeds`: runs reused from transfer), then N samples
     around it at the verify width.
@@ -144,7 +146,7 @@ def with_reused_centre(spec: StudySpec, verify: pd.DataFrame, transfer: pd.DataF
     `verify-centre-s<k>` rows, is_centre True, their `message` naming the transfer run."""
     width, seeds = spec.verify_width(), reused_centre_seeds(spec)
     rows = transfer[(transfer["width"] == width) & transfer["seed"].isin(seeds)].copy()
-    if rows.empty:
+    if rows.empty or spec.verify is None:  # no reused seeds without a verify section
         return verify
     source = rows["trial_id"].astype(str)
     rows["phase"], rows["is_centre"] = "verify", True
@@ -166,22 +168,28 @@ def validate_trials(spec: StudySpec, centre: dict[str, float]) -> list[PlannedTr
 
 
 # ----------------------------------------------------------------------------------------------- compare
+def _compare(spec: StudySpec) -> CompareSpec:
+    """`spec.compare`; a `ValueError` naming the fix when the study has none."""
+    if spec.compare is None:
+        raise ValueError("this study has no compare section: add one with budgets, tokens and baselines")
+    return spec.compare
+
+
 def compare_widths(spec: StudySpec, vocab_size: int) -> dict[str, dict[str, Any]]:
     """Per family: its role, the solved width at each budget, and (the study's own model) the proxy width.
 
     `{family: {"role": "transferred" | "tuned", "widths": [w per budget], "proxy_width": w0 | None}}`, the
     study's model first; widths meet each budget within compare.tolerance (else a `ValueError` naming the fix).
     """
-    c = spec.compare
-    if c is None:
-        raise ValueError("this study has no compare section: add one with budgets, tokens and baselines")
+    c = _compare(spec)
     base = spec.tune.base_width
 
-    def solve(model, budget: float) -> int:
+    def solve(model: ModelSpec, budget: float) -> int:
         return width_for_budget(model.family, model.arch, budget, vocab_size, base, c.tolerance)
 
-    out = {spec.model.family: {"role": "transferred", "widths": [solve(spec.model, b) for b in c.budgets],
-                               "proxy_width": solve(spec.model, c.proxy())}}
+    out: dict[str, dict[str, Any]] = {
+        spec.model.family: {"role": "transferred", "widths": [solve(spec.model, b) for b in c.budgets],
+                            "proxy_width": solve(spec.model, c.proxy())}}
     for b in c.baselines:
         out[b.model.family] = {"role": "tuned", "widths": [solve(b.model, x) for x in c.budgets], "proxy_width": None}
     return out
@@ -194,7 +202,7 @@ def compare_sub_spec(spec: StudySpec, family: str, width: int) -> StudySpec:
     a baseline takes its entry's model, space and num_trials. Tune trials see compare.tune_tokens, and
     `train.steps` is the final runs' (compare.tokens), so `trial_config(..., steps=None)` gives a final run.
     """
-    c = spec.compare
+    c = _compare(spec)
     data = spec.as_dict()
     data.update(compare=None, transfer=None, verify=None, validate=None)
     data["tune"] = {**data["tune"], "base_width": width, "steps": spec.steps_for("tune")}
@@ -215,13 +223,12 @@ def compare_sub_spec(spec: StudySpec, family: str, width: int) -> StudySpec:
 
 def compare_stages(spec: StudySpec, vocab_size: int) -> list[dict[str, Any]]:
     """The tune stages: the study's model once at its proxy width, each baseline at every budget's width."""
-    stages = []
+    c, stages = _compare(spec), []
     for family, info in compare_widths(spec, vocab_size).items():
         if info["role"] == "transferred":
-            points = [(spec.compare.proxy(), info["proxy_width"], "proxy")]
+            points = [(c.proxy(), info["proxy_width"], "proxy")]
         else:
-            points = [(budget, w, f"b{i}") for i, (budget, w) in enumerate(zip(spec.compare.budgets, info["widths"],
-                                                                                strict=True))]
+            points = [(budget, w, f"b{i}") for i, (budget, w) in enumerate(zip(c.budgets, info["widths"], strict=True))]
         stages += [{"name": f"{family}-{tag}", "family": family, "budget": budget, "width": width,
                     "spec": compare_sub_spec(spec, family, width)} for budget, width, tag in points]
     return stages
@@ -234,8 +241,7 @@ def compare_trials(spec: StudySpec, vocab_size: int, best: dict[str, dict[str, f
     stage's hparams at every budget (zero-shot, μP base at the proxy width), each baseline its budget's own.
     Each trial carries its full `config` (a trial config dict) and its computed `train_flops`.
     """
-    c = spec.compare
-    trials = []
+    c, trials = _compare(spec), []
     for family, info in compare_widths(spec, vocab_size).items():
         for i, (budget, width) in enumerate(zip(c.budgets, info["widths"], strict=True)):
             stage = f"{family}-proxy" if info["role"] == "transferred" else f"{family}-b{i}"

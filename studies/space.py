@@ -81,6 +81,12 @@ class Range(BaseModel):
             )
         return self
 
+    @property
+    def centre(self) -> float:
+        """`default`, which validation always fills (omitted: the geometric mean or the midpoint)."""
+        assert self.default is not None  # `_check` rejects a range without one
+        return float(self.default)
+
 
 def _weight() -> Range:
     return Range(low=0.25, high=4.0, log=True, default=1.0)
@@ -95,7 +101,7 @@ class Space(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     HPARAMS: ClassVar[tuple[str, ...]] = ()
-    frozen: list[str]
+    frozen: list[str] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -124,11 +130,11 @@ class Space(BaseModel):
 
     def fixed(self) -> dict[str, float]:
         """The frozen hparams and the default values they are held at."""
-        return {name: float(r.default) for name, r in self.ranges().items() if name in self.frozen}
+        return {name: r.centre for name, r in self.ranges().items() if name in self.frozen}
 
     def defaults(self) -> dict[str, float]:
         """The default point: every hparam at its range's default."""
-        return {name: float(r.default) for name, r in self.ranges().items()}
+        return {name: r.centre for name, r in self.ranges().items()}
 
     def complete(self, hparams: dict[str, float]) -> dict[str, float]:
         """`hparams` with every missing hparam at its default (frozen ones included); unknown names raise."""
@@ -210,8 +216,7 @@ def space_class(family: str) -> type[Space]:
     """The search-space class of model `family` (its registration in `studies.family`)."""
     from studies.family import get_family  # the registry imports this module
 
-    space: type[Space] = get_family(family).space  # type: ignore[assignment]
-    return space
+    return get_family(family).space
 
 
 def validate_space(value: Any, family: str, **options: Any) -> Space:

@@ -237,7 +237,7 @@ class ValidateSpec(BaseModel):
     widths: Widths = Field(min_length=2, max_length=4, description="2–4 increasing widths")
     lrs: list[float] = Field(min_length=3, description="the lr sweep: >= 3 distinct values > 0 (kept sorted)")
     parametrizations: list[Parametrization] = Field(
-        default_factory=lambda: ["mup", "standard"], min_length=1, description="must include 'mup'")
+        default_factory=lambda: list(get_args(Parametrization)), min_length=1, description="must include 'mup'")
     seeds: PosInt = Field(1, description="training seeds per (width, lr, parametrization)")
     steps: PosInt | None = Field(None, description="override train.steps for validate trials")
     drift_threshold: float = Field(0.5, gt=0, description="largest |Δlog2(lr*)| per doubling that passes")
@@ -325,7 +325,7 @@ class StudySpec(BaseModel):
     model: ModelSpec = Field(default_factory=ModelSpec, description="family, parametrization, architecture")
     data: DataSpec = Field(default_factory=DataSpec, description="the MLM data")
     train: TrainSpec = Field(default_factory=TrainSpec, description="the training budget of one trial")
-    space: SearchSpace | BaselineSpace | TauSpace = Field(  # type: ignore[assignment]  (None: the family's)
+    space: SearchSpace | BaselineSpace | TauSpace = Field(  # None: the family's
         None, validate_default=True, description="the search space: PT's 7 hparams, BERT's/UT's 4, TauGPT's 4")
     tune: TuneSpec = Field(description="the tune phase (compare: the study's model at its proxy width)")
     transfer: TransferSpec | None = Field(None, description="the transfer phase; null: a tune-only study")
@@ -445,7 +445,8 @@ class StudySpec(BaseModel):
 
     def to_yaml(self) -> str:
         """The spec as YAML, every default written out; `from_yaml(s.to_yaml()) == s`."""
-        return yaml.safe_dump(self.as_dict(), sort_keys=False, allow_unicode=True)
+        text: str = yaml.safe_dump(self.as_dict(), sort_keys=False, allow_unicode=True)  # PyYAML ships no types
+        return text
 
     def content_hash(self) -> str:
         """sha256 of the canonical JSON (sorted keys, defaults filled in): equal specs hash equal.
@@ -487,10 +488,11 @@ class StudySpec(BaseModel):
 
     def verify_width(self) -> int:
         """The verify width: `verify.width`, else the largest transfer width."""
-        width = self.verify.width if self.verify else None
-        if width is None and self.transfer is None:
+        if self.verify is not None and self.verify.width is not None:
+            return self.verify.width
+        if self.transfer is None:
             raise ValueError("this study has no verify width: set verify.width or add transfer.widths")
-        return width if width is not None else max(self.transfer.widths)
+        return max(self.transfer.widths)
 
     def experiment_name(self) -> str:
         """The MLflow experiment: `resources.tracking.experiment`, else the study name."""
@@ -504,8 +506,8 @@ class StudySpec(BaseModel):
             return ["temperature"] if arch.attention != "tau" and "temperature" in self.space.searched() else []
         if not isinstance(arch, PTArch):
             return []
-        inert = {"w_topic", "w_topic_z"} if self.model.arch.topic == "none" else set()
-        inert |= {"w_head"} if self.model.arch.block_msg else set()
+        inert = {"w_topic", "w_topic_z"} if arch.topic == "none" else set()
+        inert |= {"w_head"} if arch.block_msg else set()
         return [h for h in self.space.searched() if h in inert]
 
     def model_hp(self, width: int, hparams: dict[str, float], parametrization: str | None = None

@@ -145,7 +145,8 @@ class BatchStream(Iterator[Batch]):
     """
 
     def __init__(self, batches: Iterator[Batch], val_every: int = 0) -> None:
-        self._batches, self._every, self._drawn, self._diverted = batches, val_every, 0, []
+        self._batches, self._every, self._drawn = batches, val_every, 0
+        self._diverted: list[Batch] = []
 
     def __next__(self) -> Batch:
         while True:
@@ -192,6 +193,9 @@ class PackedData:
 
 class MemoryData(PackedData):
     """Packed train/eval rows held in memory ((N, row_width) int32, <pad> = 0), mlm or clm."""
+
+    n_train: int
+    train_tokens: int
 
     def __init__(self, cfg: DataSpec, tokenizer: Tokenizer, train: np.ndarray, eval_: np.ndarray,
                  train_tokens: int) -> None:

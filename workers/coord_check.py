@@ -107,10 +107,9 @@ def coord_check(
         raise ConfigError(f"seeds={seeds}, max_seeds={max_seeds}: need 2 <= seeds <= max_seeds (an interval needs 2)")
     if steps < 2:
         raise ConfigError(f"steps={steps}: need at least 2 (step 0 is init, steps 1… are judged)")
-    hp = dict(model_hp or {})
+    hp, entry = dict(model_hp or {}), family(model)
     lr = check_lr(hp.get("base_width", min(widths))) if lr is None else lr
-    # with r ∝ width the random initial part of PT's 1/r head logits vanishes as r^-1/2 (μP allows it)
-    may_vanish = ("head_logits",) if model == "pt" and hp.get("paradigm") == "rank" else ()
+    may_vanish = entry.coord_may_vanish({**entry.coord_hp, **hp})  # what μP lets shrink in the family's model
     frames: list[pd.DataFrame] = []
     ran = 0
     while True:
@@ -121,6 +120,6 @@ def coord_check(
         df = pd.concat(frames, ignore_index=True)
         slopes = coord_slopes(df)
         verdict = coord_verdict(slopes, steps=tuple(range(1, steps)), parametrization=parametrization,
-                                may_vanish=may_vanish, output_name=family(model).readout)
+                                may_vanish=may_vanish, output_name=entry.readout)
         if verdict.status != "inconclusive" or ran >= max_seeds:
             return df, slopes, verdict, lr

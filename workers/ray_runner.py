@@ -42,7 +42,7 @@ from analysis.table import TrialStatus  # noqa: E402
 from studies.plan import PlannedTrial  # noqa: E402
 from studies.spec import StudySpec  # noqa: E402
 from workers.errors import InfrastructureLost, Interrupted  # noqa: E402
-from workers.runner import GROUP_MULT, PhaseJob, metric_prefixes, trial_frame, trial_row  # noqa: E402
+from workers.runner import GROUP_MULT, PhaseJob, flag_tags, metric_prefixes, trial_frame, trial_row  # noqa: E402
 from workers.train import TrialConfig, train_trial  # noqa: E402
 from workers.verdicts import trial_run_name  # noqa: E402
 
@@ -314,10 +314,9 @@ class MlflowTrials(tune.Callback):
             return
         self.tracker.log_metrics(run, rows)
         self._logged[trial.trial_id] = rows[-1]["step"]
-        for row in rows:
-            collapsed = sorted(k.rsplit(".", 1)[1] for k, v in row.items() if k.startswith("tau.collapse.") and v)
-            if collapsed:  # TauGPT's collapse warning (analysis.taumode), also visible in the runs table
-                self.tracker.set_tags(run, {"taumode_collapse": f"step {row['step']}: {', '.join(collapsed)}"})
+        flags = flag_tags(rows)
+        if flags:
+            self.tracker.set_tags(run, flags)
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         """The trial's worker failed and Tune restarts it (from its last checkpoint): the run stays `running`."""

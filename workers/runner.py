@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,6 +38,20 @@ def metric_prefixes() -> tuple[str, ...]:
     """The per-step metrics a trial logs: every family's, and those its family registers (TauGPT: `tau.`)."""
     return METRIC_PREFIXES + tuple(p for f in FAMILIES.values() for p in f.metric_prefixes)
 GROUP_MULT = "group_lr_mult."  # final-result prefix of the per-group lr multipliers (μP), logged as `lr_mult.*` params
+
+
+def flag_tags(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """The MLflow tags a trial's metric rows raise (`Family.flag_tags`; TauGPT: a nonzero `tau.collapse.<layer>`
+    → `taumode_collapse`, `analysis.taumode`'s warning), each as "step S: <names after the prefix>" of the last
+    row that raises it: the warnings are visible in the runs table."""
+    rules = {prefix: tag for f in FAMILIES.values() for prefix, tag in f.flag_tags.items()}
+    tags: dict[str, str] = {}
+    for row in rows:
+        for prefix, tag in rules.items():
+            flagged = sorted(k[len(prefix):] for k, v in row.items() if k.startswith(prefix) and v)
+            if flagged:
+                tags[tag] = f"step {row['step']}: {', '.join(flagged)}"
+    return tags
 
 
 def experiment_name(study_id: str, phase: str, stage: str | None = None) -> str:
@@ -171,7 +185,7 @@ class InProcessRunner:
             if result.lr_multipliers:
                 tracker.log_params(run, {f"lr_mult.{k}": v for k, v in result.lr_multipliers.items()})
             why = {"diverged_reason": result.message or "unknown"} if result.status == TrialStatus.DIVERGED else {}
-            tracker.set_tags(run, {"status": result.status, **why})
+            tracker.set_tags(run, {"status": result.status, **why, **flag_tags(history)})
             tracker.finish(run, "FINISHED")
         journal.add(row)
         job.notify({"phase": job.phase, "trial_id": trial.trial_key, "status": row["status"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import tokenizers
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
@@ -38,7 +39,8 @@ class Tokenizer:
 
         wordpiece and bpe keep their whole base alphabet, even past `vocab_size`.
         """
-        options = dict(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+        options: dict[str, Any] = dict(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+        trainer: trainers.Trainer
         if kind == "word":
             backend = tokenizers.Tokenizer(models.WordLevel(unk_token="<unk>"))
             backend.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])

@@ -56,6 +56,7 @@ def phase_verdict(spec: StudySpec, phase: str, result: dict[str, Any]) -> Verdic
                        sentence=f"Tuned at width {spec.tune.base_width} over {result['n_trials']} trials: "
                                 f"{shown} (eval loss {result['best_eval_loss']:.4f}).")
     if phase == "transfer":
+        assert spec.transfer is not None  # a study has a transfer phase only with a transfer section
         widths = [r for r in result["widths"] if r.get("eval_loss_mean") == r.get("eval_loss_mean")]
         losses = ", ".join(f"{r['width']}: {r['eval_loss_mean']:.4f}" for r in widths)
         return Verdict({"base_width": spec.tune.base_width, "target_widths": ",".join(str(w) for w in

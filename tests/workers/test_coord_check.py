@@ -6,6 +6,7 @@ import pytest
 
 from analysis.coord import coord_slopes, coord_verdict
 from workers.coord_check import check_lr, coord_check, coord_data
+from workers.models import family
 
 WIDTHS = (32, 64, 128, 256)
 LR = 1e-2  # one base learning rate for every case
@@ -29,7 +30,7 @@ def test_mup_is_flat(paradigm):
         heads = hidden.name.str.startswith("head_logits")
         assert (hidden[~heads].slope.abs() <= 0.2).all(), hidden[~heads]
         assert (hidden[heads].slope <= 0.2).all()
-    may_vanish = ("head_logits",) if paradigm == "rank" else ()
+    may_vanish = family("pt").coord_may_vanish({"paradigm": paradigm})  # head_logits under rank
     assert coord_verdict(slopes, parametrization="mup", may_vanish=may_vanish).passed
 
 

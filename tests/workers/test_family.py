@@ -7,20 +7,25 @@ from __future__ import annotations
 import warnings
 from typing import ClassVar
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from studies import load_catalog
 from studies.arch import ModelSize, ModelSpec
 from studies.family import FAMILIES, Family, register
+from studies.plan import PlannedTrial
 from studies.space import Range, Space, space_class
 from studies.spec import DataSpec, TrialConfig
-from workers.coord_check import coord_data
+from workers import coord_check as coord_check_module
+from workers.coord_check import coord_check, coord_data
 from workers.models.contract import LanguageModel
-from workers.runner import metric_prefixes
-from workers.train import train_trial
+from workers.null_tracker import NullTracker
+from workers.runner import InProcessRunner, PhaseJob, metric_prefixes
+from workers.train import TrialResult, train_trial
 
 _steps_seen: list[int] = []
 
@@ -82,7 +87,9 @@ class MLPLM(LanguageModel):
 @pytest.fixture
 def mlp_family():
     entry = register(Family("mlp", MLPArch, MLPConfig, MLPSpace, MLPLM, readout="logits",
-                            coord_hp={"hidden_mult": 2, "init_std": 0.1}, metric_prefixes=("mlp.",)))
+                            coord_hp={"hidden_mult": 2, "init_std": 0.1},
+                            coord_may_vanish=lambda hp: ("mlp_out",) if hp["hidden_mult"] > 2 else (),
+                            metric_prefixes=("mlp.",), flag_tags={"mlp.flag.": "mlp_flagged"}))
     _steps_seen.clear()
     yield entry
     del FAMILIES["mlp"]
@@ -94,6 +101,7 @@ DATA = DataSpec(max_tokens=20_000, seq_len=32)
 def test_a_family_registered_once_validates_and_trains_through_the_contract(mlp_family):
     spec = ModelSpec(family="mlp", parametrization="standard", arch={"hidden_mult": 3})
     assert spec.arch == MLPArch(hidden_mult=3) and space_class("mlp") is MLPSpace
+    assert {"$ref": "#/$defs/MLPArch"} in ModelSpec.model_json_schema()["properties"]["arch"]["anyOf"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # serialised as its own arch, not as one of the built-in arches
         assert ModelSpec.model_validate_json(spec.model_dump_json()) == spec
@@ -114,6 +122,48 @@ def test_a_family_registered_once_validates_and_trains_through_the_contract(mlp_
 def test_the_registered_family_runs_the_coordinate_check(mlp_family):
     df = coord_data("mlp", parametrization="standard", widths=(16, 32), steps=2, seeds=1, data=DATA)
     assert set(df.name) == {"embed", "mlp_out", "logits"} and set(df.width) == {16, 32}
+
+
+def test_the_coordinate_check_lets_vanish_what_the_family_declares(mlp_family, monkeypatch):
+    """`coord_may_vanish` sees the check's model hparams (`coord_hp` under `model_hp`); the names it returns
+    may shrink with width (judged one-sidedly), and only then."""
+
+    def table(widths, seeds, base_seed, **_) -> pd.DataFrame:  # mlp_out's rms ∝ 1/width, the rest flat
+        rows = [("standard", w, s, t, name, 1 / w if name == "mlp_out" else 1.0)
+                for w in widths for s in range(base_seed, base_seed + seeds) for t in range(2)
+                for name in ("embed", "mlp_out", "logits")]
+        return pd.DataFrame(rows, columns=["parametrization", "width", "seed", "step", "name", "rms"])
+
+    monkeypatch.setattr(coord_check_module, "coord_data", table)
+    check = {"model": "mlp", "parametrization": "standard", "widths": (16, 32), "steps": 2, "seeds": 2, "max_seeds": 2}
+    _, _, verdict, _ = coord_check(**check, model_hp={"hidden_mult": 4})
+    assert verdict.passed and "mlp_out judged one-sidedly" in verdict.verdict
+    _, _, verdict, _ = coord_check(**check)  # hidden_mult 2: nothing may vanish
+    assert verdict.status == "fail" and [o.name for o in verdict.offending] == ["mlp_out"]
+
+
+class _Tags(NullTracker):
+    def __init__(self) -> None:
+        self.tags: dict[str, str] = {}
+
+    def set_tags(self, run_id, tags) -> None:
+        self.tags.update(tags)
+
+
+def test_a_flag_metric_the_family_declares_tags_the_trial_run(mlp_family, tmp_path):
+    """A nonzero metric under a `flag_tags` prefix tags the trial's run: "step S: <names>", the last such step
+    (the in-process runner here; the Ray callback calls the same `workers.runner.flag_tags`)."""
+    history = [{"step": 4, "mlp.flag.a": 0.0}, {"step": 8, "mlp.flag.b": 1.0, "mlp.flag.a": 1.0},
+               {"step": 12, "mlp.flag.a": 0.0}]
+
+    def train(cfg: TrialConfig) -> TrialResult:
+        return TrialResult("completed", 4.0, 4.0, 4.0, 12, 1000, 0.1, 1e4, 100, history)
+
+    spec, tracker = load_catalog("tiny"), _Tags()
+    trial = PlannedTrial("transfer-w32-s0", "transfer", spec.tune.base_width, 0, spec.space.defaults())
+    InProcessRunner(train).run_phase(PhaseJob(spec, "transfer", [trial], "s1", None, "s1/transfer", tracker,
+                                              tmp_path, "s1.transfer"))
+    assert tracker.tags["mlp_flagged"] == "step 8: a, b" and tracker.tags["status"] == "completed"
 
 
 def test_an_unregistered_family_is_refused_with_the_registered_ones():
