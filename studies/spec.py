@@ -411,9 +411,10 @@ class StudySpec(BaseModel):
         models = [("model", self.model)]
         models += [(f"compare.baselines[{i}].model", b.model) for i, b in enumerate(self.compare.baselines)] \
             if self.compare is not None else []
-        problems = [f"{where}.arch.max_len={m.arch.max_len} is below data.seq_len={self.data.seq_len}: set max_len "
-                    f"to {self.data.seq_len}" for where, m in models
-                    if not isinstance(m.arch, PTArch) and m.arch.max_len < self.data.seq_len]
+        max_lens = [(where, getattr(m.arch, "max_len", None)) for where, m in models]  # learned positions, if any
+        problems = [f"{where}.arch.max_len={max_len} is below data.seq_len={self.data.seq_len}: set max_len "
+                    f"to {self.data.seq_len}" for where, max_len in max_lens
+                    if max_len is not None and max_len < self.data.seq_len]
         objective = get_family(self.model.family).objective
         if self.data.objective != objective:
             problems.append(f"data.objective={self.data.objective!r} does not fit model.family "

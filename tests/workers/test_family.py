@@ -19,7 +19,7 @@ from studies.arch import ModelSize, ModelSpec
 from studies.family import FAMILIES, Family, register
 from studies.plan import PlannedTrial
 from studies.space import Range, Space, space_class
-from studies.spec import DataSpec, TrialConfig
+from studies.spec import DataSpec, StudySpec, TrialConfig
 from workers import coord_check as coord_check_module
 from workers.coord_check import coord_check, coord_data
 from workers.models.contract import LanguageModel
@@ -117,6 +117,14 @@ def test_a_family_registered_once_validates_and_trains_through_the_contract(mlp_
     assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]
     assert [r["mlp.evals"] for r in evals] == [1.0, 2.0, 3.0]  # `past` holds the earlier evaluations' rows
     assert _steps_seen == list(range(12))  # `before_step` before every step, with the updates done so far
+
+
+def test_a_study_of_the_registered_family_validates(mlp_family):
+    data = load_catalog("tiny").as_dict()  # PT's spec with the model swapped: no arch field is PT's or BERT's
+    data["model"] = {"family": "mlp", "parametrization": "mup", "arch": {"hidden_mult": 2}}
+    data["space"] = {}
+    spec = StudySpec.model_validate(data)
+    assert spec.model.arch == MLPArch(hidden_mult=2) and spec.phases()[0] == "tune"
 
 
 def test_the_registered_family_runs_the_coordinate_check(mlp_family):
