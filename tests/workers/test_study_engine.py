@@ -44,7 +44,8 @@ def test_all_phases_finish_with_artifacts(tiny_study):
     assert state.status == "succeeded"
     assert [p for p, s in state.phases.items() if s["status"] == "done"] == ["tune", "transfer", "verify"]
     art = folder / "artifacts"
-    for name in ("tune_history.png", "transfer.png", "verify.png", "report.md", "trials.csv", "spec.yaml"):
+    for name in ("tune_history.png", "transfer.png", "verify.png", "report.md", "report.html", "trials.csv",
+                 "spec.yaml"):
         assert (art / name).stat().st_size > 0, name
     cert = json.loads((art / "certificate.json").read_text())
     assert cert["n_samples"] == spec.verify.n_samples and cert["centre_seeds"] == spec.verify.centre_seeds
@@ -66,7 +67,7 @@ def test_mlflow_tells_the_study_at_a_glance(tiny_study):
     for a reader and carry steps_done and the per-group lr multipliers; the reused verify centre is a run."""
     from mlflow import MlflowClient
 
-    from workers.tracking import Tracker
+    from workers.tracking import VIEW_ID, VIEW_TAG, Tracker
 
     spec, state, _ = tiny_study
     tracker = Tracker(spec.experiment_name())
@@ -84,7 +85,12 @@ def test_mlflow_tells_the_study_at_a_glance(tiny_study):
     assert study.data.tags["mlflow.user"] and "mlflow.source.name" in study.data.tags
     assert [d.dataset.name for d in study.inputs.dataset_inputs] == ["shakespeare"]
     artifacts = {a.path for a in client.list_artifacts(study.info.run_id)}
-    assert {"report.md", "tune_history.png", "transfer.png", "verify.png", "trials.json"} <= artifacts
+    assert {"report.md", "report.html", "tune_history.png", "transfer.png", "verify.png", "trials.json"} <= artifacts
+    # the saved runs-table view `verdicts`, which the printed link opens, shows them
+    view = json.loads(json.loads(client.get_experiment(tracker.experiment_id).tags[VIEW_TAG + VIEW_ID])["state"])
+    assert {"tags.`certified`", "metrics.`upper_bound`", "params.`best.lr`", "params.`target_widths`"} <= \
+        set(view["selectedColumns"])
+    assert f"viewStateShareKey={VIEW_ID}" in tracker.runs_link()
     transfer = client.get_run(state.runs["transfer"])
     assert [(m.step, round(m.value, 6)) for m in client.get_metric_history(transfer.info.run_id, "eval_loss")] == \
         [(32, round(state.phases["transfer"]["widths"][0]["eval_loss_mean"], 6))]
