@@ -108,6 +108,32 @@ def test_mlflow_tells_the_study_at_a_glance(tiny_study):
     assert [r.data.tags["reused_from"] for r in reused] == ["transfer-w32-s0"]
 
 
+def test_mlflow_ui_in_a_headless_browser(tiny_study, data_dir, tmp_path):
+    """The MLflow UI as a user sees it, in headless Chromium (tests/ui/mlflow_ui_check.py): the printed link opens
+    the runs table with the verdict columns, the study run's page shows its verdicts, its report its figures."""
+    from tests.ui.mlflow_ui_check import check_ui, missing_requirements, mlflow_server
+    from workers.tracking import Tracker
+
+    missing = missing_requirements()
+    if missing:
+        pytest.skip(f"no headless browser: {missing}")
+    spec, state, _ = tiny_study
+    uri = Tracker(spec.experiment_name()).uri
+    if uri.startswith("http"):
+        result = check_ui(uri.rstrip("/"), tmp_path, state.study_id)
+    else:
+        with mlflow_server(data_dir) as url:
+            result = check_ui(url, tmp_path, state.study_id)
+    assert result.problems == []
+    table = result.texts["runs_table"]
+    assert all(k in table for k in ("verdicts", "certified", "upper_bound", "n_better", "centre_rank", "best.lr",
+                                    "base_width", "target_widths", "eval_loss", "steps_done"))
+    assert re.search(r"tune-\d\d lr=\d\.\de-\d", table) and "transfer" in table and "verify" in table
+    assert "Certificate:" in result.texts["study_run"] and "best.lr" in result.texts["study_run"]
+    assert set(result.figures) == {"tune", "transfer", "verify"} and all(result.figures.values())
+    assert all(shot.stat().st_size > 10_000 for shot in result.screenshots)
+
+
 def test_verify_cli_reuses_tune_and_transfer(tiny_study, capsys):
     from service.cli import main
 
