@@ -46,8 +46,9 @@ Modules: ``certificate`` (the verify phase's local-optimality certificate), ``di
 (relative distance from the centre), ``neighbours`` (where an uncertified centre's better neighbours
 lie), ``transfer`` (per-width summary, lr drift), ``coord``
 (coordinate-check slopes, verdict, plot), ``plots`` (the study's figures), ``compare`` (families at
-equal parameter budgets: table and figure), ``report`` (Markdown), ``constants`` (the vocabulary and
-the sample-size rule, importable without numpy). Names are loaded from their module on first use.
+equal parameter budgets: table and figure), ``report`` (Markdown, and HTML with the figures inline),
+``constants`` (the vocabulary and the sample-size rule, importable without numpy). Names are loaded from
+their module on first use.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ _HOME = {
     "relative_distance": "distance",
     **dict.fromkeys(("NeighbourAdvice", "neighbour_advice"), "neighbours"),
     **dict.fromkeys(("plot_mutransfer", "plot_transfer", "plot_tune_history", "plot_verify"), "plots"),
-    **dict.fromkeys(("markdown_table", "render_report"), "report"),
+    **dict.fromkeys(("markdown_table", "render_report", "report_html"), "report"),
     **dict.fromkeys(("LRDrift", "LROptimum", "lr_curves", "lr_drift", "lr_optima", "transfer_table"), "transfer"),
 }
 
@@ -77,7 +78,7 @@ if TYPE_CHECKING:
     from analysis.distance import relative_distance
     from analysis.neighbours import NeighbourAdvice, neighbour_advice
     from analysis.plots import plot_mutransfer, plot_transfer, plot_tune_history, plot_verify
-    from analysis.report import markdown_table, render_report
+    from analysis.report import markdown_table, render_report, report_html
     from analysis.transfer import LRDrift, LROptimum, lr_curves, lr_drift, lr_optima, transfer_table
 
 
@@ -123,6 +124,7 @@ __all__ = [
     "plot_verify",
     "relative_distance",
     "render_report",
+    "report_html",
     "transfer_table",
     "upper_bound",
     "verify_losses",

@@ -1,9 +1,14 @@
-"""The study report as Markdown: spec summary, one compact section per phase, verdicts and figure links."""
+"""The study report as Markdown: spec summary, one compact section per phase, verdicts and figure links;
+and the same report as one self-contained HTML page (`report_html`), its figures inline."""
 
 from __future__ import annotations
 
+import base64
+import html
 import math
+import mimetypes
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -103,6 +108,39 @@ def render_report(
         if name in sections:
             parts += [f"## {name}", *sections[name]]
     return "\n\n".join(parts) + "\n"
+
+
+REPORT_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; font-size: 14px;
+       line-height: 1.45; color: #1f2328; margin: 16px; max-width: 1100px; }
+h1 { font-size: 22px; } h2 { font-size: 18px; border-bottom: 1px solid #d1d9e0; padding-bottom: 2px; }
+table { border-collapse: collapse; margin: 8px 0; } th, td { border: 1px solid #d1d9e0; padding: 3px 8px; }
+th { background: #f6f8fa; } td { font-variant-numeric: tabular-nums; }
+code { background: #f6f8fa; padding: 1px 4px; border-radius: 4px; } img { max-width: 100%; }
+"""
+
+
+def report_html(markdown: str, figures: Path) -> str:
+    """The Markdown report as one HTML page that needs no other file: each figure it links by a bare file name
+    found in `figures` is inlined as a `data:` URI. MLflow's artifact view shows this page whole, while in its
+    view of `report.md` a relative image (`![tune](tune_history.png)`) stays text: it renders only images
+    with an absolute URL."""
+    from markdown_it import MarkdownIt
+
+    parser = MarkdownIt("commonmark", {"html": False}).enable("table")
+    tokens = parser.parse(markdown)
+    title = next((tokens[i + 1].content.replace("`", "") for i, t in enumerate(tokens) if t.type == "heading_open"),
+                 "Study report")
+    for token in tokens:
+        for child in token.children or ():
+            src = str(child.attrGet("src") or "") if child.type == "image" else ""
+            path = figures / src
+            if src and Path(src).name == src and path.is_file():
+                kind = mimetypes.guess_type(src)[0] or "application/octet-stream"
+                child.attrSet("src", f"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode()}")
+    body = parser.renderer.render(tokens, parser.options, {})
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{REPORT_CSS}</style></head>\n<body>\n{body}</body></html>\n")
 
 
 def _tune_section(table: pd.DataFrame, hparams: Sequence[str], top: int = 5) -> str:

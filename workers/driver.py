@@ -54,6 +54,7 @@ from analysis import (
     plot_tune_history,
     plot_verify,
     render_report,
+    report_html,
     transfer_table,
 )
 from analysis.table import TrialStatus
@@ -77,7 +78,7 @@ from workers.folder import PhaseIndex, StudyFolder, studies_dir, write_json
 from workers.paths import redact_uri
 from workers.runner import PhaseJob, Runner, experiment_name
 from workers.train import load_data
-from workers.verdicts import phase_verdict, provenance_tags, study_verdict
+from workers.verdicts import phase_verdict, provenance_tags, study_verdict, verdict_columns
 
 if TYPE_CHECKING:
     from workers.null_tracker import NullTracker
@@ -419,7 +420,8 @@ class StudyDriver:
 
     def _study_run(self) -> None:
         """The study's MLflow run: created on the first attempt; a resumed attempt reopens it and its
-        unfinished phases' runs, which the interruption ended."""
+        unfinished phases' runs, which the interruption ended. The experiment's saved view `verdicts` gets the
+        study's verdict columns."""
         if "study" in self.state.runs:
             for key, run_id in self.state.runs.items():
                 if key == "study" or self.state.phases.get(key, {}).get("status") != "done":
@@ -433,6 +435,7 @@ class StudyDriver:
             self.tracker.log_artifacts(self.state.runs["study"], [self.folder.spec])
             self._log_dataset(self.state.runs["study"])
             self._save()
+        self.tracker.save_view(verdict_columns(self.spec))  # the runs table the printed link opens shows the verdicts
 
     def _log_study_verdict(self) -> None:
         """Every finished phase's verdict on the study run; its description: the spec's, then the sentences."""
@@ -511,8 +514,12 @@ class StudyDriver:
                              advice=advice, cost=cost)
         path = folder.report
         path.write_text(text)
-        figures = [folder.artifact(name) for name in plots.values()]  # beside report.md: its links resolve in MLflow
-        self.tracker.log_artifacts(self.state.runs["study"], [path, folder.all_trials, folder.cost, *figures])
+        # report.md beside its figures, which it links by file name; report.html with them inline, for MLflow's
+        # artifact view, which renders no relative image
+        page = folder.artifact("report.html")
+        page.write_text(report_html(text, folder.artifacts))
+        figures = [folder.artifact(name) for name in plots.values()]
+        self.tracker.log_artifacts(self.state.runs["study"], [path, page, folder.all_trials, folder.cost, *figures])
         self.tracker.log_table(self.state.runs["study"], all_trials, "trials.json")
         return path
 

@@ -69,6 +69,9 @@ class NullTracker:
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         pass
 
+    def save_view(self, columns: Iterable[str], name: str = "verdicts") -> None:
+        pass
+
     def runs_link(self) -> str | None:
         return None
 

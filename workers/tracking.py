@@ -15,6 +15,9 @@ in, so experiments ptctl creates there get `artifact_root()` instead: `$PTCTL_AR
 `<data dir>/mlartifacts`. `prepare_store` creates and migrates a database store once, before
 concurrent drivers would race to do it (the service calls it at start-up).
 
+The UI: each experiment gets a saved runs-table view, `verdicts` (`save_view`: the columns
+`workers.verdicts.verdict_columns` names), and `runs_link`, the link `ptctl study run` prints, opens it.
+
 A tracking server that is unreachable for a while (restarted, network blip) delays logging, nothing more:
 every client call is retried with exponential backoff (0.5 s doubling to 10 s) for up to
 `PTCTL_MLFLOW_RETRY_S` seconds (default 300), then fails with `TrackingUnavailable` naming the server and
@@ -24,6 +27,7 @@ turned down to 2 retries and a 30 s timeout unless set in the environment, so th
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -47,6 +51,10 @@ REOPENED = ("KILLED", "FAILED")  # run statuses a resumed study sets back to RUN
 MAX_PARAM = 6000  # MLflow's limit on a param value
 KIND_TAG = "mlflow.experimentKind"  # the UI's view of an experiment: custom_model_development = the ML runs table
 NOTE = "mlflow.note.content"  # a run's description in the UI
+VIEW_TAG = "mlflow.sharedViewState."  # + a view id: an experiment tag holding a saved view of the UI's runs table
+VIEW_ID = "ptctl-verdicts"  # the saved view ptctl keeps on each experiment, named `verdicts` in the UI's Views menu
+RUN_NAME, DESCRIPTION = "attributes.`Run Name`", "attributes.`Description`"  # two of the runs table's columns
+UI_QUERY = "workflowType=machine_learning"  # the UI's model-training mode (its default, GenAI, files runs as evals)
 RETRY_S = 300.0  # default of PTCTL_MLFLOW_RETRY_S: how long a call waits for an unreachable tracking server
 for _name, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
                       ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")):
@@ -173,6 +181,32 @@ class Tracker:
             if found is None:
                 raise
             return found.experiment_id
+
+    def save_view(self, columns: Iterable[str], name: str = "verdicts") -> None:
+        """Save the runs-table view `name` on the experiment: the MLflow UI's Views menu lists it, and `runs_link`
+        opens it. `columns` are the UI's column keys (`metrics.`upper_bound``, `attributes.`Description``), shown
+        in that order right after the run's name and start time (the description, if among them, last).
+
+        The view is one experiment tag, `VIEW_TAG + VIEW_ID`, in the envelope MLflow 3.17's UI writes when one
+        saves a view (`{name, createdAt, updatedAt, state}`, `state` a JSON string of the table's settings). A view
+        already there keeps its columns and the new ones are added (studies of one experiment may differ in their
+        hparams and phases)."""
+        key = VIEW_TAG + VIEW_ID
+        now = int(time.time() * 1000)
+        created, selected = now, list(dict.fromkeys(columns))
+        old = self.client.get_experiment(self.experiment_id).tags.get(key)
+        if old:
+            try:
+                envelope = json.loads(old)
+                created = int(envelope["createdAt"])
+                selected = list(dict.fromkeys([*json.loads(envelope["state"])["selectedColumns"], *selected]))
+            except (ValueError, KeyError, TypeError):
+                log.warning("the experiment's saved view %r is not one ptctl can read; replacing it", VIEW_ID)
+        last = [c for c in selected if c == DESCRIPTION]
+        order = [RUN_NAME, "runDateAndNestInfo", *(c for c in selected if c != DESCRIPTION), "duration", *last]
+        state = json.dumps({"selectedColumns": selected, "columnOrder": order, "columnWidths": {RUN_NAME: 230}})
+        self.client.set_experiment_tag(self.experiment_id, key, json.dumps(
+            {"name": name, "createdAt": created, "updatedAt": now, "state": state}))
 
     # ---------------------------------------------------------------- runs
     def _find(self, tags: dict[str, str]):
@@ -309,13 +343,15 @@ class Tracker:
         self.client.set_terminated(run_id, status)
 
     def runs_link(self) -> str:
-        """The experiment's runs table in the MLflow UI (its ML view): on a server, its URL; on a local store,
-        the URL `mlflow ui` serves it at, with the command that starts it."""
-        path = f"#/experiments/{self.experiment_id}/runs"
+        """The experiment's runs table in the MLflow UI (its model-training mode), opened on the saved view
+        `verdicts` when the experiment has it: on a server, its URL; on a local store, the URL `mlflow ui` serves
+        it at, with the command that starts it."""
+        view = VIEW_TAG + VIEW_ID in self.client.get_experiment(self.experiment_id).tags
+        path = f"#/experiments/{self.experiment_id}/runs?{UI_QUERY}" + (f"&viewStateShareKey={VIEW_ID}" if view else "")
         if _is_server(self.uri):
             return f"{self.uri.rstrip('/')}/{path}"
         return f"http://127.0.0.1:5000/{path} (after `mlflow ui --backend-store-uri {self.uri}`)"
 
     def link(self, run_id: str) -> str:
         """Where the run lives (the MLflow UI shows it under this experiment and run id)."""
-        return f"{self.uri}#/experiments/{self.experiment_id}/runs/{run_id}"
+        return f"{self.uri}#/experiments/{self.experiment_id}/runs/{run_id}?{UI_QUERY}"

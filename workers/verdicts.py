@@ -13,6 +13,8 @@ from a phase's result as `state.json` keeps it, so a resumed study logs the same
 Each also has a sentence: the winner, the loss per width, the certificate, the drift verdict.
 
 The study run carries all of them; its description is the spec's description followed by every sentence.
+`verdict_columns` names them as the MLflow UI's runs-table columns: the experiment's saved view `verdicts`
+(`workers.tracking.Tracker.save_view`) shows them, and the link `ptctl study run` prints opens it.
 Trial runs are named for a reader (`tune-07 lr=4.4e-3`), and `provenance_tags` say who ran what from where.
 """
 
@@ -86,6 +88,33 @@ def study_verdict(spec: StudySpec, phases: dict[str, dict[str, Any]]) -> Verdict
         if phases.get(phase, {}).get("status") == "done":
             verdict = verdict.merge(phase_verdict(spec, phase, phases[phase]))
     return verdict
+
+
+def verdict_columns(spec: StudySpec) -> list[str]:
+    """The runs-table columns that show `spec`'s verdicts, as the MLflow UI names them (`metrics.`upper_bound``):
+    the certificate, the winner and the widths, the loss per width, each drift, where ASHA stopped a trial, and
+    each run's description (its verdict sentence)."""
+    phases = spec.phases()
+    metrics: list[str] = []
+    params: list[str] = []
+    tags: list[str] = []
+    if "verify" in phases:
+        tags.append("certified")
+        metrics += ["upper_bound", "n_better", "centre_rank"]
+    if "tune" in phases:
+        params += [*(f"best.{h}" for h in spec.space.searched()), "base_width"]
+        metrics.append("best_eval_loss")
+    if "transfer" in phases:
+        params.append("target_widths")
+    metrics.append("eval_loss")  # the transfer run's loss per width; each trial's own
+    if spec.validate_ is not None:
+        for h in ("lr", *spec.validate_.hparams):
+            metrics += [f"{h}_drift.{p}" for p in spec.validate_.parametrizations]
+            tags.append(f"{h}_drift_passed")
+    if "tune" in phases:
+        metrics.append("steps_done")
+    return [*(f"{group}.`{name}`" for group, names in (("tags", tags), ("metrics", metrics), ("params", params))
+              for name in names), "attributes.`Description`"]
 
 
 def trial_run_name(trial_key: str, hparams: dict[str, float], number: int | None = None) -> str:

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 
 from analysis.certificate import certify
-from analysis.report import markdown_table, render_report
+from analysis.report import markdown_table, render_report, report_html
 from analysis.transfer import lr_drift
 from tests.analysis._tables import paper_like_optimum, sweep_table, trials, verify_table
 
@@ -111,3 +111,19 @@ def test_report_says_where_the_better_neighbours_lie():
     md = render_report(study=STUDY, tables={}, certificate=cert, lr_drift=None, plots={}, advice=advice)
     verify = md.split("## verify")[1]
     assert "where the better neighbours lie" in verify and "tune.num_trials" in verify
+
+
+def test_report_html_holds_its_figures_inline(tmp_path):
+    """report.html needs no other file: MLflow's artifact view renders no relative image in report.md, so each
+    figure the report links by file name is inlined; a link to a missing file or elsewhere is left alone."""
+    png = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+    (tmp_path / "tune.png").write_bytes(png)
+    plots = {"tune": "tune.png", "verify": "verify.png", "coord": "../coord.png"}
+    md = render_report(study=STUDY, tables=_tables(), certificate=certify(verify_table([2.0, 2.01], [2.1] * 62)),
+                       lr_drift=None, plots=plots)
+    page = report_html(md + "\n<script>alert(1)</script>\n", tmp_path)
+    assert page.startswith("<!doctype html>") and "<title>Study pt-mlm (s-42)</title>" in page
+    assert '<img src="data:image/png;base64,iVBORw0KGgo' in page and 'alt="tune"' in page
+    assert '<img src="verify.png" alt="verify"' in page and '<img src="../coord.png"' in page
+    assert "<h2>tune</h2>" in page and "<th>trial_id</th>" in page and "<td>t000</td>" in page
+    assert "<script>" not in page  # the report's text is escaped, never markup

@@ -44,7 +44,8 @@ def test_all_phases_finish_with_artifacts(tiny_study):
     assert state.status == "succeeded"
     assert [p for p, s in state.phases.items() if s["status"] == "done"] == ["tune", "transfer", "verify"]
     art = folder / "artifacts"
-    for name in ("tune_history.png", "transfer.png", "verify.png", "report.md", "trials.csv", "spec.yaml"):
+    for name in ("tune_history.png", "transfer.png", "verify.png", "report.md", "report.html", "trials.csv",
+                 "spec.yaml"):
         assert (art / name).stat().st_size > 0, name
     cert = json.loads((art / "certificate.json").read_text())
     assert cert["n_samples"] == spec.verify.n_samples and cert["centre_seeds"] == spec.verify.centre_seeds
@@ -66,7 +67,7 @@ def test_mlflow_tells_the_study_at_a_glance(tiny_study):
     for a reader and carry steps_done and the per-group lr multipliers; the reused verify centre is a run."""
     from mlflow import MlflowClient
 
-    from workers.tracking import Tracker
+    from workers.tracking import VIEW_ID, VIEW_TAG, Tracker
 
     spec, state, _ = tiny_study
     tracker = Tracker(spec.experiment_name())
@@ -84,7 +85,12 @@ def test_mlflow_tells_the_study_at_a_glance(tiny_study):
     assert study.data.tags["mlflow.user"] and "mlflow.source.name" in study.data.tags
     assert [d.dataset.name for d in study.inputs.dataset_inputs] == ["shakespeare"]
     artifacts = {a.path for a in client.list_artifacts(study.info.run_id)}
-    assert {"report.md", "tune_history.png", "transfer.png", "verify.png", "trials.json"} <= artifacts
+    assert {"report.md", "report.html", "tune_history.png", "transfer.png", "verify.png", "trials.json"} <= artifacts
+    # the saved runs-table view `verdicts`, which the printed link opens, shows them
+    view = json.loads(json.loads(client.get_experiment(tracker.experiment_id).tags[VIEW_TAG + VIEW_ID])["state"])
+    assert {"tags.`certified`", "metrics.`upper_bound`", "params.`best.lr`", "params.`target_widths`"} <= \
+        set(view["selectedColumns"])
+    assert f"viewStateShareKey={VIEW_ID}" in tracker.runs_link()
     transfer = client.get_run(state.runs["transfer"])
     assert [(m.step, round(m.value, 6)) for m in client.get_metric_history(transfer.info.run_id, "eval_loss")] == \
         [(32, round(state.phases["transfer"]["widths"][0]["eval_loss_mean"], 6))]
@@ -100,6 +106,32 @@ def test_mlflow_tells_the_study_at_a_glance(tiny_study):
                for r in trials if r.data.tags["status"] == "completed" and "reused_from" not in r.data.tags)
     reused = [r for r in trials if r.data.tags.get("reused_from")]
     assert [r.data.tags["reused_from"] for r in reused] == ["transfer-w32-s0"]
+
+
+def test_mlflow_ui_in_a_headless_browser(tiny_study, data_dir, tmp_path):
+    """The MLflow UI as a user sees it, in headless Chromium (tests/ui/mlflow_ui_check.py): the printed link opens
+    the runs table with the verdict columns, the study run's page shows its verdicts, its report its figures."""
+    from tests.ui.mlflow_ui_check import check_ui, missing_requirements, mlflow_server
+    from workers.tracking import Tracker
+
+    missing = missing_requirements()
+    if missing:
+        pytest.skip(f"no headless browser: {missing}")
+    spec, state, _ = tiny_study
+    uri = Tracker(spec.experiment_name()).uri
+    if uri.startswith("http"):
+        result = check_ui(uri.rstrip("/"), tmp_path, state.study_id)
+    else:
+        with mlflow_server(data_dir) as url:
+            result = check_ui(url, tmp_path, state.study_id)
+    assert result.problems == []
+    table = result.texts["runs_table"]
+    assert all(k in table for k in ("verdicts", "certified", "upper_bound", "n_better", "centre_rank", "best.lr",
+                                    "base_width", "target_widths", "eval_loss", "steps_done"))
+    assert re.search(r"tune-\d\d lr=\d\.\de-\d", table) and "transfer" in table and "verify" in table
+    assert "Certificate:" in result.texts["study_run"] and "best.lr" in result.texts["study_run"]
+    assert set(result.figures) == {"tune", "transfer", "verify"} and all(result.figures.values())
+    assert all(shot.stat().st_size > 10_000 for shot in result.screenshots)
 
 
 def test_verify_cli_reuses_tune_and_transfer(tiny_study, capsys):

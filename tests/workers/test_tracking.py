@@ -1,12 +1,13 @@
-"""The tracker on the embedded SQLite store: artifacts stay under the data directory, and drivers that
-start together share one experiment (real MLflow, no server)."""
+"""The tracker on the embedded SQLite store: artifacts stay under the data directory, drivers that
+start together share one experiment, and the runs link opens the saved verdicts view (real MLflow, no server)."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 from pathlib import Path
 
-from workers.tracking import Tracker, prepare_store
+from workers.tracking import VIEW_ID, VIEW_TAG, Tracker, prepare_store
 
 
 def _experiment_id(uri: str, name: str, queue) -> None:
@@ -41,3 +42,26 @@ def test_drivers_starting_together_share_one_experiment(tmp_path, monkeypatch):
     assert [p.exitcode for p in procs] == [0] * 4
     ids = {queue.get(timeout=5) for _ in procs}
     assert len(ids) == 1, ids
+
+
+def test_the_runs_link_opens_the_saved_verdicts_view(tmp_path, monkeypatch):
+    """`save_view` writes the view the MLflow UI's Views menu lists (MLflow 3.17's saved-view envelope) and
+    `runs_link` opens it, in the UI's model-training mode; a second study widens the view, never narrows it."""
+    monkeypatch.setenv("PTCTL_DATA_DIR", str(tmp_path))
+    tracker = Tracker("viewed", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    link = tracker.runs_link()
+    assert f"#/experiments/{tracker.experiment_id}/runs?workflowType=machine_learning " in link
+    assert "viewStateShareKey" not in link  # no view saved yet: the UI would say the key does not exist
+    tracker.save_view(["tags.`certified`", "params.`best.lr`", "attributes.`Description`"])
+    tracker.save_view(["tags.`certified`", "params.`best.w_H`", "attributes.`Description`"])
+    saved = json.loads(tracker.client.get_experiment(tracker.experiment_id).tags[VIEW_TAG + VIEW_ID])
+    assert saved["name"] == "verdicts" and saved["updatedAt"] >= saved["createdAt"] > 0
+    state = json.loads(saved["state"])
+    assert state["selectedColumns"] == ["tags.`certified`", "params.`best.lr`", "attributes.`Description`",
+                                        "params.`best.w_H`"]
+    assert state["columnOrder"] == ["attributes.`Run Name`", "runDateAndNestInfo", "tags.`certified`",
+                                    "params.`best.lr`", "params.`best.w_H`", "duration", "attributes.`Description`"]
+    link = tracker.runs_link()
+    assert link.startswith(f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs?"
+                           f"workflowType=machine_learning&viewStateShareKey={VIEW_ID} (after `mlflow ui ")
+    assert tracker.link("abc").endswith(f"#/experiments/{tracker.experiment_id}/runs/abc?workflowType=machine_learning")

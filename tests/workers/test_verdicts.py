@@ -3,7 +3,7 @@
 from analysis import certify, lr_drift
 from studies import load_catalog
 from tests.analysis._tables import paper_like_optimum, sweep_table, verify_table
-from workers.verdicts import phase_verdict, provenance_tags, study_verdict, trial_run_name
+from workers.verdicts import phase_verdict, provenance_tags, study_verdict, trial_run_name, verdict_columns
 
 SPEC = load_catalog("cpu_demo")
 TUNE = {"status": "done", "best_hparams": {**SPEC.space.defaults(), "lr": 0.0044}, "best_eval_loss": 5.8,
@@ -39,3 +39,25 @@ def test_trial_run_names_and_provenance():
     assert trial_run_name("validate-mup-w32-lr0.002-s0", {"lr": 0.002}) == "validate-mup-w32-lr0.002-s0"
     tags = provenance_tags("demo")
     assert tags["mlflow.user"] and tags["mlflow.source.name"]
+
+
+def test_verdict_columns_name_every_verdict_the_runs_carry():
+    """The saved runs-table view shows what the verdicts log, grouped as the UI groups them (tags, metrics,
+    params): the certificate first, each searched hparam's winner (frozen ones are constants), each drift, the
+    description last; keys as the MLflow UI writes them."""
+    columns = verdict_columns(SPEC)
+    assert columns[:2] == ["tags.`certified`", "tags.`lr_drift_passed`"]
+    assert columns[2:5] == ["metrics.`upper_bound`", "metrics.`n_better`", "metrics.`centre_rank`"]
+    assert columns[-1] == "attributes.`Description`"
+    assert {"params.`best.lr`", "params.`base_width`", "params.`target_widths`", "metrics.`eval_loss`",
+            "metrics.`best_eval_loss`", "metrics.`steps_done`", "metrics.`lr_drift.mup`",
+            "metrics.`lr_drift.standard`", "tags.`lr_drift_passed`"} <= set(columns)
+    assert {f"params.`best.{h}`" for h in SPEC.space.searched()} <= set(columns)
+    assert not {f"params.`best.{h}`" for h in SPEC.space.frozen} & set(columns)
+    tune, verdicts = phase_verdict(SPEC, "tune", TUNE), phase_verdict(SPEC, "verify", {"certificate": certify(
+        verify_table([5.0, 5.01], [5.2] * 8)).model_dump()})
+    logged = {*(f"params.`{k}`" for k in tune.params), *(f"metrics.`{k}`" for k in verdicts.metrics[0]),
+              *(f"tags.`{k}`" for k in verdicts.tags)}
+    assert {c for c in columns if c.startswith(("params.`best.", "tags.`cert", "metrics.`upper"))} <= logged
+    tiny = verdict_columns(load_catalog("tiny"))  # no validate phase: no drift column
+    assert not [c for c in tiny if "drift" in c] and "tags.`certified`" in tiny
