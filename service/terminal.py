@@ -11,12 +11,16 @@ Imports only rich and the standard library at module level: `ptctl --help` must 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-console = Console()
+# piped or logged output gets wide lines, not rich's 80 columns: a run id or a path cut short is lost
+PIPED_WIDTH = 200
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPED_WIDTH)
 
 
 def usage_error(message: str) -> Exception:

@@ -438,9 +438,10 @@ class StudyDriver:
         self.tracker.save_view(verdict_columns(self.spec))  # the runs table the printed link opens shows the verdicts
 
     def _log_study_verdict(self) -> None:
-        """Every finished phase's verdict on the study run; its description: the spec's, then the sentences."""
+        """Every finished phase's verdict on the study run; its description: the sentences, then the spec's (the
+        runs table's Description cell shows its start)."""
         verdict = study_verdict(self.spec, self.state.phases)
-        description = "\n\n".join(s for s in (self.spec.description, verdict.sentence) if s)
+        description = "\n\n".join(s for s in (verdict.sentence, self.spec.description) if s)
         self.tracker.log_verdict(self.state.runs["study"], verdict.params, verdict.metrics, verdict.tags,
                                  description)
 

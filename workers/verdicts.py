@@ -12,7 +12,7 @@ from a phase's result as `state.json` keeps it, so a resumed study logs the same
 
 Each also has a sentence: the winner, the loss per width, the certificate, the drift verdict.
 
-The study run carries all of them; its description is the spec's description followed by every sentence.
+The study run carries all of them; its description is every sentence followed by the spec's description.
 `verdict_columns` names them as the MLflow UI's runs-table columns: the experiment's saved view `verdicts`
 (`workers.tracking.Tracker.save_view`) shows them, and the link `ptctl study run` prints opens it.
 Trial runs are named for a reader (`tune-07 lr=4.4e-3`), and `provenance_tags` say who ran what from where.

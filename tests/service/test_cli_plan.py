@@ -25,8 +25,10 @@ sys.exit(rc)
 """
 
 
-def _ptctl(*args: str) -> tuple[int, str, list[str]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+def _ptctl(*args: str, columns: str | None = "200") -> tuple[int, str, list[str]]:
+    env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, "PYTHONPATH": str(ROOT)}
+    if columns is not None:
+        env["COLUMNS"] = columns
     done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env, timeout=120)
     out, _, modules = done.stdout.rpartition("MODULES ")
     return done.returncode, out + done.stderr, json.loads(modules or "[]")
@@ -61,3 +63,10 @@ def test_study_plan_lists_every_phase_and_target():
 def test_study_plan_bad_file_is_one_line():
     rc, out, _ = _ptctl("study", "plan", "nope.yaml")
     assert rc == 2 and "no spec file nope.yaml" in out
+
+
+def test_piped_output_keeps_long_lines_whole():
+    """Without a terminal (a pipe, a log file, CI) lines are not cut at rich's 80 columns."""
+    rc, out, _ = _ptctl("study", "plan", str(GPU_SPEC), columns=None)
+    assert rc == 0, out
+    assert re.search(r"^proxy cost = [\d.]+ % of one target run at width \d+ \([\d.e+]+ FLOPs\); tune \+ verify \+ validate = [\d.]+ %$", out, re.M), out
