@@ -69,5 +69,6 @@ def test_piped_output_keeps_long_lines_whole():
     """Without a terminal (a pipe, a log file, CI) lines are not cut at rich's 80 columns."""
     rc, out, _ = _ptctl("study", "plan", str(GPU_SPEC), columns=None)
     assert rc == 0, out
-    whole = r"^proxy cost = [\d.]+ % of one target run at width \d+ \([\d.e+]+ FLOPs\); tune \+ verify \+ validate = [\d.]+ %$"
+    whole = (r"^proxy cost = [\d.]+ % of one target run at width \d+ \([\d.e+]+ FLOPs\); "
+             r"tune \+ verify \+ validate = [\d.]+ %$")
     assert re.search(whole, out, re.M), out
