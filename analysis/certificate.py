@@ -4,10 +4,20 @@ N hparam vectors are drawn around the transferred centre and trained at the veri
 If the centre is *not* in the best fraction p of its neighbourhood, the chance that none of N
 iid samples beats it is at most (1-p)^N; more generally, k of N samples beating it bound the
 fraction of better neighbours by the one-sided Clopper-Pearson upper limit.
+
+Seed noise alone makes samples "better": a one-seed sample and the mean of the centre's n_c seeds differ by
+noise of sd σ·√(1+1/n_c) (σ: one seed's sd, estimated by the centre's seed std), so a sample exactly as good
+as the centre beats it by more than the tolerance t with probability q = Φ(-t / (σ·√(1+1/n_c))), ≈ 19% at
+t = σ and n_c = 3. If no neighbour is truly better, each sample beats the centre with probability at most q,
+so k is stochastically at most Binomial(N, q). `noise_explains` says whether k is within that distribution's
+(1-α) quantile and the best sample's lead over the centre within what the largest of N noise differences
+reaches with probability 1-α (at most Φ⁻¹(1-α/N)·σ·√(1+1/n_c), a union bound: 3.1 of those sds at N = 59, α = 5%):
+a few samples far ahead of the centre are not noise, however few.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
@@ -17,7 +27,10 @@ from pydantic import BaseModel
 from analysis.constants import check_probabilities, min_samples
 from analysis.table import TrialStatus, judged_loss, phase_rows, require_columns
 
-__all__ = ["Certificate", "certify", "confidence", "min_samples", "upper_bound", "verify_losses"]
+__all__ = ["Certificate", "certify", "confidence", "min_samples", "noise_better_rate", "noise_explains", "noise_lead",
+           "noise_sd", "upper_bound", "verify_losses"]
+
+Tolerance = Literal["seed_spread", "seed_noise"] | float
 
 
 def confidence(n: int, p: float) -> float:
@@ -40,6 +53,46 @@ def upper_bound(k: int, n: int, alpha: float = 0.05) -> float:
     return float(ci.high)
 
 
+def noise_sd(seed_std: float, centre_seeds: int) -> float:
+    """The sd of (one-seed sample - mean of the centre's seeds) for equally good hparams: σ·√(1+1/n_c)."""
+    return seed_std * math.sqrt(1.0 + 1.0 / centre_seeds)
+
+
+def noise_better_rate(tolerance: float, seed_std: float, centre_seeds: int) -> float | None:
+    """q = Φ(-t / (σ·√(1+1/n_c))): the chance that a sample as good as the centre beats it by more than `tolerance`.
+
+    σ is the centre's seed std. None when it cannot be estimated (one centre seed, or zero spread).
+    """
+    if centre_seeds < 2 or not seed_std > 0:
+        return None
+    from scipy.stats import norm  # here: SciPy's import is a second of every trial actor's start
+
+    return float(norm.cdf(-tolerance / noise_sd(seed_std, centre_seeds)))
+
+
+def noise_explains(k: int, n: int, rate: float | None, alpha: float = 0.05, lead: float | None = None) -> bool | None:
+    """Whether seed noise alone can explain k better samples of n (module docstring).
+
+    Args:
+        k, n: the better samples and all judged samples.
+        rate: `noise_better_rate`; None when it is unknown, and then so is the answer.
+        alpha: k must be within the (1-α) quantile of Binomial(n, rate).
+        lead: the best sample's lead over the centre's mean in noise sds ((centre - best) / `noise_sd`), if any: it
+            must be at most Φ⁻¹(1-α/n).
+    """
+    if rate is None:
+        return None
+    from scipy.stats import binom, norm
+
+    return bool(k <= binom.ppf(1.0 - alpha, n, rate) and (lead is None or lead <= norm.ppf(1.0 - alpha / n)))
+
+
+def noise_lead(centre_loss: float, samples: pd.Series, sd: float) -> float | None:
+    """The best finite sample's lead over the centre in noise sds; None with no finite sample or no noise sd."""
+    finite = samples[np.isfinite(samples)]
+    return None if finite.empty or not sd > 0 else (centre_loss - float(finite.min())) / sd
+
+
 class Certificate(BaseModel):
     """The verify phase's verdict on the transferred centre."""
 
@@ -48,7 +101,7 @@ class Certificate(BaseModel):
     p: float  # the top fraction claimed
     alpha: float  # 1 - the confidence level
     tolerance: float  # absolute margin in loss units a sample must beat the centre by
-    tolerance_source: Literal["seed_spread", "relative"]
+    tolerance_source: Literal["seed_spread", "seed_noise", "relative"]
     centre_loss: float  # mean eval loss over the centre's seeds
     centre_seed_std: float  # their standard deviation (ddof=1; 0 with one seed)
     centre_seeds: int
@@ -61,6 +114,11 @@ class Certificate(BaseModel):
     n_failed: int  # failed samples (infrastructure), left out of N
     certified: bool  # upper_bound <= p
     verdict: str
+    # The seed-noise model (module docstring); None when the centre's seed std is unknown (one seed) or 0.
+    # Defaults keep certificates written before these fields readable.
+    noise_better_rate: float | None = None  # q: chance a sample as good as the centre counts as better
+    noise_better_expected: float | None = None  # N·q
+    noise_explains: bool | None = None  # k within Binomial(N, q)'s (1-alpha) quantile, the best lead within noise's
 
 
 def verify_losses(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -98,7 +156,7 @@ def certify(
     *,
     p: float = 0.05,
     alpha: float = 0.05,
-    tolerance: Literal["seed_spread"] | float = "seed_spread",
+    tolerance: Tolerance = "seed_spread",
 ) -> Certificate:
     """Certify that the verify phase's centre is in the top fraction `p` of its neighbourhood.
 
@@ -107,7 +165,9 @@ def certify(
         p: the top fraction claimed.
         alpha: 1 - the confidence level.
         tolerance: the margin a sample must beat the centre's mean loss by to count as better.
-            `"seed_spread"`: the centre's seed standard deviation (ddof=1; 0 with one seed).
+            `"seed_spread"`: the centre's seed standard deviation s (ddof=1; 0 with one seed).
+            `"seed_noise"`: 2·s·√(1+1/n_c), twice the sd of a one-seed sample's difference from the centre's
+            mean: an equally good sample counts as better with probability Φ(-2) ≈ 2.3%.
             A float: relative to the centre's loss (0.004 = 0.4%, the paper's noise level).
 
     Returns:
@@ -117,10 +177,13 @@ def certify(
     centre, samples = verify_losses(table)
     centre_loss = float(centre.mean())
     seed_std = float(centre.std(ddof=1)) if len(centre) > 1 else 0.0
-    if isinstance(tolerance, str):
-        if tolerance != "seed_spread":
-            raise ValueError(f"tolerance must be 'seed_spread' or a relative float, got {tolerance!r}")
+    source: Literal["seed_spread", "seed_noise", "relative"]
+    if tolerance == "seed_spread":
         margin, source = seed_std, "seed_spread"
+    elif tolerance == "seed_noise":
+        margin, source = 2.0 * noise_sd(seed_std, len(centre)), "seed_noise"
+    elif isinstance(tolerance, str):
+        raise ValueError(f"tolerance must be 'seed_spread', 'seed_noise' or a relative float, got {tolerance!r}")
     else:
         if tolerance < 0:
             raise ValueError(f"a relative tolerance must be >= 0, got {tolerance}")
@@ -129,6 +192,8 @@ def certify(
     finite = samples[np.isfinite(samples)]
     best = float(finite.min()) if not finite.empty else None
     bound = upper_bound(k, n, alpha)
+    rate = noise_better_rate(margin, seed_std, len(centre))
+    lead = noise_lead(centre_loss, samples, noise_sd(seed_std, len(centre)))
     verify = phase_rows(table, "verify")
     cert = Certificate(
         n_samples=n,
@@ -149,6 +214,9 @@ def certify(
         n_failed=int(((verify["status"] == TrialStatus.FAILED) & ~verify["is_centre"].eq(True)).sum()),
         certified=bound <= p,
         verdict="",
+        noise_better_rate=rate,
+        noise_better_expected=None if rate is None else n * rate,
+        noise_explains=noise_explains(k, n, rate, alpha, lead),
     )
     return cert.model_copy(update={"verdict": _verdict(cert)})
 
@@ -165,7 +233,9 @@ def _verdict(c: Certificate) -> str:
     bound = f"one-sided upper bound on the better fraction {c.upper_bound:.4f}"
     if c.certified:
         return f"centre is in the top {p} of its neighbourhood with confidence {conf} ({counts}; {bound})"
+    noise = "" if c.noise_better_expected is None else (
+        f"; seed noise alone would make ≈{c.noise_better_expected:.1f} of {c.n_samples} equally good samples beat it")
     return (
         f"centre is NOT certified in the top {p} of its neighbourhood at confidence {conf} "
-        f"({counts}; {bound} > {c.p:g})"
+        f"({counts}; {bound} > {c.p:g}{noise})"
     )

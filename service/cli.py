@@ -229,7 +229,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
                                    "sampling": args.sampling, "centre_seeds": args.centre_seeds}.items()
                  if v is not None}
     if args.tolerance is not None:
-        overrides["tolerance"] = args.tolerance if args.tolerance == "seed_spread" else float(args.tolerance)
+        overrides["tolerance"] = (args.tolerance if args.tolerance in ("seed_spread", "seed_noise")
+                                  else float(args.tolerance))
     data = spec.as_dict()
     data["verify"] = {**(data["verify"] or {}), **overrides}
     return local().run(_validated(data))
@@ -341,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     ve.add_argument("--width", type=int, default=None, help="verify width (default: the widest transfer width)")
     ve.add_argument("--sampling", choices=["linear", "log"], default=None)
     ve.add_argument("--centre-seeds", type=int, default=None, help="seeds of the centre (seed noise)")
-    ve.add_argument("--tolerance", default=None, help="'seed_spread' or a relative tolerance such as 0.004")
+    ve.add_argument("--tolerance", default=None,
+                    help="'seed_spread', 'seed_noise' or a relative tolerance such as 0.004")
     ve.set_defaults(func=cmd_verify)
 
     rep = sub.add_parser("report", help="print a finished study's Markdown report")

@@ -114,5 +114,6 @@ def _certificate_section(console: Console, view: StudyView, cert: Certificate) -
         return
     centre = view.state.get("phases", {}).get("tune", {}).get("best_hparams")
     if centre:
-        advice = neighbour_advice(verify, centre, list(view.spec.space.searched()), cert.tolerance)
+        advice = neighbour_advice(verify, centre, list(view.spec.space.searched()), cert.tolerance,
+                                  alpha=cert.alpha)
         console.print(f"where the better neighbours lie: {advice.text}", soft_wrap=True)

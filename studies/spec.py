@@ -211,16 +211,18 @@ class VerifySpec(BaseModel):
     delta: float = Field(0.5, gt=0, lt=1, description="each hparam x is drawn in [(1-δ)x, (1+δ)x] (δ is [?])")
     sampling: Literal["linear", "log"] = Field("linear", description="uniform in x, or in log x, there")
     centre_seeds: PosInt = Field(3, description="seeds of the unperturbed centre (its seed spread)")
-    tolerance: Literal["seed_spread"] | Annotated[float, Field(ge=0, lt=1)] = Field(
-        "seed_spread", description="margin a sample must beat the centre by: the centre's seed spread, "
+    tolerance: Literal["seed_spread", "seed_noise"] | Annotated[float, Field(ge=0, lt=1)] = Field(
+        "seed_spread", description="margin a sample must beat the centre by: the centre's seed spread s (an "
+        "equally good sample still counts as better ≈19% of the time at 3 seeds), 'seed_noise' = 2·s·√(1+1/"
+        "centre_seeds), twice the sd of a one-seed sample's difference from the centre's mean (≈2.3%), "
         "or a relative float (0.004 = the paper's 0.4% noise level)")
     seed: NonNegInt = Field(0, description="seeds the sampling of the N perturbed points")
     steps: PosInt | None = Field(None, description="override train.steps for verify trials")
 
     @model_validator(mode="after")
     def _spread_needs_seeds(self) -> VerifySpec:
-        if self.tolerance == "seed_spread" and self.centre_seeds < 2:
-            raise ValueError("verify.tolerance 'seed_spread' needs verify.centre_seeds >= 2 (one seed has no "
+        if self.tolerance in ("seed_spread", "seed_noise") and self.centre_seeds < 2:
+            raise ValueError(f"verify.tolerance {self.tolerance!r} needs verify.centre_seeds >= 2 (one seed has no "
                              "spread): raise centre_seeds or give a relative tolerance such as 0.004")
         return self
 

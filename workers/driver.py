@@ -508,7 +508,7 @@ class StudyDriver:
         advice = None
         if certificate is not None and not certificate.certified and "verify" in tables:
             advice = neighbour_advice(tables["verify"], self.centre(), list(spec.space.searched()),
-                                      certificate.tolerance)
+                                      certificate.tolerance, alpha=certificate.alpha)
         text = render_report(study=study, tables=tables, certificate=certificate,
                              lr_drift=LRDrift(**drift) if drift else None, plots=plots, hparams=spec.space.HPARAMS,
                              hparam_drift=[LRDrift(**d) for d in validate.get("hparam_drift", {}).values()],

@@ -10,6 +10,7 @@ from a phase's result as `state.json` keeps it, so a resumed study logs the same
 | verify | `verify_width` | `upper_bound`, `n_better`, `centre_rank`, `n_samples`, `centre_loss` | `certified` |
 | validate | | `<hparam>_drift.<parametrization>` (lr and each of validate.hparams) | `<hparam>_drift_passed` |
 
+verify also logs `noise_better_expected` when the centre's seed noise is known (two or more seeds, a spread).
 Each also has a sentence: the winner, the loss per width, the certificate, the drift verdict.
 
 The study run carries all of them; its description is every sentence followed by the spec's description.
@@ -69,7 +70,9 @@ def phase_verdict(spec: StudySpec, phase: str, result: dict[str, Any]) -> Verdic
         c = result["certificate"]
         return Verdict({"verify_width": spec.verify_width()},
                        [{"step": 0, **{k: c[k] for k in ("upper_bound", "n_better", "centre_rank", "n_samples",
-                                                          "centre_loss")}}],
+                                                          "centre_loss")},
+                         **({} if c.get("noise_better_expected") is None  # None: one centre seed; absent: older
+                            else {"noise_better_expected": c["noise_better_expected"]})}],
                        {"certified": str(bool(c["certified"])).lower()},
                        sentence=f"Certificate: {c['verdict']}.")
     if phase == "validate":

@@ -4,9 +4,18 @@ import math
 
 import pandas as pd
 import pytest
-from scipy.stats import beta, binomtest
+from scipy.stats import beta, binom, binomtest, norm
 
-from analysis.certificate import certify, confidence, min_samples, upper_bound
+from analysis.certificate import (
+    Certificate,
+    certify,
+    confidence,
+    min_samples,
+    noise_better_rate,
+    noise_explains,
+    noise_sd,
+    upper_bound,
+)
 from tests.analysis._tables import trials, verify_table
 
 # --- the arithmetic ---------------------------------------------------------------------------
@@ -193,7 +202,7 @@ def test_a_diverged_centre_cannot_be_certified():
 
 
 def test_unknown_tolerance_names_the_choices():
-    with pytest.raises(ValueError, match="'seed_spread' or a relative float"):
+    with pytest.raises(ValueError, match="'seed_spread', 'seed_noise' or a relative float"):
         certify(verify_table([2.0], [2.1]), tolerance="noise")
 
 
@@ -230,3 +239,135 @@ def test_neighbour_advice_without_better_samples():
 
     advice = neighbour_advice(verify_table([5.0, 5.01], [5.2] * 5), {"lr": 1.0}, ["lr"], tolerance=0.01)
     assert advice.n_better == 0 and advice.directions == [] and "full N" in advice.text
+
+
+# --- the seed-noise model -------------------------------------------------------------------------
+
+Q3 = norm.cdf(-math.sqrt(3 / 4))  # t = s at 3 centre seeds: Φ(-1/√(1+1/3))
+
+
+def test_noise_rate_at_the_seed_spread_and_three_seeds_is_19_percent():
+    assert round(Q3, 4) == 0.1932
+    # one seed's sample against a 3-seed mean: sd s·√(4/3); t = s is 0.866 of it, whatever s
+    for s in (0.02, 0.033, 1.0):
+        assert noise_sd(s, 3) == pytest.approx(s * math.sqrt(4 / 3))
+        assert noise_better_rate(s, s, 3) == pytest.approx(Q3, abs=1e-12)
+    assert noise_better_rate(0.05, 0.02, 5) == pytest.approx(norm.cdf(-0.05 / (0.02 * math.sqrt(1.2))), abs=1e-12)
+    assert noise_better_rate(0.0, 0.02, 3) == pytest.approx(0.5)
+
+
+def test_noise_rate_is_unknown_with_one_seed_or_no_spread():
+    assert noise_better_rate(0.01, 0.0, 3) is None
+    assert noise_better_rate(0.01, 0.02, 1) is None
+    assert noise_explains(5, 59, None) is None
+
+
+def test_noise_explains_up_to_the_binomial_quantile():
+    cut = binom.ppf(0.95, 59, Q3)
+    assert cut == 17  # E = 11.4 of 59; P(X <= 17) >= 0.95 > P(X <= 16)
+    assert noise_explains(17, 59, Q3) and not noise_explains(18, 59, Q3)
+    assert noise_explains(13, 59, Q3, alpha=0.5) is False  # the median, 11, is the cut at α = 0.5
+    # a lead beyond Φ⁻¹(1-α/N) = 3.14 noise sds at N = 59 is not noise, however few beat the centre
+    assert noise_explains(1, 59, Q3, lead=3.1) and not noise_explains(1, 59, Q3, lead=3.2)
+
+
+def _flat(n_better: int, n: int = 59, better: float = 1.97, lrs: tuple[float, ...] = (1.3, 0.7)) -> pd.DataFrame:
+    """Centre seeds 2.0 ± 0.02 (s = 0.02); n_better samples at `better`, the rest at 2.01; lr alternates."""
+    rows = [{"is_centre": True, "seed": s, "eval_loss": loss} for s, loss in enumerate((2.0, 2.02, 1.98))]
+    rows += [{"lr": lrs[i % len(lrs)], "eval_loss": better if i < n_better else 2.01} for i in range(n)]
+    return trials(rows, phase="verify")
+
+
+def test_certificate_carries_the_noise_expectation():
+    cert = certify(_flat(15))  # the CPU study's count: 15 of 59 at t = s, 3 seeds
+    assert (cert.n_better, cert.n_samples, cert.centre_seeds) == (15, 59, 3)
+    assert cert.noise_better_rate == pytest.approx(Q3, abs=1e-12)
+    assert cert.noise_better_expected == pytest.approx(59 * Q3, abs=1e-9)
+    assert round(cert.noise_better_expected, 2) == 11.40
+    assert cert.noise_explains is True and not cert.certified
+    assert "seed noise alone would make ≈11.4 of 59 equally good samples beat it" in cert.verdict
+
+
+def test_many_samples_far_ahead_are_not_noise():
+    assert certify(_flat(25, better=1.8)).noise_explains is False  # too many
+    few_far = certify(_flat(2, better=1.8))  # 2 of 59, but 0.2 ahead = 8.7 noise sds
+    assert few_far.noise_better_expected == pytest.approx(59 * Q3) and few_far.noise_explains is False
+
+
+def test_noise_fields_are_none_with_one_centre_seed():
+    cert = certify(verify_table([2.0], [1.9] + [2.1] * 58), tolerance=0.004)
+    assert cert.noise_better_rate is None and cert.noise_better_expected is None and cert.noise_explains is None
+    assert not cert.certified and "seed noise" not in cert.verdict
+
+
+def test_seed_noise_tolerance_is_twice_the_sd_of_a_one_seed_difference():
+    cert = certify(verify_table([2.0, 2.02, 1.98], [2.1] * 10), tolerance="seed_noise")
+    assert cert.tolerance_source == "seed_noise"
+    assert cert.tolerance == pytest.approx(2 * 0.02 * math.sqrt(4 / 3))
+    assert cert.noise_better_rate == pytest.approx(norm.cdf(-2.0))  # ≈ 2.3%
+
+
+def test_a_certificate_written_before_the_noise_fields_still_loads():
+    old = certify(verify_table([2.0, 2.1], [2.2] * 3)).model_dump(exclude={"noise_better_rate",
+                                                                           "noise_better_expected", "noise_explains"})
+    assert Certificate.model_validate(old).noise_explains is None
+
+
+def test_advice_names_seed_noise_when_it_explains_the_count():
+    from analysis.neighbours import ADVICE, neighbour_advice
+
+    table = _flat(15)
+    cert = certify(table)
+    advice = neighbour_advice(table, {"lr": 1.0}, ["lr"], cert.tolerance, alpha=cert.alpha)
+    assert advice.n_better == 15
+    text = advice.text
+    assert text.startswith("15 of 59 samples beat the centre, but ≈11.4 of 59 would beat an equally good centre by "
+                           "seed noise alone at this tolerance (t = 0.02 = 0.87·σ, σ = 0.02309, the sd of")
+    assert "not evidence of a better neighbourhood" in text
+    assert "verify.centre_seeds" in text and "verify.tolerance" in text and "seed_noise" in text
+    assert "≥ 2·σ = 0.04619" in text and "relative margin ≥ 0.023" in text
+    assert ADVICE not in text and "tune.num_trials" not in text
+
+
+@pytest.mark.parametrize(("n_better", "noise"), [(17, True), (18, False)])
+def test_advice_blames_noise_up_to_the_binomial_quantile_only(n_better, noise):
+    from analysis.neighbours import ADVICE, neighbour_advice
+
+    text = neighbour_advice(_flat(n_better, lrs=(1.3,)), {"lr": 1.0}, ["lr"], 0.02).text
+    assert ("not evidence of a better neighbourhood" in text) is noise
+    assert (ADVICE in text) is not noise
+
+
+def test_advice_keeps_the_directions_when_noise_cannot_explain_them():
+    from analysis.neighbours import ADVICE, neighbour_advice
+
+    # 25 of 59 far ahead, all with a larger lr; the rest behind with a smaller one
+    rows = [{"is_centre": True, "seed": s, "eval_loss": loss} for s, loss in enumerate((2.0, 2.02, 1.98))]
+    rows += [{"lr": 1.3, "eval_loss": 1.8}] * 25 + [{"lr": 0.7, "eval_loss": 2.1}] * 34
+    table = trials(rows, phase="verify")
+    cert = certify(table)
+    assert cert.noise_explains is False
+    advice = neighbour_advice(table, {"lr": 1.0}, ["lr"], cert.tolerance)
+    assert [d.hparam for d in advice.directions] == ["lr"]
+    assert advice.text == ("the 25 of 59 samples that beat the centre mostly have larger lr (median +30%, 25 of 25); "
+                           "seed noise alone would make ≈11.4 of 59 equally good samples beat it. "
+                           f"What to do: {ADVICE}.")
+
+
+def test_advice_when_the_tolerance_is_already_above_the_noise():
+    from analysis.neighbours import neighbour_advice
+
+    table = _flat(2, better=1.93)  # 0.07 ahead: beyond 2σ = 0.046, within the 3.14σ a best of 59 reaches by noise
+    cert = certify(table, tolerance="seed_noise")
+    assert (cert.n_better, cert.noise_explains) == (2, True) and not cert.certified
+    text = neighbour_advice(table, {"lr": 1.0}, ["lr"], cert.tolerance).text
+    assert "≈1.3 of 59 would beat an equally good centre" in text and "t = 0.04619 = 2.00·σ" in text
+    assert "raise verify.n_samples" in text and "noise rate, here 2.3%" in text
+
+
+def test_advice_says_the_noise_is_unknown_with_one_centre_seed():
+    from analysis.neighbours import ADVICE, neighbour_advice
+
+    table = verify_table([2.0], [1.9] + [2.1] * 58)
+    text = neighbour_advice(table, {"lr": 1.0}, ["lr"], 0.008).text
+    assert "the seed noise is unknown" in text and "verify.centre_seeds" in text and ADVICE in text

@@ -127,3 +127,18 @@ def test_report_html_holds_its_figures_inline(tmp_path):
     assert '<img src="verify.png" alt="verify"' in page and '<img src="../coord.png"' in page
     assert "<h2>tune</h2>" in page and "<th>trial_id</th>" in page and "<td>t000</td>" in page
     assert "<script>" not in page  # the report's text is escaped, never markup
+
+
+def test_report_shows_the_noise_expectation_and_blames_noise_for_it():
+    from analysis import neighbour_advice
+
+    # centre 2.0 ± 0.02 over 3 seeds; 15 of 59 samples ahead by 0.03: ≈11.4 expected from seed noise at t = s
+    table = verify_table([2.0, 2.02, 1.98], [1.97] * 15 + [2.01] * 44)
+    cert = certify(table)
+    advice = neighbour_advice(table, dict.fromkeys(("lr",), 1.0), ["lr"], cert.tolerance, alpha=cert.alpha)
+    md = render_report(study=STUDY, tables={}, certificate=cert, lr_drift=None, plots={}, advice=advice)
+    verify = md.split("## verify")[1]
+    assert "| noise_better_rate | 0.19324 |" in verify and "| noise_better_expected | 11.401 |" in verify
+    assert "| noise_explains | yes |" in verify
+    assert "where the better neighbours lie:** 15 of 59 samples beat the centre, but ≈11.4 of 59" in verify
+    assert "verify.tolerance" in verify and "tune.num_trials" not in verify

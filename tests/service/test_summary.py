@@ -76,6 +76,23 @@ def test_every_phase(tmp_path):
     assert cert.verdict[:40] in text
 
 
+@pytest.mark.parametrize(("alpha", "noise"), [(0.05, True), (0.5, False)])
+def test_an_uncertified_centre_blames_seed_noise_only_when_it_explains_the_count(tmp_path, alpha, noise):
+    # 13 of 59 beat the centre (s = 0.02) by 0.03: within the 95% quantile (17) of the count seed noise gives at
+    # t = s and 3 seeds, above its median (11); the certificate's alpha must reach the advice
+    rows = [{"is_centre": True, "seed": s, "eval_loss": loss} for s, loss in enumerate((5.0, 5.02, 4.98))]
+    rows += [{"lr": 0.013, "eval_loss": 4.97}] * 13 + [{"lr": 0.007, "eval_loss": 5.01}] * 46
+    verify = trials(rows, phase="verify")
+    cert = certify(verify, alpha=alpha)
+    view = _study(tmp_path, _spec(transfer={"widths": [128]}, verify={"n_samples": 59, "alpha": alpha}),
+                  {"tune": TUNE, "transfer": {"status": "done"}, "verify": {"certificate": cert.model_dump()}},
+                  {"tune": trials([{"eval_loss": 5.1, "width": 64}]), "verify": verify})
+    text = _printed(view)
+    assert "≈11.4 of 59" in text
+    assert ("not evidence of a better neighbourhood" in text and "verify.centre_seeds" in text) is noise
+    assert ("larger lr" in text and "tune.num_trials" in text) is not noise
+
+
 @pytest.mark.parametrize("phases", [{}, {"tune": {"status": "running"}}])
 def test_nothing_finished(tmp_path, phases):
     text = _printed(_study(tmp_path, _spec(transfer={"widths": [128]}), phases, {}))

@@ -101,6 +101,9 @@ def test_round_trip_with_every_section_set():
     assert again == spec
     assert again.validate_.lrs == [0.001, 0.01, 0.1]
     assert again.verify.tolerance == 0.004
+    noise = StudySpec.model_validate(spec_dict(**{"verify.tolerance": "seed_noise"}))
+    assert StudySpec.from_yaml(noise.to_yaml()).verify.tolerance == "seed_noise"
+    assert StudySpec.model_validate(MINIMAL).verify.tolerance == "seed_spread"  # the default (and study ids) stay
 
 
 def test_content_hash_is_stable_under_key_order_and_changes_with_a_value():
@@ -261,6 +264,7 @@ def test_compatible_widths_pass():
         ({"tune.asha.grace_steps": 500}, "tune.asha.grace_steps=500 exceeds"),
         ({"train.warmup_steps": 300}, "train.warmup_steps=300 must be <"),
         ({"verify.centre_seeds": 1}, "needs verify.centre_seeds >= 2"),
+        ({"verify.centre_seeds": 1, "verify.tolerance": "seed_noise"}, "'seed_noise' needs verify.centre_seeds >= 2"),
         ({"verify.tolerance": 1.5}, "verify.tolerance"),
         ({"verify.tolerance": "seed-spread"}, "verify.tolerance"),
         ({"resources.gpus_per_trial": 1.5}, "resources.gpus_per_trial=1.5"),

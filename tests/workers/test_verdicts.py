@@ -22,6 +22,12 @@ def test_each_phase_verdict():
     verify = phase_verdict(SPEC, "verify", {"certificate": cert.model_dump()})
     assert verify.tags == {"certified": "false"}
     assert {"upper_bound", "n_better", "centre_rank"} <= set(verify.metrics[0])
+    assert verify.metrics[0]["noise_better_expected"] == cert.noise_better_expected
+    one_seed = certify(verify_table([5.0], [5.2] * 8), tolerance=0.004)  # no seed noise to model
+    one_seed_verdict = phase_verdict(SPEC, "verify", {"certificate": one_seed.model_dump()})
+    assert "noise_better_expected" not in one_seed_verdict.metrics[0]
+    older = {k: v for k, v in cert.model_dump().items() if not k.startswith("noise_")}  # a state.json from before
+    assert "noise_better_expected" not in phase_verdict(SPEC, "verify", {"certificate": older}).metrics[0]
     drift = lr_drift(sweep_table(paper_like_optimum))
     validate = phase_verdict(SPEC, "validate", {"lr_drift": drift.model_dump()})
     assert round(validate.metrics[0]["lr_drift.standard"], 6) == -1.0 and validate.tags["lr_drift_passed"] == "true"
