@@ -46,7 +46,7 @@ def one_run(trials: int, seed: int, steps: int | None = None, checkpoint_every_s
         data["resources"]["checkpoint_every_s"] = checkpoint_every_s
     spec = StudySpec.model_validate(data)
     ensure_ray()
-    driver = StudyDriver(spec, f"bench-{time.time_ns()}")
+    driver = StudyDriver(spec, study_id=f"bench-{time.time_ns()}")
     driver.state.runs["study"] = driver.tracker.study_run(driver.study_id, {})
     load = os.getloadavg()[0]
     start = time.perf_counter()
