@@ -29,12 +29,14 @@ _STAR = {"marker": "*", "s": 220, "color": "red", "zorder": 3, "label": "centre"
 
 
 def plot_verify(
-    table: pd.DataFrame, centre: Mapping[str, float], hparams: Sequence[str], path: str | Path
+    table: pd.DataFrame, centre: Mapping[str, float], hparams: Sequence[str], path: str | Path,
+    tolerance: float | None = None,
 ) -> Limits:
     """The verify phase as two panels: loss against relative distance D, and the ranked losses.
 
     The centre (mean over its seeds) is a red star at D=0 and at its rank among the N samples;
-    diverged samples are x markers along the top of the left panel and left out of the ranking.
+    diverged samples are x markers along the top of the left panel and left out of the ranking. With the
+    certificate's `tolerance`, a dotted line at centre − tolerance marks where a sample counts as better.
     """
     centre_runs, samples = verify_losses(table)
     centre_loss = float(centre_runs.mean())
@@ -43,8 +45,12 @@ def plot_verify(
     ranked = np.sort(samples[finite].to_numpy())
     rank = 1 + int((ranked < centre_loss).sum())
     positions = np.arange(1, len(ranked) + 1) + (np.arange(1, len(ranked) + 1) >= rank)
-    limits = loss_limits([*ranked, centre_loss])
+    line = None if tolerance is None else centre_loss - tolerance  # better: below it
+    limits = loss_limits([*ranked, centre_loss, *([] if line is None else [line])])
     with figure(path, ncols=2) as axes:
+        if line is not None:
+            for ax in axes[0]:
+                ax.axhline(line, color="red", lw=0.8, ls=":", label=f"centre − tolerance ({tolerance:.3g})")
         ax = axes[0, 0]
         ax.scatter(distance[finite], samples[finite], s=14, label=f"samples (N={len(samples)})")
         mark_diverged(ax, distance[~finite].to_numpy())
@@ -58,7 +64,9 @@ def plot_verify(
         ax.axhline(centre_loss, color="red", lw=0.8, ls="--")
         clip_loss_axis(ax, limits, positions, ranked)
         dropped = f"; {int((~finite).sum())} diverged not shown" if (~finite).any() else ""
-        ax.set(xlabel="rank", ylabel="eval loss", title=f"centre ranks {rank} of {len(ranked) + 1}{dropped}")
+        below = "" if line is None else f"; {int((ranked < line).sum())} below the tolerance line"
+        ax.set(xlabel="rank", ylabel="eval loss",
+               title=f"centre ranks {rank} of {len(ranked) + 1}{below}{dropped}")
         ax.legend(fontsize="small")
     return [limits, limits]
 

@@ -274,7 +274,7 @@ class StudyDriver:
             self._record_reused(table[table["trial_id"].isin(keys)])
         cert = certify(table, p=v.p, alpha=v.alpha, tolerance=v.tolerance)
         self.folder.write_artifact(self.folder.certificate.name, cert.model_dump())
-        plot_verify(table, centre, list(self.spec.space.searched()), self.folder.figure("verify"))
+        plot_verify(table, centre, list(self.spec.space.searched()), self.folder.figure("verify"), cert.tolerance)
         self._finish_phase("verify", {"certificate": cert.model_dump()},
                            [self.folder.certificate, self.folder.figure("verify")])
         return cert.model_dump()

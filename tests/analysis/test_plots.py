@@ -31,6 +31,16 @@ def test_plot_verify(tmp_path, verify_rows):
     assert_png(tmp_path / "verify.png")
 
 
+def test_plot_verify_shows_the_tolerance_line(tmp_path, verify_rows):
+    """A sample counts as better only below centre − tolerance: the line is drawn and kept in view."""
+    table, centre = verify_rows
+    centre_loss = float(table.loc[table["is_centre"].eq(True), "eval_loss"].mean())
+    tolerance = 0.2  # the line at 1.81, below every loss (2.0–2.09)
+    [limits, _] = plot_verify(table, centre, HPARAMS, tmp_path / "verify.png", tolerance=tolerance)
+    assert limits is not None and limits[0] < centre_loss - tolerance < float(table["eval_loss"].min())
+    assert_png(tmp_path / "verify.png")
+
+
 def test_plot_transfer(tmp_path):
     table = trials(
         [
