@@ -45,6 +45,8 @@ from mlflow.exceptions import MlflowException
 from workers.paths import data_dir
 
 log = logging.getLogger(__name__)
+VIEW_ATTEMPTS = 8  # writes of the saved view before giving up (`Tracker.save_view`)
+VIEW_SETTLE_S = 0.5  # how long a written view must keep its columns before `save_view` trusts it
 PARENT = "mlflow.parentRunId"
 INSTANCE = "study_instance"  # tag: the study instance (state.json's `instance`) that created the run
 REOPENED = ("KILLED", "FAILED")  # run statuses a resumed study sets back to RUNNING
@@ -190,16 +192,32 @@ class Tracker:
         The view is one experiment tag, `VIEW_TAG + VIEW_ID`, in the envelope MLflow 3.17's UI writes when one
         saves a view (`{name, createdAt, updatedAt, state}`, `state` a JSON string of the table's settings). A view
         already there keeps its columns and the new ones are added (studies of one experiment may differ in their
-        hparams and phases)."""
-        key = VIEW_TAG + VIEW_ID
-        now = int(time.time() * 1000)
-        created, selected = now, list(dict.fromkeys(columns))
+        hparams and phases). Studies that start together race on the tag (read, merge, write; on SQLite the first
+        write is an INSERT that all but one lose): each writes until its columns are in the tag, and a view that
+        still cannot be saved is a warning, never a failed study (the runs are all logged either way)."""
+        wanted = set(columns)
+        for attempt in range(VIEW_ATTEMPTS):
+            try:
+                if wanted <= set(self._write_view(list(dict.fromkeys(columns)), name)):
+                    time.sleep(VIEW_SETTLE_S)  # a writer that read the view before this write may still replace it
+                    if wanted <= set(self._view_columns()):
+                        return
+            except MlflowException as exc:  # a concurrent first write of the tag won
+                log.debug("saving the runs-table view %r lost a race (%s); trying again", VIEW_ID, _cause(exc))
+            time.sleep(0.1 * (attempt + 1))
+        log.warning("could not save the runs-table view %r on experiment %s: the runs are logged, and the MLflow UI "
+                    "shows its default columns", VIEW_ID, self.experiment_id)
+
+    def _write_view(self, wanted: list[str], name: str) -> list[str]:
+        """Merge `wanted` into the saved view and write it; the columns the view holds afterwards, re-read."""
+        key, now = VIEW_TAG + VIEW_ID, int(time.time() * 1000)
+        created, selected = now, wanted
         old = self.client.get_experiment(self.experiment_id).tags.get(key)
         if old:
             try:
                 envelope = json.loads(old)
                 created = int(envelope["createdAt"])
-                selected = list(dict.fromkeys([*json.loads(envelope["state"])["selectedColumns"], *selected]))
+                selected = list(dict.fromkeys([*json.loads(envelope["state"])["selectedColumns"], *wanted]))
             except (ValueError, KeyError, TypeError):
                 log.warning("the experiment's saved view %r is not one ptctl can read; replacing it", VIEW_ID)
         last = [c for c in selected if c == DESCRIPTION]
@@ -207,6 +225,12 @@ class Tracker:
         state = json.dumps({"selectedColumns": selected, "columnOrder": order, "columnWidths": {RUN_NAME: 230}})
         self.client.set_experiment_tag(self.experiment_id, key, json.dumps(
             {"name": name, "createdAt": created, "updatedAt": now, "state": state}))
+        return self._view_columns()
+
+    def _view_columns(self) -> list[str]:
+        """The columns of the saved view as the store holds it now (none if there is no view)."""
+        saved = self.client.get_experiment(self.experiment_id).tags.get(VIEW_TAG + VIEW_ID, "{}")
+        return list(json.loads(json.loads(saved).get("state", "{}")).get("selectedColumns", []))
 
     # ---------------------------------------------------------------- runs
     def _find(self, tags: dict[str, str]):

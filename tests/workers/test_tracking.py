@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import time
 from pathlib import Path
 
 from workers.tracking import VIEW_ID, VIEW_TAG, Tracker, prepare_store
@@ -12,6 +13,12 @@ from workers.tracking import VIEW_ID, VIEW_TAG, Tracker, prepare_store
 
 def _experiment_id(uri: str, name: str, queue) -> None:
     queue.put(Tracker(name, uri).experiment_id)
+
+
+def _save_view(uri: str, name: str, column: str, start) -> None:
+    tracker = Tracker(name, uri)
+    start.wait(60)  # every process at the same point: the view's first write races
+    tracker.save_view([column])
 
 
 def test_artifacts_live_under_the_data_dir_not_the_working_dir(tmp_path, monkeypatch):
@@ -65,3 +72,25 @@ def test_the_runs_link_opens_the_saved_verdicts_view(tmp_path, monkeypatch):
     assert link.startswith(f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs?"
                            f"workflowType=machine_learning&viewStateShareKey={VIEW_ID} (after `mlflow ui ")
     assert tracker.link("abc").endswith(f"#/experiments/{tracker.experiment_id}/runs/abc?workflowType=machine_learning")
+
+
+def test_studies_saving_the_view_together_all_succeed_and_keep_their_columns(tmp_path, monkeypatch):
+    """Four drivers save the verdicts view of one experiment at once (4 first studies submitted together): on
+    SQLite the first tag write is an INSERT, and all but one lose it; each must still succeed, and no study's
+    columns may be lost to another's read-modify-write."""
+    monkeypatch.setenv("PTCTL_DATA_DIR", str(tmp_path))
+    uri = prepare_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracker = Tracker("viewed-together", uri)
+    ctx = mp.get_context("spawn")
+    start = ctx.Event()
+    columns = [f"params.`best.h{i}`" for i in range(4)]
+    procs = [ctx.Process(target=_save_view, args=(uri, "viewed-together", c, start)) for c in columns]
+    for p in procs:
+        p.start()
+    time.sleep(8)  # the processes import MLflow and open the store
+    start.set()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 4
+    saved = json.loads(tracker.client.get_experiment(tracker.experiment_id).tags[VIEW_TAG + VIEW_ID])
+    assert set(json.loads(saved["state"])["selectedColumns"]) == set(columns)
