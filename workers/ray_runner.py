@@ -283,16 +283,22 @@ class MlflowTrials(tune.Callback):
         return self._runs[trial.trial_id]
 
     def on_step_begin(self, iteration, trials, **info) -> None:
-        """Once: a restored experiment's trials that had finished before count as done (progress bars)."""
+        """Once: a restored experiment's trials that had finished before count as done (progress bars), and each
+        gets its finished run: the interrupted driver may have died with those writes still queued."""
         if self._stepped:
             return
         self._stepped = True
         for trial in trials:
-            if trial.status == "TERMINATED" and self.notify is not None:
+            if trial.status == "TERMINATED":
                 last = trial.last_result or {}
                 status = last.get("status", TrialStatus.STOPPED)
-                self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": status,
-                             "eval_loss": last.get("eval_loss"), "restored": True})
+                if "step" in last:  # the run finds the steps it already holds and logs only later ones
+                    self._later(self._result, _TrialRef(trial), dict(last))
+                self._later(self._complete, _TrialRef(trial), dict(last))
+                self._later(self._write_end, _TrialRef(trial), status, "FINISHED", self._end_tags(status, last))
+                if self.notify is not None:
+                    self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": status,
+                                 "eval_loss": last.get("eval_loss"), "restored": True})
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self._later(self._run, _TrialRef(trial))
@@ -326,9 +332,12 @@ class MlflowTrials(tune.Callback):
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         last = trial.last_result or {}
         status = last.get("status", TrialStatus.STOPPED)  # no status: stopped by ASHA
-        why = {"diverged_reason": last.get("message") or "unknown"} if status == TrialStatus.DIVERGED else {}
         self._later(self._complete, _TrialRef(trial), dict(last))
-        self._end(trial, status, "FINISHED", last.get("eval_loss"), why)
+        self._end(trial, status, "FINISHED", last.get("eval_loss"), self._end_tags(status, last))
+
+    @staticmethod
+    def _end_tags(status: str, last: dict[str, Any]) -> dict[str, Any]:
+        return {"diverged_reason": last.get("message") or "unknown"} if status == TrialStatus.DIVERGED else {}
 
     def _complete(self, trial: _TrialRef, last: dict[str, Any]) -> None:
         """How far the trial trained (an early-stopped trial's budget used) and its per-group lr multipliers."""
@@ -339,6 +348,10 @@ class MlflowTrials(tune.Callback):
         if mults:
             self.tracker.log_params(run, mults)
 
+    def _write_end(self, trial: _TrialRef, status: str, run_status: str, tags: dict[str, Any]) -> None:
+        self.tracker.set_tags(self._run(trial), {"status": status, **tags})
+        self.tracker.finish(self._run(trial), run_status)
+
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         """Retries used up (or none allowed): the trial is failed, with the cause of its last failure."""
         why = {"failure": _trial_error(trial), "retries": trial.num_failures}
@@ -346,11 +359,7 @@ class MlflowTrials(tune.Callback):
 
     def _end(self, trial, status: str, run_status: str, eval_loss: float | None,
              tags: dict[str, Any] | None = None) -> None:
-        def write(ref: _TrialRef) -> None:
-            self.tracker.set_tags(self._run(ref), {"status": status, **(tags or {})})
-            self.tracker.finish(self._run(ref), run_status)
-
-        self._later(write, _TrialRef(trial))
+        self._later(self._write_end, _TrialRef(trial), status, run_status, tags or {})
         if self.notify is not None:
             self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": status, "eval_loss": eval_loss})
 

@@ -20,19 +20,19 @@ from workers.ray_runner import (
 )
 
 
-def _callback():
+def _callback(uri: str = "sqlite:///unused.db"):
     events = []
-    callback = MlflowTrials(load_catalog("tiny"), "s", "tune", "phase-run", "sqlite:///unused.db")
+    callback = MlflowTrials(load_catalog("tiny"), "s", "tune", "phase-run", uri)
     callback.notify = events.append
     return callback, events
 
 
 def _trial(trial_id, tune_status, **last):
-    return SimpleNamespace(trial_id=trial_id, status=tune_status, last_result=last)
+    return SimpleNamespace(trial_id=trial_id, status=tune_status, last_result=last, config={"lr": 1e-2})
 
 
-def test_a_restored_phase_counts_the_trials_finished_before_it():
-    callback, events = _callback()
+def test_a_restored_phase_counts_the_trials_finished_before_it(tmp_path):
+    callback, events = _callback(f"sqlite:///{tmp_path / 'mlflow.db'}")
     trials = [_trial("a", "TERMINATED", status="completed", eval_loss=5.1), _trial("b", "TERMINATED"),
               _trial("c", "PENDING"), _trial("d", "RUNNING")]
     callback.on_step_begin(0, trials)
@@ -42,8 +42,8 @@ def test_a_restored_phase_counts_the_trials_finished_before_it():
     assert all(e["phase"] == "tune" and e["restored"] for e in events)
 
 
-def test_a_fresh_phase_counts_nothing_at_its_first_step():
-    callback, events = _callback()
+def test_a_fresh_phase_counts_nothing_at_its_first_step(tmp_path):
+    callback, events = _callback(f"sqlite:///{tmp_path / 'mlflow.db'}")
     callback.on_step_begin(0, [])
     callback.on_step_begin(1, [_trial("a", "TERMINATED")])  # finished during this run: on_trial_complete tells
     assert events == []
@@ -172,3 +172,24 @@ def test_batched_rows_are_logged_once_each():
                                             BATCH_KEY: json.dumps([{"step": 20, "eval_loss": 4.5}])})
     callback.flush()
     assert logged == [10, 20, 30, 40]
+
+
+def test_a_restored_phase_writes_the_runs_its_interrupted_driver_never_wrote(tmp_path):
+    """A driver cancelled after Tune recorded a trial finished but before the deferred MLflow writes ran: the
+    restored phase still gives that trial its run, finished with its status and last step, exactly once."""
+    from workers.tracking import Tracker
+
+    spec = load_catalog("tiny")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(spec.experiment_name(), uri)
+    phase_run = tracker.phase_run("s1", "tune", tracker.study_run("s1", {}))
+    finished = SimpleNamespace(trial_id="t1", status="TERMINATED", config={"lr": 3e-3}, experiment_tag="1_lr=0.003",
+                               last_result={"step": 30, "train_loss": 6.2, "eval_loss": 6.0, "status": "completed"})
+    for _ in range(2):  # restored twice: the second finds the run and writes nothing new
+        callback = MlflowTrials(spec, "s1", "tune", phase_run, uri)
+        callback.on_step_begin(0, [finished, SimpleNamespace(trial_id="t2", status="PENDING", last_result={})])
+        callback.flush()
+    (run,) = tracker.runs("s1", "trial")
+    assert run.info.status == "FINISHED" and run.data.tags["status"] == "completed"
+    assert run.data.metrics["eval_loss"] == 6.0 and run.data.metrics["steps_done"] == 30
+    assert [m.step for m in tracker.client.get_metric_history(run.info.run_id, "eval_loss")] == [30]
