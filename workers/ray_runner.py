@@ -375,6 +375,22 @@ class RayRunner:
         return run_phase(job.spec, job.phase, job.storage, callback, planned, experiment=job.experiment)
 
 
+def study_trainable(spec: StudySpec, phase: str, experiment: str, gpus: float) -> Callable[..., Any]:
+    """`_trainable` with this study's spec and phase, registered with Ray Tune under a name of its own.
+
+    Tune registers a trainable in a registry shared by the whole Ray job, under the function's name, and the
+    service's drivers are detached actors of one job: under the shared name `_trainable`, concurrent studies
+    replaced each other's registration, so a trial could start with another study's spec, or fail with
+    `OwnerDiedError` once that study's driver had exited. `experiment` (`experiment_name`: study id and phase)
+    names it instead; a restore registers the same name again."""
+    res = spec.resources
+    trainable = tune.with_resources(
+        tune.with_parameters(_trainable, spec_dict=spec.as_dict(), phase=phase, cpus=res.cpus_per_trial),
+        {"cpu": res.cpus_per_trial, "gpu": gpus})
+    trainable._name = f"ptctl.{experiment}"  # type: ignore[attr-defined]  # Tune's registry name (`_name` first)
+    return trainable
+
+
 def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials,
               planned: list[dict[str, Any]] | None = None, *, experiment: str) -> pd.DataFrame:
     """Run (or restore and finish) one phase's Tune experiment `storage/experiment`; return its trial table.
@@ -385,9 +401,7 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
     res = spec.resources
     gpus = res.gpus_per_trial if phase == "tune" else (
         res.transfer_gpus if res.transfer_gpus is not None else (1.0 if has_gpus() else 0.0))
-    trainable = tune.with_resources(
-        tune.with_parameters(_trainable, spec_dict=spec.as_dict(), phase=phase, cpus=res.cpus_per_trial),
-        {"cpu": res.cpus_per_trial, "gpu": gpus})
+    trainable = study_trainable(spec, phase, experiment, gpus)
     path = storage / experiment
     faults = {"callbacks": [callback], "failure_config": tune.FailureConfig(max_failures=res.max_retries),
               "checkpoint_config": tune.CheckpointConfig(num_to_keep=1)}  # the latest one is all a restart needs

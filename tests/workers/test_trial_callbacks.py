@@ -193,3 +193,20 @@ def test_a_restored_phase_writes_the_runs_its_interrupted_driver_never_wrote(tmp
     assert run.info.status == "FINISHED" and run.data.tags["status"] == "completed"
     assert run.data.metrics["eval_loss"] == 6.0 and run.data.metrics["steps_done"] == 30
     assert [m.step for m in tracker.client.get_metric_history(run.info.run_id, "eval_loss")] == [30]
+
+
+def test_each_study_phase_registers_its_trainable_under_its_own_name():
+    """Ray Tune's trainable registry is shared by a Ray job, and the service's drivers are actors of one job: two
+    studies registering the same name replaced each other's spec (trials of one ran with the other's, or failed
+    with OwnerDiedError once its driver had exited)."""
+    from ray.tune.experiment import Experiment
+
+    from workers.ray_runner import study_trainable
+    from workers.runner import experiment_name
+
+    spec = load_catalog("tiny")
+    names = {Experiment.get_trainable_name(study_trainable(spec, phase, experiment_name(study, phase), 0.0))
+             for study in ("tiny-a1", "tiny-b2") for phase in ("tune", "transfer")}
+    assert len(names) == 4
+    again = Experiment.get_trainable_name(study_trainable(spec, "tune", experiment_name("tiny-a1", "tune"), 0.0))
+    assert again in names  # a restore registers the same name
