@@ -218,6 +218,8 @@ from workers.driver import run_study
 data = load_catalog("tiny").as_dict()
 data["verify"] = None
 data["tune"].update(seed=int(sys.argv[2]), num_trials=8)  # not the e2e study's tune phase, which would be reused
+# every trial to its full 200 steps (≈ 1.5 s each on a quiet core): the phase outlasts the test's poll for the kill
+data["tune"]["asha"]["enabled"], data["train"]["steps"] = False, 200
 run_study(StudySpec.model_validate(data), sys.argv[1])
 """
 RESUME_TRIALS = 8
