@@ -18,10 +18,14 @@ from mlflow import MlflowClient
 from service import ray_head
 from service.cli import main as ptctl
 from studies import CATALOG_DIR, load_catalog
+from studies.spec import StudySpec
 from tests.service.conftest import ADMIN, READ, wait_for
 
 pytestmark = pytest.mark.slow
-TINY = load_catalog("tiny")
+# the tiny study with every tune trial trained in full (150 steps, ≈ 1 s a trial on a quiet core): long enough for
+# the polls below to see a trial running and for the API's kill to land mid-study
+TINY = StudySpec.model_validate({**(tiny := load_catalog("tiny").as_dict()), "train": {**tiny["train"], "steps": 150},
+                                 "tune": {**tiny["tune"], "asha": {**tiny["tune"]["asha"], "enabled": False}}})
 PLANNED = {"tune": TINY.tune.num_trials, "transfer": len(TINY.transfer.widths) * TINY.transfer.seeds,
            "verify": TINY.verify.n_samples + TINY.verify.centre_seeds}
 
