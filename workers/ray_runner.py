@@ -42,7 +42,15 @@ from analysis.table import TrialStatus  # noqa: E402
 from studies.plan import PlannedTrial  # noqa: E402
 from studies.spec import StudySpec  # noqa: E402
 from workers.errors import InfrastructureLost, Interrupted  # noqa: E402
-from workers.runner import GROUP_MULT, PhaseJob, flag_tags, metric_prefixes, trial_frame, trial_row  # noqa: E402
+from workers.runner import (  # noqa: E402
+    GROUP_MULT,
+    PhaseJob,
+    end_tags,
+    flag_tags,
+    metric_prefixes,
+    trial_frame,
+    trial_row,
+)
 from workers.train import TrialConfig, train_trial  # noqa: E402
 from workers.verdicts import trial_run_name  # noqa: E402
 
@@ -295,7 +303,8 @@ class MlflowTrials(tune.Callback):
                 if "step" in last:  # the run finds the steps it already holds and logs only later ones
                     self._later(self._result, _TrialRef(trial), dict(last))
                 self._later(self._complete, _TrialRef(trial), dict(last))
-                self._later(self._write_end, _TrialRef(trial), status, "FINISHED", self._end_tags(status, last))
+                why = end_tags(status, last.get("message"))
+                self._later(self._write_end, _TrialRef(trial), status, "FINISHED", why)
                 if self.notify is not None:
                     self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": status,
                                  "eval_loss": last.get("eval_loss"), "restored": True})
@@ -333,11 +342,7 @@ class MlflowTrials(tune.Callback):
         last = trial.last_result or {}
         status = last.get("status", TrialStatus.STOPPED)  # no status: stopped by ASHA
         self._later(self._complete, _TrialRef(trial), dict(last))
-        self._end(trial, status, "FINISHED", last.get("eval_loss"), self._end_tags(status, last))
-
-    @staticmethod
-    def _end_tags(status: str, last: dict[str, Any]) -> dict[str, Any]:
-        return {"diverged_reason": last.get("message") or "unknown"} if status == TrialStatus.DIVERGED else {}
+        self._end(trial, status, "FINISHED", last.get("eval_loss"), end_tags(status, last.get("message")))
 
     def _complete(self, trial: _TrialRef, last: dict[str, Any]) -> None:
         """How far the trial trained (an early-stopped trial's budget used) and its per-group lr multipliers."""

@@ -54,6 +54,11 @@ def flag_tags(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     return tags
 
 
+def end_tags(status: str, message: str | None) -> dict[str, str]:
+    """The tags a finished trial's run gets beside its status: why it diverged, if it did."""
+    return {"diverged_reason": message or "unknown"} if status == TrialStatus.DIVERGED else {}
+
+
 def experiment_name(study_id: str, phase: str, stage: str | None = None) -> str:
     """The experiment (storage folder; Ray's driver staging folder) of one study's phase or compare stage."""
     return f"{study_id}.{phase}" + (f".{stage}" if stage else "")
@@ -184,8 +189,8 @@ class InProcessRunner:
             tracker.log_metrics(run, [*history, {"step": result.steps, "steps_done": result.steps}])
             if result.lr_multipliers:
                 tracker.log_params(run, {f"lr_mult.{k}": v for k, v in result.lr_multipliers.items()})
-            why = {"diverged_reason": result.message or "unknown"} if result.status == TrialStatus.DIVERGED else {}
-            tracker.set_tags(run, {"status": result.status, **why, **flag_tags(history)})
+            tracker.set_tags(run, {"status": result.status, **end_tags(result.status, result.message),
+                                   **flag_tags(history)})
             tracker.finish(run, "FINISHED")
         journal.add(row)
         job.notify({"phase": job.phase, "trial_id": trial.trial_key, "status": row["status"],
