@@ -83,6 +83,10 @@ def planned_trial(spec: StudySpec, phase: str, config: dict[str, Any], trial_id:
     """The trial behind a Tune config: a planned trial (grid phases, `PlannedTrial.as_dict`) or a TPE suggestion."""
     if "trial" in config:
         return PlannedTrial.from_dict(config["trial"])
+    if phase != "tune":  # never a default tune trial in its place
+        raise ValueError(f"a {phase} trial's Tune config holds no planned trial (got keys {sorted(config)}): the "
+                         f"phase's experiment does not hold its plan; delete its folder under the study's ray/ and "
+                         "re-run to resume")
     return PlannedTrial.for_tune(spec, trial_id, config)
 
 
@@ -413,7 +417,10 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
     try:
         if tune.Tuner.can_restore(path):
             log.info("restoring the %s phase from %s", phase, path)
-            tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
+            # the plan again: a driver killed before Tune's first state save leaves only `tuner.pkl`, which keeps no
+            # param_space, and Tune then restarts the experiment from the param_space given here
+            tuner = tune.Tuner.restore(str(path), trainable, param_space=_param_space(planned), resume_unfinished=True,
+                                       resume_errored=True)
             _renew(tuner, faults)
         else:
             tuner = tune.Tuner(trainable, param_space=_param_space(planned), tune_config=_tune_config(spec, phase),

@@ -27,15 +27,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
-    """Poll `predicate` until it returns something truthy; fail naming `what` after `timeout` s."""
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.5, seen=None):
+    """Poll `predicate` until it returns something truthy; fail naming `what` (and `seen()`, what there is
+    instead) after `timeout` s."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}" + (f"; instead: {seen()}" if seen else ""))
 
 
 class FakeExecutor:

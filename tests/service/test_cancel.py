@@ -42,6 +42,8 @@ def _spec_yaml() -> str:
     data = load_catalog("tiny").as_dict()
     data["name"] = "tiny-cancel"
     data["tune"] |= {"num_trials": 12, "seed": 7, "asha": {"enabled": False}}  # long enough to interrupt twice
+    # seconds per trial, so a poll sees one running beside a finished one (30-step trials came and went unseen)
+    data["train"] |= {"steps": 150, "eval_every": 50, "log_every": 50}
     data["verify"] = None
     return yaml.safe_dump(data)
 
@@ -50,11 +52,13 @@ def test_lost_driver_is_interrupted_then_resumed_then_cancelled(server, service_
     with server.client() as api:
         study_id = api.post("/studies", content=_spec_yaml(), headers={"Content-Type": "application/yaml"}).json()["id"]
 
+        status = lambda: api.get(f"/studies/{study_id}").json()  # noqa: E731
+
         def training() -> bool:
-            tune = api.get(f"/studies/{study_id}").json()["progress"]["tune"]
+            tune = status()["progress"]["tune"]
             return tune["done"] >= 1 and tune["running"] >= 1
 
-        wait_for(training, 240, "tune trials to be training")
+        wait_for(training, 240, "tune trials to be training", seen=status)
         drivers = [pid for pid, title in ray_work(service_dir).items() if title.startswith("ray::StudyDriverActor")]
         assert len(drivers) == 1, ray_work(service_dir)
         os.kill(drivers[0], signal.SIGKILL)  # the driver dies behind the API's back
