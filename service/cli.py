@@ -174,10 +174,42 @@ def cmd_laplacian(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_compare_plan(spec) -> None:
+    """A compare study's runs: each family's width and parameters at every budget, its tune trials there, its
+    final runs and their steps and FLOPs (at the spec's vocab_size cap: the corpus may have fewer tokens)."""
+    from studies.budget import param_count
+    from studies.plan import compare_stages, compare_trials
+
+    c, vocab = spec.compare, spec.data.vocab_size
+    stages = compare_stages(spec, vocab)
+    tuned = {(s["family"], s["budget"]): s["spec"].tune.num_trials for s in stages}
+    finals: dict[tuple[str, float], list] = {}
+    for trial in compare_trials(spec, vocab, {s["name"]: {} for s in stages}):
+        finals.setdefault((trial.family, trial.budget), []).append(trial)
+    models = {spec.model.family: spec.model, **{b.model.family: b.model for b in c.baselines}}
+    table = Table(title=f"plan of {spec.name}: every family at every budget (vocab {vocab:,})")
+    for col in ("family", "role", "budget", "width", "params", "tune trials", "final runs", "steps", "FLOPs each"):
+        table.add_column(col, justify="left" if col in ("family", "role") else "right")
+    for (family, budget), runs in finals.items():
+        run = runs[0]
+        params = param_count(family, models[family].arch, run.width, vocab, spec.tune.base_width)
+        table.add_row(family, str(run.role), f"{budget:,.0f}", str(run.width), f"{params:,}",
+                      str(tuned.get((family, budget), 0)), str(len(runs)), f"{spec.steps_for('compare'):,}",
+                      f"{run.train_flops:.3g}")
+    console.print(table)
+    proxy = next(s for s in stages if s["family"] == spec.model.family)
+    console.print(f"{spec.model.family}: tuned once at width {proxy['width']} ({proxy['spec'].tune.num_trials} "
+                  f"trials), carried zero-shot to every budget; every tune trial trains "
+                  f"{proxy['spec'].steps_for('tune'):,} steps")
+
+
 def _print_plan(spec) -> None:
     """The planned trials, steps and FLOPs per phase, and their share of one training run at each target width."""
     from studies.cost import CHECK_PHASES, plan_cost
 
+    if spec.compare is not None:
+        _print_compare_plan(spec)
+        return
     plan = plan_cost(spec)
     widest = max(plan.targets, default=None)
     table = Table(title=f"plan of {spec.name}: training FLOPs from the shapes")

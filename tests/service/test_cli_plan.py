@@ -72,3 +72,26 @@ def test_piped_output_keeps_long_lines_whole():
     whole = (r"^proxy cost = [\d.]+ % of one target run at width \d+ \([\d.e+]+ FLOPs\); "
              r"tune \+ verify \+ validate = [\d.]+ %$")
     assert re.search(whole, out, re.M), out
+
+
+def test_study_plan_of_a_compare_study_lists_its_runs():
+    """A compare study's plan: each family's solved width, tune trials and final runs at every budget (it was a
+    traceback: plan_cost has no transfer widths to measure a compare study against)."""
+    from studies.plan import compare_widths
+
+    spec = load_catalog("compare_cpu")
+    rc, out, heavy = _ptctl("study", "plan", str(ROOT / "studies" / "catalog" / "compare_cpu.yaml"))
+    assert rc == 0 and heavy == [], out
+    assert "Traceback" not in out
+    c = spec.compare
+    rows = re.findall(r"│ (\w+) +│ (\w+) +│ +([\d,]+) │ +(\d+) │ +([\d,]+) │ +(\d+) │ +(\d+) │ +([\d,]+) │", out)
+    widths = compare_widths(spec, spec.data.vocab_size)
+    assert [(f, int(b.replace(",", "")), int(w)) for f, _, b, w, *_ in rows] == [
+        (f, b, w) for f, info in widths.items() for b, w in zip(c.budgets, info["widths"], strict=True)]
+    tune = {b.model.family: b.num_trials for b in c.baselines} | {spec.model.family: spec.tune.num_trials}
+    for family, role, budget, _, _, trials, finals, steps in rows:
+        assert role == widths[family]["role"]
+        assert int(finals) == c.seeds and int(steps.replace(",", "")) == spec.steps_for("compare")
+        once = role == "tuned" or int(budget.replace(",", "")) == c.proxy_budget  # PT: tuned once, at the proxy
+        assert int(trials) == (tune[family] if once else 0)
+    assert f"tuned once at width {widths[spec.model.family]['proxy_width']}" in out
