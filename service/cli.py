@@ -183,7 +183,7 @@ def _print_compare_plan(spec) -> None:
     c, vocab = spec.compare, spec.data.vocab_size
     stages = compare_stages(spec, vocab)
     tuned = {(s["family"], s["budget"]): s["spec"].tune.num_trials for s in stages}
-    finals: dict[tuple[str, float], list] = {}
+    finals: dict[tuple[str | None, float | None], list] = {}
     for trial in compare_trials(spec, vocab, {s["name"]: {} for s in stages}):
         finals.setdefault((trial.family, trial.budget), []).append(trial)
     models = {spec.model.family: spec.model, **{b.model.family: b.model for b in c.baselines}}
