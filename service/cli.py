@@ -183,9 +183,9 @@ def _print_compare_plan(spec) -> None:
     c, vocab = spec.compare, spec.data.vocab_size
     stages = compare_stages(spec, vocab)
     tuned = {(s["family"], s["budget"]): s["spec"].tune.num_trials for s in stages}
-    finals: dict[tuple[str | None, float | None], list] = {}
+    finals: dict[tuple[str, float | None], list] = {}
     for trial in compare_trials(spec, vocab, {s["name"]: {} for s in stages}):
-        finals.setdefault((trial.family, trial.budget), []).append(trial)
+        finals.setdefault((str(trial.family), trial.budget), []).append(trial)
     models = {spec.model.family: spec.model, **{b.model.family: b.model for b in c.baselines}}
     table = Table(title=f"plan of {spec.name}: every family at every budget (vocab {vocab:,})")
     for col in ("family", "role", "budget", "width", "params", "tune trials", "final runs", "steps", "FLOPs each"):
