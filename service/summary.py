@@ -2,8 +2,9 @@
 
 In order: the transferred hparams (tune's winner), the loss per width (the tuned base width, then each
 transfer width), the lr-drift verdict per parametrization (validate; optima interpolated in log lr), the
-certificate (verify) and where its better neighbours lie, then the report, its figures and the MLflow runs
-table. A section whose phase did not run (or left no table) is left out; nothing here trains or logs.
+certificate (verify) and where its better neighbours lie, the families per budget (compare), then the report,
+its figures and the MLflow runs table. A section whose phase did not run (or left no table) is left out;
+nothing here trains or logs.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def print_summary(console: Console, view: StudyView) -> None:
     cert = phases.get("verify", {}).get("certificate")
     if cert:
         _certificate_section(console, view, Certificate(**cert))
+    compare = phases.get("compare", {})
+    if compare.get("summary"):
+        _compare_section(console, compare)
     if view.folder.cost.exists():
         from analysis.report import cost_line
 
@@ -104,6 +108,21 @@ def _drift_section(console: Console, drift: LRDrift) -> None:
         interval = f" (95 % CI over seeds [{ci[0] + 0.0:+.2f}, {ci[1] + 0.0:+.2f}])" if ci else ""
         console.print(f"{h} drift, {param}: {value + 0.0:+.2f} log2({h}) per doubling of width{interval}")
     console.print(f"[{'green' if drift.passed else 'red'}]{h} drift:[/] {drift.verdict}", soft_wrap=True)
+
+
+def _compare_section(console: Console, compare: dict[str, Any]) -> None:
+    """Every family at every budget (`analysis.compare_table`'s rows, best first within a budget)."""
+    table = Table(title=f"eval loss per parameter budget ({compare['tokens']:,} training tokens a run)")
+    for col in ("budget", "family", "role", "width", "params", "eval loss (seeds)", "rank"):
+        table.add_column(col, justify="left" if col in ("family", "role") else "right")
+    for row in compare["summary"]:
+        loss = f"{row['eval_loss_mean']:.4f}" if row["eval_loss_mean"] == row["eval_loss_mean"] else "—"
+        if row["eval_loss_std"] == row["eval_loss_std"]:
+            loss += f" ± {row['eval_loss_std']:.4f}"
+        loss += f" ({row['n_seeds']}" + (f", {row['n_diverged']} diverged)" if row["n_diverged"] else ")")
+        table.add_row(f"{row['budget']:,.0f}", row["family"], row["role"], str(row["width"]),
+                      f"{row['params']:,}", loss, str(row["rank"]))
+    console.print(table)
 
 
 def _certificate_section(console: Console, view: StudyView, cert: Certificate) -> None:

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from analysis import HPARAMS, certify, lr_drift
 from service import summary
+from studies import load_catalog
 from studies.spec import StudySpec
 from tests.analysis._tables import paper_like_optimum, sweep_table, trials, verify_table
 from workers.folder import StudyFolder
@@ -91,6 +92,23 @@ def test_an_uncertified_centre_blames_seed_noise_only_when_it_explains_the_count
     assert "≈11.4 of 59" in text
     assert ("not evidence of a better neighbourhood" in text and "verify.centre_seeds" in text) is noise
     assert ("larger lr" in text and "tune.num_trials" in text) is not noise
+
+
+def test_compare_only(tmp_path):
+    """A compare study's summary holds its result: eval loss per family at every budget, the best first."""
+    rows = [{"family": f, "budget": b, "role": role, "width": w, "params": p, "n_seeds": 2, "n_diverged": d,
+             "eval_loss_mean": m, "eval_loss_std": sd, "rank": r}
+            for f, b, role, w, p, d, m, sd, r in [("pt", 5e4, "transferred", 44, 49932, 0, 2.38, 0.004, 1),
+                                                  ("bert", 5e4, "tuned", 33, 49002, 1, 2.91, float("nan"), 2),
+                                                  ("pt", 1e5, "transferred", 70, 101100, 0, 2.27, 0.025, 1)]]
+    compare = {"status": "done", "summary": rows, "tokens": 2_000_000}
+    view = _study(tmp_path, load_catalog("compare_cpu_bpe"), {"compare": compare}, {})
+    text = _printed(view)
+    assert "eval loss per parameter budget (2,000,000 training tokens a run)" in text
+    lines = [line for line in text.splitlines() if "transferred" in line or "tuned" in line]
+    assert [line.split()[1:4:2] for line in lines] == [["50,000", "pt"], ["50,000", "bert"], ["100,000", "pt"]]
+    assert "2.3800 ± 0.0040" in lines[0] and "49,932" in lines[0] and "2.9100" in lines[1]
+    assert "1 diverged" in lines[1] and "±" not in lines[1]  # one finished seed: no spread to show
 
 
 @pytest.mark.parametrize("phases", [{}, {"tune": {"status": "running"}}])
