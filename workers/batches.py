@@ -41,6 +41,11 @@ class Batch:
         return int((self.labels != IGNORE_INDEX).sum())
 
     def to(self, device: torch.device | str) -> Batch:
+        """The batch on `device`; bound for CUDA, through pinned host memory and an asynchronous copy."""
+        device = torch.device(device)
+        if device.type == "cuda":
+            return Batch(*(t.pin_memory().to(device, non_blocking=True)
+                           for t in (self.input_ids, self.labels, self.attention_mask)))
         return Batch(*(t.to(device) for t in (self.input_ids, self.labels, self.attention_mask)))
 
 

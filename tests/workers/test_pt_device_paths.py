@@ -7,6 +7,7 @@
   under it and stays within a stated bound of float32; the stored path refuses it clearly.
 - torch.compile: the custom autograd Functions trace (aot_eager backend, no C++ toolchain needed)
   and the compiled step matches eager.
+- pinned memory: a batch bound for CUDA is pinned and copied with non_blocking; one for the CPU is not copied.
 """
 
 from __future__ import annotations
@@ -107,3 +108,30 @@ def test_compiled_step_matches_eager():
     assert rel(logits, ref_logits) <= 1e-6
     for name, g in grads.items():
         assert rel(g, ref_grads[name.removeprefix("_orig_mod.")]) <= 1e-5, name
+
+
+def test_batches_reach_a_gpu_through_pinned_memory(monkeypatch):
+    """A batch bound for CUDA is pinned and copied asynchronously (what DataLoader's pin_memory does); one for
+    the CPU is left where it is. CUDA is faked at the tensor level: the decision is ours, not torch's."""
+    from workers.batches import Batch
+
+    calls: list[tuple[str, object]] = []
+    real_to = torch.Tensor.to
+
+    def pin(t):
+        calls.append(("pin", None))
+        return t
+
+    def to(t, device, non_blocking=False):
+        calls.append(("to", (str(device), non_blocking)))
+        return real_to(t, "cpu")
+
+    cpu = Batch(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3).bool())
+    assert cpu.to("cpu").input_ids is cpu.input_ids  # no copy on the CPU
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    cpu.to(torch.device("cuda", 0))
+    assert calls == [("pin", None), ("to", ("cuda:0", True))] * 3
+    calls.clear()
+    cpu.to("cpu")
+    assert calls == [("to", ("cpu", False))] * 3

@@ -40,11 +40,10 @@ class LanguageModel(nn.Module):
     def token_loss(self, batch: Batch) -> torch.Tensor:
         """Mean cross-entropy per scored position (MLM: the masked ones; causal LM: every next token), decoding
         only those (the |V|-wide head dominates the step otherwise)."""
-        device = next(self.parameters()).device
-        labels = batch.labels.to(device)
-        select = labels != -100
-        logits = self(batch.input_ids.to(device), batch.attention_mask.to(device), select=select)
-        return token_loss(logits, labels[select])
+        batch = batch.to(next(self.parameters()).device)
+        select = batch.labels != -100
+        logits = self(batch.input_ids, batch.attention_mask, select=select)
+        return token_loss(logits, batch.labels[select])
 
     def aux_loss(self) -> torch.Tensor | None:
         """The family's extra loss terms after a forward pass (None: none)."""
