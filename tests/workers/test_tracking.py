@@ -8,6 +8,8 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
+import pytest
+
 from workers.tracking import VIEW_ID, VIEW_TAG, Tracker, prepare_store
 
 
@@ -36,6 +38,7 @@ def test_artifacts_live_under_the_data_dir_not_the_working_dir(tmp_path, monkeyp
     assert len(stored) == 1 and stored[0].read_text() == "# report"
 
 
+@pytest.mark.slow  # four processes, each opening the MLflow store
 def test_drivers_starting_together_share_one_experiment(tmp_path, monkeypatch):
     monkeypatch.setenv("PTCTL_DATA_DIR", str(tmp_path))
     uri = prepare_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -74,6 +77,7 @@ def test_the_runs_link_opens_the_saved_verdicts_view(tmp_path, monkeypatch):
     assert tracker.link("abc").endswith(f"#/experiments/{tracker.experiment_id}/runs/abc?workflowType=machine_learning")
 
 
+@pytest.mark.slow  # four processes, each opening the MLflow store
 def test_studies_saving_the_view_together_all_succeed_and_keep_their_columns(tmp_path, monkeypatch):
     """Four drivers save the verdicts view of one experiment at once (4 first studies submitted together): on
     SQLite the first tag write is an INSERT, and all but one lose it; each must still succeed, and no study's
