@@ -20,7 +20,7 @@ import pandas as pd
 from analysis.table import TrialStatus, judged_loss, phase_rows
 from studies.arch import ModelSpec, rebase
 from studies.budget import train_flops, width_for_budget
-from studies.spec import CompareSpec, StudySpec
+from studies.spec import StudySpec, required
 
 PLANNED_COLUMNS = ("family", "budget", "role", "tuned_at", "train_flops",  # compare trials' extra table columns
                    "swept")  # validate trials': the hparam their sweep varies
@@ -97,9 +97,7 @@ def best_hparams(spec: StudySpec, table: pd.DataFrame) -> dict[str, float]:
 
 def transfer_trials(spec: StudySpec, hparams: dict[str, float]) -> list[PlannedTrial]:
     """The winner, unchanged, at every transfer width and seed."""
-    t = spec.transfer
-    if t is None:
-        raise ValueError("this study has no transfer section: add one with widths to the spec")
+    t = required(spec.transfer, "transfer")
     return [_trial("transfer", f"w{w}-s{s}", w, s, hparams) for w in t.widths for s in range(t.seeds)]
 
 
@@ -113,9 +111,7 @@ def verify_trials(spec: StudySpec, centre: dict[str, float], skip_centre_seeds: 
     train with `verify.seed`, the centre's first seed, so they differ from it by hparams alone.
     The draw is seeded by `verify.seed`: a restarted phase plans the same samples.
     """
-    v = spec.verify
-    if v is None:
-        raise ValueError("this study has no verify section: add verify: {} to the spec")
+    v = required(spec.verify, "verify")
     width, delta = spec.verify_width(), v.delta
     trials = [_trial("verify", f"centre-s{s}", width, v.seed + s, centre, is_centre=True)
               for s in range(v.centre_seeds) if v.seed + s not in skip_centre_seeds]
@@ -158,9 +154,7 @@ def with_reused_centre(spec: StudySpec, verify: pd.DataFrame, transfer: pd.DataF
 def validate_trials(spec: StudySpec, centre: dict[str, float]) -> list[PlannedTrial]:
     """The sweeps: lr's, then each of `validate.hparams`: every (parametrization, width, value, seed) of the swept
     hparam, the other hparams at the centre."""
-    v = spec.validate_
-    if v is None:
-        raise ValueError("this study has no validate section: add one with widths and lrs to the spec")
+    v = required(spec.validate_, "validate")
     return [_trial("validate", f"{p}-w{w}-{h}{x:.3g}-s{s}", w, s, {**centre, h: x}, parametrization=p, swept=h)
             for h, values in v.sweeps().items()
             for p in v.parametrizations for w in v.widths for x in values for s in range(v.seeds)]
@@ -168,20 +162,13 @@ def validate_trials(spec: StudySpec, centre: dict[str, float]) -> list[PlannedTr
 
 
 # ----------------------------------------------------------------------------------------------- compare
-def _compare(spec: StudySpec) -> CompareSpec:
-    """`spec.compare`; a `ValueError` naming the fix when the study has none."""
-    if spec.compare is None:
-        raise ValueError("this study has no compare section: add one with budgets, tokens and baselines")
-    return spec.compare
-
-
 def compare_widths(spec: StudySpec, vocab_size: int) -> dict[str, dict[str, Any]]:
     """Per family: its role, the solved width at each budget, and (the study's own model) the proxy width.
 
     `{family: {"role": "transferred" | "tuned", "widths": [w per budget], "proxy_width": w0 | None}}`, the
     study's model first; widths meet each budget within compare.tolerance (else a `ValueError` naming the fix).
     """
-    c = _compare(spec)
+    c = required(spec.compare, "compare")
     base = spec.tune.base_width
 
     def solve(model: ModelSpec, budget: float) -> int:
@@ -202,7 +189,7 @@ def compare_sub_spec(spec: StudySpec, family: str, width: int) -> StudySpec:
     a baseline takes its entry's model, space and num_trials. Tune trials see compare.tune_tokens, and
     `train.steps` is the final runs' (compare.tokens), so `trial_config(..., steps=None)` gives a final run.
     """
-    c = _compare(spec)
+    c = required(spec.compare, "compare")
     data = spec.as_dict()
     data.update(compare=None, transfer=None, verify=None, validate=None)
     data["tune"] = {**data["tune"], "base_width": width, "steps": spec.steps_for("tune")}
@@ -223,7 +210,7 @@ def compare_sub_spec(spec: StudySpec, family: str, width: int) -> StudySpec:
 
 def compare_stages(spec: StudySpec, vocab_size: int) -> list[dict[str, Any]]:
     """The tune stages: the study's model once at its proxy width, each baseline at every budget's width."""
-    c, stages = _compare(spec), []
+    c, stages = required(spec.compare, "compare"), []
     for family, info in compare_widths(spec, vocab_size).items():
         if info["role"] == "transferred":
             points = [(c.proxy(), info["proxy_width"], "proxy")]
@@ -241,7 +228,7 @@ def compare_trials(spec: StudySpec, vocab_size: int, best: dict[str, dict[str, f
     stage's hparams at every budget (zero-shot, μP base at the proxy width), each baseline its budget's own.
     Each trial carries its full `config` (a trial config dict) and its computed `train_flops`.
     """
-    c, trials = _compare(spec), []
+    c, trials = required(spec.compare, "compare"), []
     for family, info in compare_widths(spec, vocab_size).items():
         for i, (budget, width) in enumerate(zip(c.budgets, info["widths"], strict=True)):
             stage = f"{family}-proxy" if info["role"] == "transferred" else f"{family}-b{i}"

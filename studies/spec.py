@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -314,6 +314,18 @@ class ResourcesSpec(BaseModel):
                 raise ValueError(f"resources.{name}={value}: fractions are allowed below 1 only; "
                                  "use a whole number of GPUs")
         return self
+
+
+Section = TypeVar("Section")
+_HOW_TO_ADD = {"transfer": "add one with widths", "verify": "add verify: {}", "validate": "add one with widths and lrs",
+               "compare": "add one with budgets, tokens and baselines"}
+
+
+def required(section: Section | None, name: str) -> Section:
+    """A phase's section of the spec (`spec.verify`, ...); a `ValueError` naming the fix when the study has none."""
+    if section is None:
+        raise ValueError(f"this study has no {name} section: {_HOW_TO_ADD[name]} to the spec")
+    return section
 
 
 class StudySpec(BaseModel):

@@ -71,7 +71,7 @@ from studies.plan import (
     verify_trials,
     with_reused_centre,
 )
-from studies.spec import StudySpec
+from studies.spec import StudySpec, required
 from studies.status import StudyStatus
 from workers.errors import ConfigError, InfrastructureLost, StudyError, StudyFailed, one_line
 from workers.folder import PhaseIndex, StudyFolder, studies_dir, write_json
@@ -264,7 +264,7 @@ class StudyDriver:
         return result
 
     def phase_verify(self) -> dict[str, Any]:
-        v, centre = self.spec.verify, self.centre()
+        v, centre = required(self.spec.verify, "verify"), self.centre()
         reused = reused_centre_seeds(self.spec) if self.folder.trials("transfer").exists() else []
         keys = frozenset(f"verify-centre-s{seed - v.seed}" for seed in reused)
         table = self._run_trials("verify", verify_trials(self.spec, centre, reused), keys)
@@ -296,7 +296,7 @@ class StudyDriver:
                                      "eval_loss": float(row.eval_loss), "reused": True})
 
     def phase_validate(self) -> dict[str, Any]:
-        v = self.spec.validate_
+        v = required(self.spec.validate_, "validate")
         table = self._run_trials("validate", validate_trials(self.spec, self.centre()))
         drift = lr_drift(table, threshold=v.drift_threshold)
         others = {h: lr_drift(table, threshold=v.drift_threshold, hparam=h).model_dump() for h in v.hparams}
@@ -310,7 +310,7 @@ class StudyDriver:
     def phase_compare(self) -> dict[str, Any]:
         """Tune the study's model at its proxy width and each baseline at every budget (one restorable Tune
         experiment per stage, recorded in the state as it finishes), then train every family at every budget."""
-        spec, c = self.spec, self.spec.compare
+        spec, c = self.spec, required(self.spec.compare, "compare")
         vocab = load_data(spec.data).vocab_size  # the real one, not the cap
         done = self.state.phases.setdefault("compare", {}).setdefault("stages", {})
         tune_tables = []
@@ -346,7 +346,7 @@ class StudyDriver:
     def planned_count(self, phase: str) -> int:
         spec = self.spec
         if phase == "compare":
-            c = spec.compare
+            c = required(spec.compare, "compare")
             finals = (1 + len(c.baselines)) * len(c.budgets) * c.seeds
             return spec.tune.num_trials + sum(b.num_trials for b in c.baselines) * len(c.budgets) + finals
         counts = {"tune": spec.tune.num_trials,

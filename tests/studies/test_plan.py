@@ -140,3 +140,15 @@ def test_a_planned_trial_survives_its_trip_through_ray_tunes_config(spec):
     assert trial.trial_config(sweep)["steps"] == 10 and trial.columns(sweep)["swept"] == "lr"
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['colour'\]"):
         PlannedTrial.from_dict({**trial.as_dict(), "colour": "red"})
+
+
+def test_a_phase_without_its_section_names_the_fix():
+    from studies.plan import compare_trials
+
+    bare = load_catalog("tiny").model_copy(update={"transfer": None, "verify": None, "validate_": None})
+    for plan, fix in ((lambda: transfer_trials(bare, {}), "no transfer section: add one with widths"),
+                      (lambda: verify_trials(bare, {}), "no verify section: add verify: {}"),
+                      (lambda: validate_trials(bare, {}), "no validate section: add one with widths and lrs"),
+                      (lambda: compare_trials(bare, 300, {}), "no compare section: add one with budgets")):
+        with pytest.raises(ValueError, match=fix):
+            plan()
