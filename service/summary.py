@@ -121,7 +121,7 @@ def _compare_section(console: Console, compare: dict[str, Any]) -> None:
             loss += f" ± {row['eval_loss_std']:.4f}"
         loss += f" ({row['n_seeds']}" + (f", {row['n_diverged']} diverged)" if row["n_diverged"] else ")")
         table.add_row(f"{row['budget']:,.0f}", row["family"], row["role"], str(row["width"]),
-                      f"{row['params']:,}", loss, str(row["rank"]))
+                      f"{row['params']:,}" if row["params"] is not None else "—", loss, str(row["rank"]))
     console.print(table)
 
 

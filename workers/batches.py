@@ -41,12 +41,14 @@ class Batch:
         return int((self.labels != IGNORE_INDEX).sum())
 
     def to(self, device: torch.device | str) -> Batch:
-        """The batch on `device`; bound for CUDA, through pinned host memory and an asynchronous copy."""
-        device = torch.device(device)
-        if device.type == "cuda":
-            return Batch(*(t.pin_memory().to(device, non_blocking=True)
-                           for t in (self.input_ids, self.labels, self.attention_mask)))
-        return Batch(*(t.to(device) for t in (self.input_ids, self.labels, self.attention_mask)))
+        """The batch on `device`; from host memory to CUDA, through pinned memory and an asynchronous copy."""
+        return Batch(*(_moved(t, torch.device(device)) for t in (self.input_ids, self.labels, self.attention_mask)))
+
+
+def _moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def mask_tokens(ids: torch.Tensor, mask_rate: float, mask_mode: str, vocab_size: int,
