@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from studies.spec import DataSpec, TrialConfig
-from workers.data import Batch, MemoryData, prepare
+from workers.data import Batch, MemoryData, PackedData, StreamData, prepare
 from workers.models import build_model, objective_of
 from workers.models.contract import LanguageModel
 
@@ -54,7 +54,7 @@ class TrialResult:
 
 
 @functools.lru_cache(maxsize=4)
-def load_data(cfg: DataSpec) -> MemoryData:
+def load_data(cfg: DataSpec) -> MemoryData | StreamData:
     """`prepare` once per process per data config (trials of a study share it)."""
     return prepare(cfg)
 
@@ -65,7 +65,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrialConfig) -> torch.optim.AdamW:
+def make_optimizer(model: LanguageModel, cfg: TrialConfig) -> torch.optim.AdamW:
     """AdamW with one group per parameter group; μP enters through `model.lr_multipliers()`."""
     mult = model.lr_multipliers()
     groups = [
@@ -92,7 +92,7 @@ def lr_factor(step: int, cfg: TrialConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
 
 
-def evaluate(model: LanguageModel, data: MemoryData, cfg: TrialConfig, device: torch.device) -> float:
+def evaluate(model: LanguageModel, data: PackedData, cfg: TrialConfig, device: torch.device) -> float:
     """Mean loss per scored token over the fixed held-out batches."""
     return mean_loss(model, data.eval_batches(cfg.batch_size)[: cfg.eval_batches], device)
 
