@@ -17,7 +17,7 @@ import pandas as pd
 from analysis.certificate import Certificate
 from analysis.compare import compare_table
 from analysis.neighbours import NeighbourAdvice
-from analysis.table import HPARAMS, PHASES, STATUSES, judged_loss, phase_rows
+from analysis.table import HPARAMS, PHASES, STATUSES, judged_loss, loss_spread, phase_rows
 from analysis.transfer import LRDrift, transfer_table
 
 SUMMARY_KEYS: tuple[str, ...] = ("model", "base_width", "widths", "budget", "families", "budgets", "tokens")
@@ -158,8 +158,8 @@ def _tune_section(table: pd.DataFrame, hparams: Sequence[str], top: int = 5) -> 
 def _compare_section(table: pd.DataFrame) -> str:
     """Per budget, each family's width, counted parameters, training FLOPs and eval loss over seeds."""
     summary = compare_table(table)
-    summary["eval_loss"] = [f"{m:.4f} ± {s:.4f}" if np.isfinite(s) else (f"{m:.4f}" if np.isfinite(m) else "—")
-                            for m, s in zip(summary["eval_loss_mean"], summary["eval_loss_std"], strict=True)]
+    summary["eval_loss"] = [loss_spread(m, s) for m, s in zip(summary["eval_loss_mean"], summary["eval_loss_std"],
+                                                               strict=True)]
     columns = ["budget", "family", "role", "width", "params", "train_flops", "n_seeds", "n_diverged", "eval_loss",
                "eval_loss_min", "eval_loss_max", "rank"]
     note = ("Parameters are the models' own counts (`sum(p.numel())`); training FLOPs are matmul FLOPs from the "

@@ -12,8 +12,8 @@ import pandas as pd
 
 from analysis.constants import HPARAMS, LOSS_STATUSES, PHASES, STATUSES, TrialStatus
 
-__all__ = ["HPARAMS", "LOSS_STATUSES", "PHASES", "STATUSES", "TrialStatus", "judged_loss", "phase_rows",
-           "require_columns"]
+__all__ = ["HPARAMS", "LOSS_STATUSES", "PHASES", "STATUSES", "TrialStatus", "judged_loss", "loss_spread",
+           "phase_rows", "require_columns"]
 
 
 def require_columns(table: pd.DataFrame, columns: Iterable[str], what: str) -> None:
@@ -51,3 +51,10 @@ def judged_loss(rows: pd.DataFrame) -> pd.Series:
     loss = kept["eval_loss"].astype(float)
     diverged = (kept["status"] == TrialStatus.DIVERGED) | ~np.isfinite(loss)
     return loss.where(~diverged, np.inf)
+
+
+def loss_spread(mean: float, std: float) -> str:
+    """A loss over seeds as text: `mean ± std`, `mean` alone with one seed (no std), `—` with none."""
+    if not np.isfinite(mean):
+        return "—"
+    return f"{mean:.4f} ± {std:.4f}" if np.isfinite(std) else f"{mean:.4f}"

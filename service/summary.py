@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis import Certificate, LRDrift, neighbour_advice
+from analysis.table import loss_spread
 from studies.spec import StudySpec
 from workers.folder import StudyFolder
 
@@ -116,9 +117,7 @@ def _compare_section(console: Console, compare: dict[str, Any]) -> None:
     for col in ("budget", "family", "role", "width", "params", "eval loss (seeds)", "rank"):
         table.add_column(col, justify="left" if col in ("family", "role") else "right")
     for row in compare["summary"]:
-        loss = f"{row['eval_loss_mean']:.4f}" if row["eval_loss_mean"] == row["eval_loss_mean"] else "—"
-        if row["eval_loss_std"] == row["eval_loss_std"]:
-            loss += f" ± {row['eval_loss_std']:.4f}"
+        loss = loss_spread(row["eval_loss_mean"], row["eval_loss_std"])
         loss += f" ({row['n_seeds']}" + (f", {row['n_diverged']} diverged)" if row["n_diverged"] else ")")
         table.add_row(f"{row['budget']:,.0f}", row["family"], row["role"], str(row["width"]),
                       f"{row['params']:,}" if row["params"] is not None else "—", loss, str(row["rank"]))

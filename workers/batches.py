@@ -42,7 +42,8 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         """The batch on `device`; from host memory to CUDA, through pinned memory and an asynchronous copy."""
-        return Batch(*(_moved(t, torch.device(device)) for t in (self.input_ids, self.labels, self.attention_mask)))
+        device = torch.device(device)
+        return Batch(*(_moved(t, device) for t in (self.input_ids, self.labels, self.attention_mask)))
 
 
 def _moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
