@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from studies.arch import BertConfig, TauConfig, UTConfig
 from workers.batches import IGNORE_INDEX
@@ -21,6 +22,12 @@ from workers.batches import IGNORE_INDEX
 def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the labelled positions (labels != -100): (…, V) logits, (…) labels."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+def parameter(t: torch.Tensor) -> nn.Parameter:
+    """`t`, a module's weight or bias, as the `nn.Parameter` it is (torch's stubs declare those `Tensor`)."""
+    assert isinstance(t, nn.Parameter), f"expected an nn.Parameter, got {type(t).__name__}"
+    return t
 
 
 class MuReadout:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from studies.arch import PTConfig
+from workers.models.common import parameter
 from workers.models.contract import LanguageModel
 
 NEG = -1e9  # logit for impossible head choices (self, padding)
@@ -229,7 +230,8 @@ class ProbabilisticTransformer(LanguageModel):
         self.t_l2 = 0.0  # the ‖T‖ penalty's weight (`before_trial`: the trial's train.t_l2)
 
         # parameter groups (spec §3.3): input / hidden / output / bias
-        self.groups = {"input": [self.unary.weight], "output": [self.decoder.weight], "bias": [self.decoder.bias]}
+        self.groups = {"input": [parameter(self.unary.weight)], "output": [parameter(self.decoder.weight)],
+                       "bias": [parameter(self.decoder.bias)]}
         self.groups["hidden"] = [p for name, p in self.named_parameters() if name in ("U", "V", "W", "T", "B")]
 
         with torch.no_grad():
@@ -317,7 +319,10 @@ class ProbabilisticTransformer(LanguageModel):
     def _mix_h(self, A: torch.Tensor, A_prev: torch.Tensor | None, t: int) -> torch.Tensor:
         """The authors' H step size: A^t = α·A + (1−α)·A^{t−1} after the first iteration."""
         alpha = self.cfg.stepsize_H
-        return A if not t or alpha == 1.0 else alpha * A + (1 - alpha) * A_prev
+        if not t or alpha == 1.0:
+            return A
+        assert A_prev is not None  # set by the first iteration
+        return alpha * A + (1 - alpha) * A_prev
 
     def forward(
         self,
@@ -362,6 +367,7 @@ class ProbabilisticTransformer(LanguageModel):
         for t in range(cfg.n_iter):
             P = torch.softmax(L_z, -1)
             if t and cfg.stepsize_Z != 1.0:
+                assert P_prev is not None  # set by the first iteration
                 P = cfg.stepsize_Z * P + (1 - cfg.stepsize_Z) * P_prev
             P_prev = P
             P = P.masked_fill(pad[..., None], 0.0) * z_scale  # (B, n, d)
@@ -393,7 +399,7 @@ class ProbabilisticTransformer(LanguageModel):
                 valid = ~invalid.expand_as(shown)
                 trace[f"head_logits.iter{t}"] = shown[valid]
                 trace[f"msg_dep.iter{t}"] = msg_dep
-                if not cfg.block_msg:
+                if msg_head is not None:  # None exactly with block_msg
                     trace[f"msg_head.iter{t}"] = msg_head
                 if cfg.topic == "single_split":
                     trace[f"topic_logits.iter{t}"] = L_g
