@@ -95,10 +95,14 @@ class MLMHead(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        return self.embedding.weight if self.embedding is not None else self.decoder.weight
+        if self.embedding is not None:
+            return self.embedding.weight
+        assert self.decoder is not None  # untied: built with its own matrix
+        return self.decoder.weight
 
     def forward(self, x: torch.Tensor, mult: float) -> torch.Tensor:
         if self.dense is not None:
+            assert self.ln is not None  # built with the dense layer (mlm_transform)
             x = self.ln(F.gelu(self.dense(x)))
         return F.linear(x * mult, self.weight, self.bias)  # (…, V)
 
@@ -108,6 +112,7 @@ class Encoder(MuReadout, LanguageModel):
     from `MuReadout`."""
 
     cfg: BertConfig | UTConfig
+    head: MLMHead
 
     def _group(self) -> None:
         """Sort every parameter into input / hidden / output / bias (the table in the module docstring)."""
@@ -164,6 +169,8 @@ class Bert(Encoder):
 
     With `select` (a (B, n) mask, e.g. `labels != -100`) only the selected positions are decoded.
     """
+
+    cfg: BertConfig
 
     def __init__(self, cfg: BertConfig) -> None:
         super().__init__()

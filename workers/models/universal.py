@@ -35,6 +35,10 @@ def sinusoid(length: int, d: int) -> torch.Tensor:
 class UniversalTransformer(Encoder):
     """UT encoder + MLM head. `forward(input_ids, attention_mask)` returns (B, n, V) logits."""
 
+    cfg: UTConfig
+    pos_signal: torch.Tensor  # buffers (sinusoidal timing): (max_len, d), (T, d)
+    step_signal: torch.Tensor
+
     def __init__(self, cfg: UTConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -102,6 +106,7 @@ class UniversalTransformer(Encoder):
     def _act(self, x, keep, pos, steps, scale, trace) -> torch.Tensor:
         """ACT over at most T steps (tensor2tensor's `ut_act`); every position runs every step, halted ones
         keep their output. Sets the ponder cost (mean over real tokens of steps used + remainder)."""
+        assert self.halt is not None  # built with cfg.act
         B, n, _ = x.shape
         halting = x.new_zeros(B, n)  # cumulative halting probability
         remainders, updates = x.new_zeros(B, n), x.new_zeros(B, n)
