@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -52,7 +54,7 @@ from analysis.taumode import collapse_warning
 from studies.arch import TauConfig
 from workers.batches import Batch
 from workers.laplacian import chain_laplacian, knn_laplacian, load_laplacian, rotated
-from workers.models.common import MuReadout
+from workers.models.common import MuReadout, parameter
 from workers.models.contract import LanguageModel
 
 EPS = 1e-6
@@ -120,6 +122,8 @@ class KVCache:
             raise ValueError(f"cache length {length} exceeds max_len={cfg.max_len}: raise max_len")
         shape = (cfg.n_layers, batch, cfg.n_kv_heads, length, cfg.head_dim)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (layers, B, G, T, D)
+        self.k: torch.Tensor | None
+        self.lam: torch.Tensor | None
         if cfg.attention == "tau":
             self.lam = torch.zeros(shape[:-1], dtype=torch.float32, device=device)  # (layers, B, G, T)
             self.k = None
@@ -171,10 +175,12 @@ class Attention(nn.Module):
         if cache is not None:  # append this chunk, then attend over everything cached
             pos, end = cache.pos, cache.pos + T
             cache.v[layer, :, :, pos:end] = v
-            if cache.lam is not None:
+            if cache.lam is not None:  # "tau" attention: λk is set
+                assert lam_k is not None
                 cache.lam[layer, :, :, pos:end] = lam_k
                 lam_k = cache.lam[layer, :, :, :end]
             else:
+                assert cache.k is not None  # a cache holds λk or K
                 cache.k[layer, :, :, pos:end] = k
                 k = cache.k[layer, :, :, :end]
             v = cache.v[layer, :, :, :end]
@@ -186,6 +192,7 @@ class Attention(nn.Module):
             return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
         v = v.repeat_interleave(group, 1)  # (B, H, Tk, D)
         if cfg.attention == "tau":
+            assert lam_q is not None and lam_k is not None
             lam_k = lam_k.repeat_interleave(group, 1)  # (B, H, Tk)
             temp = temperature(kernel.log_temp).view(1, -1, 1, 1)  # (1, H, 1, 1)
             logits = -(lam_q[..., :, None] - lam_k[..., None, :]).abs() / temp  # (B, H, T, Tk), fp32
@@ -231,6 +238,14 @@ class TauGPT(MuReadout, LanguageModel):
     comes after every real token, so no real token sees it.
     """
 
+    cfg: TauConfig
+    log_temp: torch.Tensor  # an nn.Parameter when learned, else a buffer
+    laplacian: torch.Tensor  # buffers
+    tau: torch.Tensor
+    calibrations: torch.Tensor
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, cfg: TauConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -249,8 +264,8 @@ class TauGPT(MuReadout, LanguageModel):
         cos, sin = rope_tables(cfg.max_len + 1, D, cfg.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.groups = {"input": [self.wte.weight], "hidden": list(self.blocks.parameters()),
-                       "output": [self.lm_head.weight],
+        self.groups = {"input": [parameter(self.wte.weight)], "hidden": list(self.blocks.parameters()),
+                       "output": [parameter(self.lm_head.weight)],
                        "bias": [self.log_temp] if isinstance(self.log_temp, nn.Parameter) else []}
         self._init()
 
@@ -258,10 +273,12 @@ class TauGPT(MuReadout, LanguageModel):
         cfg = self.cfg
         if cfg.laplacian == "chain":
             lap = chain_laplacian(cfg.head_dim)
-        elif cfg.laplacian == "file":
-            lap = load_laplacian(cfg.laplacian_path, cfg.head_dim)
         else:
-            lap = knn_laplacian(np.load(cfg.laplacian_path), cfg.head_dim, seed=cfg.laplacian_seed)
+            assert cfg.laplacian_path is not None  # TauConfig requires it for "knn" and "file"
+            if cfg.laplacian == "file":
+                lap = load_laplacian(cfg.laplacian_path, cfg.head_dim)
+            else:
+                lap = knn_laplacian(np.load(cfg.laplacian_path), cfg.head_dim, seed=cfg.laplacian_seed)
         return rotated(lap, cfg.laplacian_seed) if cfg.laplacian_rotate else lap
 
     @torch.no_grad()
@@ -274,7 +291,7 @@ class TauGPT(MuReadout, LanguageModel):
                 # construction, no base needed); the readout's is mup's MuReadout init with its d0/d multiplier.
                 module.weight.normal_(0.0, cfg.init_std / math.sqrt(module.in_features))
         if cfg.zero_proj:
-            for block in self.blocks:
+            for block in cast(Iterable[Block], self.blocks):  # nn.ModuleList yields nn.Module
                 block.attn.c_proj.weight.zero_()
                 block.mlp_proj.weight.zero_()
 
@@ -336,7 +353,7 @@ class TauGPT(MuReadout, LanguageModel):
     def block0_key_energies(self, input_ids: torch.Tensor) -> torch.Tensor:
         """E of block 0's post-RoPE key vectors on `input_ids`, flattened."""
         x = rms(self.wte(input_ids))
-        _, k, _ = self.blocks[0].attn.heads(x, self.rope(0, input_ids.shape[1]))
+        _, k, _ = cast(Block, self.blocks[0]).attn.heads(x, self.rope(0, input_ids.shape[1]))
         return taumode(k, self.laplacian, self.tau)[0].flatten()
 
     @torch.no_grad()
