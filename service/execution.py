@@ -32,7 +32,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import ray
 from ray._private import ray_constants
@@ -40,6 +40,9 @@ from ray._private import ray_constants
 from service import ray_head
 from service.control import DriverRunning, ExecutionUnavailable
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from ray.actor import ActorClass
 
 log = logging.getLogger(__name__)
 NAMESPACE = "ptctl"
@@ -50,7 +53,8 @@ def actor_name(study_id: str) -> str:
     return f"ptctl-driver-{study_id}"
 
 
-@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"control": 1})
+# Ray's overloads of `ray.remote` omit some actor options (concurrency_groups), hence the ignore
+@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"control": 1})  # type: ignore[call-overload]
 class StudyDriverActor:
     """Runs one study to its end in a Ray worker process, reporting to the store. `ordered` answers on a
     thread of its own while `run` trains."""
@@ -136,7 +140,7 @@ class RayExecutor:
                 head = ray_head.ensure(self.settings.data_dir, self.settings.ray_num_cpus)
                 ray_head.use_token(head.token_path)
                 # Ray reads RAY_AUTH_MODE when it is imported; re-read it (as Ray's own _enable_token_auth does)
-                ray._raylet.Config.initialize("")
+                ray._raylet.Config.initialize("")  # type: ignore[attr-defined]  # compiled; not in _raylet.pyi
                 address = head.address
             ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True  # Ray's C++ handler would take SIGTERM
             with _keep_signal_handlers():
@@ -163,7 +167,8 @@ class RayExecutor:
                        runtime_env={"env_vars": env})
         for _ in range(20):  # a just-killed actor may hold its name for a moment
             try:
-                return StudyDriverActor.options(**options).remote()
+                # the decorator made the class an ActorClass; mypy keeps a decorated class's own type
+                return cast("ActorClass[StudyDriverActor]", StudyDriverActor).options(**options).remote()
             except ValueError:
                 if self._handle(study_id) is not None:
                     raise DriverRunning(f"study {study_id} already has a running driver: cancel it first") from None
