@@ -1,0 +1,5 @@
+"""HOW one trial runs: the models (`models/`), μP, the data, the training loop, the Ray Tune glue, MLflow tracking.
+
+Imports `analysis` and `studies`, never `service` or fastapi; Ray is imported in one module (`ray_runner`),
+MLflow in one (`tracking`).
+"""

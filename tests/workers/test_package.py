@@ -1,0 +1,26 @@
+"""`workers` imports neither fastapi nor `service`; Ray in one module (`ray_runner`), MLflow in one (`tracking`)."""
+
+import ast
+from pathlib import Path
+
+import workers
+
+ROOT = Path(workers.__file__).parent
+HOMES = {"ray": {"ray_runner.py"}, "mlflow": {"tracking.py"}, "fastapi": set(), "service": set()}
+
+
+def _imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_ray_and_mlflow_have_one_module_each_and_fastapi_and_service_none():
+    modules = sorted(ROOT.rglob("*.py"))
+    assert len(modules) >= 10
+    imported = {p.relative_to(ROOT).as_posix(): _imported_roots(p) for p in modules}
+    assert {root: {name for name, roots in imported.items() if root in roots} for root in HOMES} == HOMES
