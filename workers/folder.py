@@ -121,9 +121,6 @@ class StudyFolder:
         except json.JSONDecodeError:
             return {}
 
-    def write_state(self, state: dict[str, Any]) -> None:
-        write_json(self.state_path, state)
-
     def write_artifact(self, name: str, data: Any) -> Path:
         """A JSON artifact (certificate, cost), written atomically."""
         path = self.artifact(name)
