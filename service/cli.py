@@ -145,11 +145,6 @@ def _load_spec(path: str) -> StudySpec:
     return _validated(yaml.safe_load(Path(path).read_text(encoding="utf-8")), path)
 
 
-def _print_summary(spec: Any, state: Any) -> None:
-    """The study's story in the terminal (`service.summary`), whichever phases it ran."""
-    local().summary(spec, state)
-
-
 def cmd_laplacian(args: argparse.Namespace) -> int:
     import numpy as np
 

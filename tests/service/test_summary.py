@@ -119,7 +119,7 @@ def test_nothing_finished(tmp_path, phases):
 
 def test_cli_summary_of_a_tune_validate_study(tmp_path, monkeypatch):
     """`ptctl study run`'s summary for a study without a transfer phase (it once exited 2 reading
-    transfer_trials.csv) through the CLI's own function, with a real MLflow store."""
+    transfer_trials.csv) through the CLI's local backend, with a real MLflow store."""
     from service import cli
     from workers.driver import StudyState
 
@@ -132,7 +132,7 @@ def test_cli_summary_of_a_tune_validate_study(tmp_path, monkeypatch):
                        phases={"tune": TUNE, "validate": {"status": "done", "lr_drift": lr_drift(sweep).model_dump()}})
     console = Console(record=True, width=200)
     monkeypatch.setattr(cli, "console", console)
-    cli._print_summary(spec, state)
+    cli.local().summary(spec, state)
     text = console.export_text()
     assert "-1.00" in text and "#/experiments/" in text
     json.dumps(text)

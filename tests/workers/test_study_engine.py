@@ -266,7 +266,7 @@ def test_a_killed_or_interrupted_driver_resumes_without_duplicates(data_dir, stu
 
 def test_cost_in_report_summary_and_study_run(tiny_study, capsys):
     """The report, the CLI summary and the study's MLflow run give the proxy's share of one target run."""
-    from service.cli import _print_summary
+    from service.cli import local
     from studies.cost import sequence_flops
 
     spec, state, folder = tiny_study
@@ -282,5 +282,5 @@ def test_cost_in_report_summary_and_study_run(tiny_study, capsys):
     assert all(state.phases[p]["wall_s"] > 0 for p in ("tune", "transfer", "verify"))
     report = (art / "report.md").read_text()
     assert f"**proxy cost = {100 * tune_flops / target:.1f} % FLOPs" in report
-    _print_summary(spec, state)
+    local().summary(spec, state)
     assert "cost: proxy cost = " in capsys.readouterr().out
