@@ -260,10 +260,3 @@ def _result(status, eval_loss, best, train_loss, steps, tokens, start, model_inf
     return TrialResult(status=status, eval_loss=eval_loss, best_eval_loss=best, train_loss=train_loss,
                        steps=steps, tokens=tokens, wall_time_s=wall, tokens_per_s=tokens / max(wall, 1e-9),
                        params=params, history=history, message=message, lr_multipliers=multipliers)
-
-
-def with_hparams(cfg: TrialConfig, hparams: dict[str, float]) -> TrialConfig:
-    """Apply the transferred hparams: `lr` to the optimiser, the rest to the model."""
-    hp = dict(hparams)
-    lr = hp.pop("lr", cfg.lr)
-    return TrialConfig.model_validate({**dict(cfg), "lr": lr, "model_hp": {**cfg.model_hp, **hp}})

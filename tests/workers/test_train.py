@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from studies.spec import DataSpec
-from workers.train import TrialConfig, lr_factor, train_trial, with_hparams
+from workers.train import TrialConfig, lr_factor, train_trial
 
 DATA = DataSpec(max_tokens=150_000, seq_len=32)
 HP = {"width": 32, "base_width": 32, "n_channels": 2, "rank": 8, "n_iter": 2, "gamma": 2, "parametrization": "mup"}
@@ -56,12 +56,6 @@ def test_schedule_warmup_then_decay():
     assert lr_factor(9, cfg) == pytest.approx(1.0)
     assert lr_factor(99, cfg) == pytest.approx(0.1, abs=0.01)
     assert lr_factor(50, _cfg(steps=100, schedule="constant")) == 1.0
-
-
-def test_with_hparams_splits_lr_from_model_weights():
-    cfg = with_hparams(_cfg(), {"lr": 0.003, "w_H": 2.0, "w_dep": 0.5})
-    assert cfg.lr == 0.003
-    assert cfg.model_hp["w_H"] == 2.0 and cfg.model_hp["w_dep"] == 0.5 and "lr" not in cfg.model_hp
 
 
 def test_a_trial_dict_with_an_unknown_key_is_rejected():
