@@ -1,7 +1,9 @@
 # The two set-up commands of the README: `make demo` (main job) and `make test` (test suite).
+# `make test-fast` is the edit loop: the tests not marked slow, without ruff, mypy or the install (run
+# `make install` once first).
 PY ?= python3
 
-.PHONY: install demo test lint bench bench-quick
+.PHONY: install demo test test-fast lint bench bench-quick
 
 install:
 	$(PY) -m pip install -q -e ".[test]"
@@ -15,6 +17,9 @@ test: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy  # pyproject [tool.mypy]: strict on analysis/ and studies/, the default checks on the other packages
 	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast:  # no install: it would add its pip time to every run
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 
 bench: install  # every benchmark; each prepares its own data (a fresh clone and an empty ~/.ptctl work)
 	$(PY) benchmarks/bench_pt.py --device cpu

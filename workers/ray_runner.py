@@ -118,7 +118,7 @@ class ReportClock:
     rung (`rungs`; its decisions see what they saw when every evaluation was reported), when `every_s` passed
     since the last report, and with the final result; the rows in between ride along (`BATCH_KEY`)."""
 
-    def __init__(self, rungs: list[int], every_s: float = REPORT_EVERY_S, clock: Callable[[], float] = time.monotonic
+    def __init__(self, rungs: list[float], every_s: float = REPORT_EVERY_S, clock: Callable[[], float] = time.monotonic
                  ) -> None:
         self.rungs, self.every_s, self.clock = sorted(rungs), every_s, clock
         self.last = clock()
@@ -132,12 +132,14 @@ class ReportClock:
         return False
 
 
-def asha_rungs(spec: StudySpec, phase: str) -> list[int]:
+def asha_rungs(spec: StudySpec, phase: str) -> list[float]:
     """The steps ASHA may judge a tune trial at: grace·η^k up to the budget (Ray's rungs are among them)."""
     t = spec.tune
     if phase != "tune" or not t.asha.enabled:
         return []
-    rungs, rung, max_t = [], t.asha.grace_steps, spec.steps_for("tune")
+    rungs: list[float] = []
+    rung: float = t.asha.grace_steps
+    max_t = spec.steps_for("tune")
     while rung <= max_t:
         rungs.append(rung)
         rung *= t.asha.reduction_factor
@@ -263,7 +265,7 @@ class MlflowTrials(tune.Callback):
     def flush(self) -> None:
         """Wait for every deferred write; raise the first that failed."""
         pending, self._pending = self._pending, []
-        errors = [f.exception() for f in pending if f.exception() is not None]  # exception() waits
+        errors = [e for f in pending if (e := f.exception()) is not None]  # exception() waits
         if errors:
             raise errors[0]
 
@@ -412,8 +414,9 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
         res.transfer_gpus if res.transfer_gpus is not None else (1.0 if has_gpus() else 0.0))
     trainable = study_trainable(spec, phase, experiment, gpus)
     path = storage / experiment
-    faults = {"callbacks": [callback], "failure_config": tune.FailureConfig(max_failures=res.max_retries),
-              "checkpoint_config": tune.CheckpointConfig(num_to_keep=1)}  # the latest one is all a restart needs
+    faults: dict[str, Any] = {
+        "callbacks": [callback], "failure_config": tune.FailureConfig(max_failures=res.max_retries),
+        "checkpoint_config": tune.CheckpointConfig(num_to_keep=1)}  # the latest one is all a restart needs
     try:
         if tune.Tuner.can_restore(path):
             log.info("restoring the %s phase from %s", phase, path)
@@ -474,8 +477,9 @@ def _tune_config(spec: StudySpec, phase: str) -> tune.TuneConfig:
     from ray.tune.search.optuna import OptunaSearch
 
     t = spec.tune
-    space = {name: optuna.distributions.FloatDistribution(r.low, r.high, log=r.log)
-             for name, r in spec.space.searched().items()}
+    space: dict[str, optuna.distributions.BaseDistribution] = {
+        name: optuna.distributions.FloatDistribution(r.low, r.high, log=r.log)
+        for name, r in spec.space.searched().items()}
     defaults = spec.space.defaults()
     searcher = OptunaSearch(space=space, metric=OBJECTIVE, mode="min", sampler=optuna.samplers.TPESampler(seed=t.seed),
                             points_to_evaluate=[{k: defaults[k] for k in space}])
