@@ -58,7 +58,10 @@ def test_bad_set_value(run):
     assert code == 2 and "key=value" in out
 
 
-def test_unknown_model_hparam(run):
+def test_unknown_model_hparam(run, tmp_path, monkeypatch):
+    from tests.service._cli import data_dir
+
+    monkeypatch.setenv("PTCTL_DATA_DIR", str(data_dir(tmp_path, "data")))  # the shared corpus: no download
     code, out = run("train", "--steps", "1", "--set", "bogus=1", "--max-tokens", "20000")
     assert code == 2 and "bogus" in out and "valid ones" in out
 
