@@ -10,34 +10,26 @@ fastapi), so the CLI and the API validate a spec without starting anything.
 from pathlib import Path
 
 from studies.budget import forward_flops, param_count, train_flops, width_for_budget
+from studies.families.bert import BertArch
+from studies.families.encoder import BASELINE_HPARAMS, BaselineSpace
+from studies.families.pt import HPARAMS, INFORMATION_WEIGHTS, PTArch, SearchSpace
+from studies.families.tauformer import TAU_HPARAMS, TauArch, TauSpace
+from studies.families.ut import UTArch
 from studies.family import FAMILIES, Family, family_names, get_family, register
-from studies.space import (
-    BASELINE_HPARAMS,
-    HPARAMS,
-    INFORMATION_WEIGHTS,
-    TAU_HPARAMS,
-    BaselineSpace,
-    Range,
-    SearchSpace,
-    TauSpace,
-)
+from studies.space import Range
 from studies.spec import (
     CATALOG_DIR,
     AshaSpec,
     BaselineSpec,
-    BertArch,
     CompareSpec,
     DataSpec,
     ModelSpec,
-    PTArch,
     ResourcesSpec,
     StudySpec,
-    TauArch,
     TrackingSpec,
     TrainSpec,
     TransferSpec,
     TuneSpec,
-    UTArch,
     ValidateSpec,
     VerifySpec,
     width_error,

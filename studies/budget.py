@@ -19,70 +19,23 @@ with a = heads·head_dim, f = ffn_mult·d, n_far = 2 (1 when γ = 0), n_msg = 2 
 the near (|i-j| ≤ γ) pairs. The trainer decodes only the masked positions, so n_dec = mask_rate·n in
 expectation. Training FLOPs = 3 × forward (the backward pass costs twice the forward) × sequences seen.
 
-Each family's counts are registered with it (`studies.family.Family.param_count`, `forward_flops`); a family
-without them cannot join a compare study.
+Each family's counts live in its module (`studies.families.pt`, `.bert`, `.ut`; the encoder's shared terms in
+`.encoder`) and are registered with it (`studies.family.Family.param_count`, `forward_flops`); a family without
+them cannot join a compare study.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pydantic import BaseModel
 
-from studies.arch import Arch, BertArch, PTArch, UTArch, width_error, width_step
-
-if TYPE_CHECKING:
-    from studies.family import Family
+from studies.arch import Arch, width_step
+from studies.family import FAMILIES, Family, get_family
 
 MAX_WIDTH = 1 << 16  # the solver's search limit
 
 
-def _pt_sizes(arch: PTArch, width: int, base_width: int) -> tuple[int, int, int, int]:
-    """PT's (K, h, r, m) at `width` (sizes given at `base_width`, widened by the paradigm; m = 0 without topics)."""
-    error = width_error(arch, base_width, width, "width")
-    if error:
-        raise ValueError(error)
-    sizes = arch.at_width(width, base_width)
-    k = 2 * arch.gamma + 2  # γ = 0: one bucket per direction (the authors' dists = "")
-    m = sizes["n_topics"] if arch.topic != "none" else 0
-    return k, sizes.get("n_channels", arch.n_channels), sizes.get("rank", arch.rank), m
-
-
-def _layer_params(d: int, arch: BertArch | UTArch) -> int:
-    a, f = arch.heads_at(d) * arch.head_dim, arch.ffn_mult * d
-    return 3 * (d * a + a) + a * d + d + d * f + f + f * d + d + 4 * d  # q k v, o, FFN, two LayerNorms
-
-
-def _head_params(d: int, vocab: int, arch: BertArch | UTArch) -> int:
-    transform = d * d + d + 2 * d if arch.mlm_transform else 0
-    return transform + (0 if arch.tie_decoder else vocab * d) + vocab  # decoder bias always
-
-
-def pt_params(arch: PTArch, width: int, vocab_size: int, base_width: int | None) -> int:
-    """PT: S, decoder (+ bias), the ternary factors, topics."""
-    if base_width is None:
-        raise ValueError("PT's arch sizes are given at the base width: pass base_width=")
-    d, V = width, vocab_size
-    k, h, r, m = _pt_sizes(arch, d, base_width)
-    factors = {"uv": 2 * k * h * d * r, "uvw": 2 * k * d * r + k * h * r, "none": k * h * d * d}
-    return 2 * V * d + V + factors[arch.decomposition] + m * d
-
-
-def bert_params(arch: BertArch, width: int, vocab_size: int, base_width: int | None = None) -> int:
-    d, V = width, vocab_size
-    emb = V * d + arch.max_len * d + 2 * d  # tokens, positions, the embedding/final LayerNorm
-    return emb + arch.n_layers * _layer_params(d, arch) + _head_params(d, V, arch)
-
-
-def ut_params(arch: UTArch, width: int, vocab_size: int, base_width: int | None = None) -> int:
-    d, V = width, vocab_size
-    emb = V * d + 2 * d + ((arch.max_len + arch.n_steps) * d if arch.timing == "learned" else 0)
-    halt = d + 1 if arch.act else 0
-    return emb + _layer_params(d, arch) + halt + _head_params(d, V, arch)
-
-
 def _counted(family: str) -> Family:
     """`family`'s registration, which must carry its counts."""
-    from studies.family import FAMILIES, get_family  # the registry imports this module
-
     entry = get_family(family)
     if entry.param_count is None or entry.forward_flops is None:
         counted = [name for name, f in FAMILIES.items() if f.param_count is not None]
@@ -90,55 +43,14 @@ def _counted(family: str) -> Family:
     return entry
 
 
-def param_count(family: str, arch: Arch, width: int, vocab_size: int, base_width: int | None = None) -> int:
+def param_count(family: str, arch: BaseModel, width: int, vocab_size: int, base_width: int | None = None) -> int:
     """Parameters of `family`'s model at `width` (PT needs `base_width`, where its arch sizes are given)."""
     count = _counted(family).param_count
     assert count is not None  # `_counted` checks it
     return count(arch, width, vocab_size, base_width)
 
 
-def pt_flops(arch: PTArch, width: int, vocab_size: int, seq_len: int, n_decoded: float,
-             base_width: int | None) -> dict[str, float]:
-    if base_width is None:
-        raise ValueError("PT's arch sizes are given at the base width: pass base_width=")
-    d, V, n = width, vocab_size, seq_len
-    k, h, r, m = _pt_sizes(arch, d, base_width)
-    r = d if arch.decomposition == "none" else r  # the full T is used as U = T, V = I
-    n_far = 2
-    n_msg = 1 if arch.block_msg else 2
-    p_near = sum(2 * (n - off) for off in range(1, min(arch.gamma, n - 1) + 1))
-    per_iter = {"projections": 2 * 2 * n * d * k * h * r, "far_scores": n_far * 2 * h * n * n * r,
-                "gathers": n_msg * n_far * 2 * h * n * n * r, "back_projections": n_msg * 2 * n * k * h * r * d,
-                "topics": 2 * 2 * n * d * m, "near": (1 + n_msg) * 2 * h * p_near * r}
-    terms: dict[str, float] = {name: arch.n_iter * v for name, v in per_iter.items()}
-    terms["decoder"] = 2 * n_decoded * d * V
-    return terms
-
-
-def _encoder_flops(arch: BertArch | UTArch, times: int, width: int, vocab_size: int, seq_len: int,
-                   n_decoded: float) -> dict[str, float]:
-    d, V, n = width, vocab_size, seq_len
-    a, f = arch.heads_at(d) * arch.head_dim, arch.ffn_mult * d
-    layer = {"qkv": 2 * n * d * 3 * a, "attention": 2 * 2 * n * n * a, "out": 2 * n * a * d, "ffn": 2 * 2 * n * d * f}
-    terms: dict[str, float] = {name: times * v for name, v in layer.items()}
-    if isinstance(arch, UTArch) and arch.act:
-        terms["halting"] = arch.n_steps * 2 * n * d
-    terms["transform"] = 2 * n_decoded * d * d if arch.mlm_transform else 0
-    terms["decoder"] = 2 * n_decoded * d * V
-    return terms
-
-
-def bert_flops(arch: BertArch, width: int, vocab_size: int, seq_len: int, n_decoded: float,
-               base_width: int | None = None) -> dict[str, float]:
-    return _encoder_flops(arch, arch.n_layers, width, vocab_size, seq_len, n_decoded)
-
-
-def ut_flops(arch: UTArch, width: int, vocab_size: int, seq_len: int, n_decoded: float,
-             base_width: int | None = None) -> dict[str, float]:
-    return _encoder_flops(arch, arch.n_steps, width, vocab_size, seq_len, n_decoded)
-
-
-def forward_flops(family: str, arch: Arch, width: int, vocab_size: int, seq_len: int, n_decoded: float,
+def forward_flops(family: str, arch: BaseModel, width: int, vocab_size: int, seq_len: int, n_decoded: float,
                   base_width: int | None = None) -> dict[str, float]:
     """Matmul FLOPs of one forward pass over one sequence, term by term (module docstring)."""
     flops = _counted(family).forward_flops
@@ -146,14 +58,14 @@ def forward_flops(family: str, arch: Arch, width: int, vocab_size: int, seq_len:
     return flops(arch, width, vocab_size, seq_len, n_decoded, base_width)
 
 
-def train_flops(family: str, arch: Arch, width: int, vocab_size: int, seq_len: int, mask_rate: float,
+def train_flops(family: str, arch: BaseModel, width: int, vocab_size: int, seq_len: int, mask_rate: float,
                 sequences: int, base_width: int | None = None) -> float:
     """Training FLOPs: 3 × the forward FLOPs of `sequences` sequences, mask_rate·seq_len decoded each."""
     fwd = forward_flops(family, arch, width, vocab_size, seq_len, mask_rate * seq_len, base_width)
     return 3.0 * sequences * sum(fwd.values())
 
 
-def width_for_budget(family: str, arch: Arch, budget: float, vocab_size: int, base_width: int | None = None,
+def width_for_budget(family: str, arch: BaseModel, budget: float, vocab_size: int, base_width: int | None = None,
                      tolerance: float = 0.02) -> int:
     """The width whose parameter count is nearest `budget`; a `ValueError` if it misses by more than `tolerance`.
 
@@ -183,6 +95,5 @@ def width_for_budget(family: str, arch: Arch, budget: float, vocab_size: int, ba
         raise ValueError(
             f"no {family} width meets {budget:,.0f} parameters within {tolerance:.0%} ({under}; {over}; widths step "
             f"by {step}): move the budget, raise compare.tolerance, or pick an arch with a finer width step"
-            + (" (PT: paradigm 'rank' with rank a multiple of base_width/2 steps by 2)" if isinstance(arch, PTArch)
-               else ""))
+            + (arch.finer_steps if isinstance(arch, Arch) else ""))
     return best

@@ -10,11 +10,20 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from studies.arch import ModelSpec, nested
 from studies.budget import width_for_budget
-from studies.space import BaselineSpace, SearchSpace, validate_space
+from studies.schema import FamilySpace, by_family
+from studies.space import validate_space
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 PosInt = Annotated[int, Field(gt=0)]
@@ -26,8 +35,8 @@ class BaselineSpec(BaseModel):
     model_config = _STRICT
 
     model: ModelSpec = Field(description="family (e.g. bert, ut), parametrization and arch")
-    space: SearchSpace | BaselineSpace = Field(None, validate_default=True,
-                                               description="the family's search space (None: its defaults)")
+    space: FamilySpace = Field(None, validate_default=True,
+                               description="the family's search space (None: its defaults)")
     num_trials: PosInt = Field(8, description="tune trials at each budget")
 
     @field_validator("space", mode="wrap")
@@ -35,6 +44,13 @@ class BaselineSpec(BaseModel):
     def _space_of_family(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
         model = info.data.get("model")
         return validate_space(value, model.family if model is not None else "pt", **nested(info))
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        """One variant per family a compare study takes, with its arch and space (`studies.schema`)."""
+        json_schema: dict[str, Any] = handler(schema)
+        by_family(json_schema, handler, ModelSpec.model_fields["family"].default, study=False)
+        return json_schema
 
 
 def _increasing(budgets: list[float]) -> list[float]:
@@ -81,7 +97,7 @@ class CompareSpec(BaseModel):
         if len(set(families)) != len(families):
             problems.append(f"compare families {families} repeat one: model.family is tuned once and "
                             "transferred, each baseline is tuned at every budget; list each family once")
-        from studies.family import FAMILIES, get_family  # the registry imports this module (through budget)
+        from studies.family import FAMILIES, get_family
 
         causal = [f for f in families if get_family(f).objective != "mlm"]
         if causal:

@@ -11,8 +11,8 @@ counts (`studies.budget`; a family without them cannot join a compare study) and
 here; `family_names()` is the list every error message and schema offers.
 
 Adding a family that needs no new training hook: its model file (a `workers.models.contract.LanguageModel`) and
-one `register` call (its arch, config and space classes beside it). The built-in families are registered at the
-end of this module.
+one `register` call (its arch, config and space classes beside it). The built-in families are one module each
+under `studies/families/`, which registers them when `studies` is imported.
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from studies import budget
-from studies.arch import BertArch, BertConfig, PTArch, PTConfig, TauArch, TauConfig, UTArch, UTConfig
-from studies.space import BaselineSpace, SearchSpace, Space, TauSpace
+from studies.space import Space
 
 Objective = Literal["mlm", "clm"]
 
@@ -51,6 +49,11 @@ class Family:
     forward_flops: Callable[..., dict[str, float]] | None = None  # (arch, width, vocab, seq_len, n_dec, base_width)
     width_multiples: bool = False  # the budget solver steps by `width_step` (PT) instead of every integer
 
+    @property
+    def comparable(self) -> bool:
+        """Whether a compare study takes this family: an MLM family with parameter and FLOP counts."""
+        return self.objective == "mlm" and self.param_count is not None and self.forward_flops is not None
+
 
 FAMILIES: dict[str, Family] = {}
 
@@ -71,31 +74,3 @@ def get_family(name: str) -> Family:
     if name not in FAMILIES:
         raise ValueError(f"unknown model family {name!r}: choose one of {family_names()}")
     return FAMILIES[name]
-
-
-def _pt_may_vanish(hp: dict[str, Any]) -> tuple[str, ...]:
-    """With r ∝ width the random initial part of PT's 1/r head logits vanishes as r^-1/2 (μP allows it)."""
-    return ("head_logits",) if hp.get("paradigm") == "rank" else ()
-
-
-def _builtins() -> None:
-    common = {"head_dim": 16, "max_len": 32}
-    register(Family("pt", PTArch, PTConfig, SearchSpace, "workers.models.pt:ProbabilisticTransformer",
-                    coord_hp={"n_channels": 2, "rank": 8, "n_iter": 3, "gamma": 3}, coord_may_vanish=_pt_may_vanish,
-                    param_count=budget.pt_params, forward_flops=budget.pt_flops, width_multiples=True))
-    # BERT and UT: heads of 16 dims, positions for the check's 32-token sequences, init_std 0.15 at the base width
-    # 32 (≈ 0.85/√32, the order of BERT's 0.02 ≈ 0.55/√768 relative to fan-in; with 0.02 the random part is so
-    # small at d0 = 32 that the first updates' attention logits shrink with width: slopes to −0.6 under μP)
-    register(Family("bert", BertArch, BertConfig, BaselineSpace, "workers.models.bert:Bert",
-                    coord_hp={"n_layers": 2, **common, "init_std": 0.15},
-                    param_count=budget.bert_params, forward_flops=budget.bert_flops))
-    register(Family("ut", UTArch, UTConfig, BaselineSpace, "workers.models.universal:UniversalTransformer",
-                    coord_hp={"n_steps": 3, **common, "init_std": 0.15},
-                    param_count=budget.ut_params, forward_flops=budget.ut_flops))
-    # TauGPT widens by heads at a fixed head_dim (the Laplacian's size): 2 heads at width 32, 16 at 256
-    register(Family("tauformer", TauArch, TauConfig, TauSpace, "workers.models.tauformer:TauGPT", objective="clm",
-                    readout="lm_logits", coord_hp={"n_layers": 2, **common}, metric_prefixes=("tau.",),
-                    flag_tags={"tau.collapse.": "taumode_collapse"}))  # `analysis.taumode.collapse_warning`'s flags
-
-
-_builtins()

@@ -1,38 +1,37 @@
-"""Search spaces: PT's seven transferred hparams (`lr` plus the six information weights), and the
-baselines' (BERT, UT): `lr`, `init_std`, `output_mult`, `attn_mult` (mup's usual knobs), and TauGPT's:
-`lr`, `init_std`, `output_mult`, `temperature`.
+"""What every family's search space shares: `Range` (one hparam's bounds, log or linear, and the default value it
+takes when it is not searched) and `Space` (the ranges of a family's hparams, and `frozen`: the hparams held at
+their default instead of being tuned). Each family's space lives in its module under `studies/families/` (PT's
+seven transferred hparams in `pt`, BERT's and UT's four in `encoder`, TauGPT's four in `tauformer`).
 
-Each hparam has a `Range` (bounds, log or linear, and the default value it takes when it is not
-searched); `SearchSpace.frozen` lists the hparams held at their default instead of being tuned.
-A study's tune phase searches `searched()`; every trial also receives `fixed()`; `defaults()` is
-the point the space is centred on (PT: lr 1e-2, every information weight 1.0: the original PT).
-`space_class(family)` gives a model family's space (registered with it in `studies.family`).
+A study's tune phase searches `searched()`; every trial also receives `fixed()`; `defaults()` is the point the
+space is centred on. `space_class(family)` gives a model family's space (registered with it in
+`studies.family`); `space_model` builds a space from one declaration of a family's hparams.
+
+The built-in spaces are still importable from here under their old names (`from studies.space import
+SearchSpace`); new code imports them from their family module.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from analysis import HPARAMS
+if TYPE_CHECKING:  # the old names of the built-in spaces (`__getattr__` below)
+    from studies.families.encoder import BASELINE_HPARAMS as BASELINE_HPARAMS
+    from studies.families.encoder import BaselineSpace as BaselineSpace
+    from studies.families.pt import HPARAMS as HPARAMS
+    from studies.families.pt import INFORMATION_WEIGHTS as INFORMATION_WEIGHTS
+    from studies.families.pt import SearchSpace as SearchSpace
+    from studies.families.tauformer import TAU_HPARAMS as TAU_HPARAMS
+    from studies.families.tauformer import TauSpace as TauSpace
 
-__all__ = ["BASELINE_HPARAMS", "HPARAMS", "INFORMATION_WEIGHTS", "TAU_HPARAMS", "BaselineSpace", "Range", "Space",
-           "SearchSpace", "TauSpace",
-           "check_hparam_names", "space_class", "validate_space"]
-
-INFORMATION_WEIGHTS: tuple[str, ...] = tuple(h for h in HPARAMS if h != "lr")
-"""PT's six message scalings (PT spec §3.2): every hparam but `lr`."""
-
-BASELINE_HPARAMS: tuple[str, ...] = ("lr", "init_std", "output_mult", "attn_mult")
-"""The BERT and UT hparams: `lr` and the three multipliers of `workers/models/bert.py`."""
-
-TAU_HPARAMS: tuple[str, ...] = ("lr", "init_std", "output_mult", "temperature")
-"""The TauGPT hparams: `lr`, the init std, the readout multiplier and the initial attention temperature."""
+__all__ = ["Range", "Space", "check_hparam_names", "space_class", "space_model", "validate_space"]
 
 
-def check_hparam_names(names: Any, where: str, valid: tuple[str, ...] = HPARAMS) -> None:
+def check_hparam_names(names: Any, where: str, valid: tuple[str, ...]) -> None:
     """Raise a `ValueError` naming the unknown hparams in `names` and listing the valid ones."""
     unknown = sorted(str(n) for n in names if n not in valid)
     if unknown:
@@ -88,14 +87,6 @@ class Range(BaseModel):
         return float(self.default)
 
 
-def _weight() -> Range:
-    return Range(low=0.25, high=4.0, log=True, default=1.0)
-
-
-def _weight_field(name: str, what: str) -> Any:
-    return Field(default_factory=_weight, description=f"{name}: the scale of {what} (PT spec §3.2)")
-
-
 class Space(BaseModel):
     """What every family's space shares: validation of names and `frozen`, and the views of the ranges."""
 
@@ -142,76 +133,6 @@ class Space(BaseModel):
         return {**self.defaults(), **{k: float(v) for k, v in hparams.items()}}
 
 
-class SearchSpace(Space):
-    """PT's space: a `Range` per hparam (each optional: omitted ones take the documented default range)."""
-
-    HPARAMS: ClassVar[tuple[str, ...]] = HPARAMS
-    lr: Range = Field(
-        default_factory=lambda: Range(low=1e-4, high=1e-1, log=True, default=1e-2),
-        description="base learning rate of AdamW (μP scales it per parameter group)",
-    )
-    w_H: Range = _weight_field("w_H", "the ternary → H message (the attention logits)")
-    w_topic: Range = _weight_field("w_topic", "the binary → topic message (the topic logits)")
-    w_unary: Range = _weight_field("w_unary", "the unary → Z message S")
-    w_dep: Range = _weight_field("w_dep", "the ternary → Z message with the word as dependent (G_dep)")
-    w_head: Range = _weight_field("w_head", "the ternary → Z message with the word as head (G_head)")
-    w_topic_z: Range = _weight_field("w_topic_z", "the binary → Z message (from the topic variables)")
-    frozen: list[str] = Field(
-        default_factory=list,
-        description="hparams held at their default instead of searched, e.g. [w_topic, w_topic_z] "
-        "when model.arch.topic is 'none' (those weights then have no effect)",
-    )
-
-
-class BaselineSpace(Space):
-    """The BERT / UT space (`workers/models/bert.py`): lr, the init std and the output and attention multipliers.
-
-    Defaults: lr 3e-3 (Adam, small encoders), init_std 0.05 (BERT's 0.02 is ≈ 0.55/√768; at the widths of
-    a CPU study, ~100, the same fan-in-relative std is ≈ 0.05), both multipliers 1.
-    """
-
-    HPARAMS: ClassVar[tuple[str, ...]] = BASELINE_HPARAMS
-    lr: Range = Field(
-        default_factory=lambda: Range(low=1e-4, high=1e-1, log=True, default=3e-3),
-        description="base learning rate of AdamW (μP scales the hidden group's by base_width/width)",
-    )
-    init_std: Range = Field(
-        default_factory=lambda: Range(low=0.005, high=0.5, log=True, default=0.05),
-        description="std of the embeddings and readout; hidden weights at base_width (μP: ∝ 1/√width above)")
-    output_mult: Range = Field(
-        default_factory=lambda: Range(low=0.1, high=10.0, log=True, default=1.0),
-        description="multiplier of the MLM logits (μP: output_mult · base_width/width)")
-    attn_mult: Range = Field(
-        default_factory=lambda: Range(low=0.25, high=4.0, log=True, default=1.0),
-        description="multiplier of the attention logits (μP: q·k/head_dim; standard: q·k/√head_dim)")
-    frozen: list[str] = Field(default_factory=list, description="hparams held at their default, e.g. [attn_mult]")
-
-
-class TauSpace(Space):
-    """The TauGPT space (`workers/models/tauformer.py`): lr, the init std, the output multiplier and the
-    initial attention temperature.
-
-    Defaults: lr 3e-3 (Adam, small GPTs; the 30M post used 5e-4 at width 384), init_std 0.5 (the reference's
-    Kaiming-uniform gain), output_mult 1, temperature 0.03 (Tauformer spec §3.2: ≈ the λ spread at init).
-    """
-
-    HPARAMS: ClassVar[tuple[str, ...]] = TAU_HPARAMS
-    lr: Range = Field(
-        default_factory=lambda: Range(low=1e-4, high=3e-2, log=True, default=3e-3),
-        description="base learning rate of AdamW (μP scales the hidden group's by base_width/width)",
-    )
-    init_std: Range = Field(
-        default_factory=lambda: Range(low=0.1, high=2.0, log=True, default=0.5),
-        description="matrix init std × √fan_in (the reference's Kaiming gain 0.5)")
-    output_mult: Range = Field(
-        default_factory=lambda: Range(low=0.1, high=10.0, log=True, default=1.0),
-        description="multiplier of the LM logits (μP: output_mult · base_width/width)")
-    temperature: Range = Field(
-        default_factory=lambda: Range(low=0.005, high=0.5, log=True, default=0.03),
-        description="initial per-head temperature of the λ logits −|λq − λk|/T (learned from there by default)")
-    frozen: list[str] = Field(default_factory=list, description="hparams held at their default, e.g. [temperature]")
-
-
 def space_class(family: str) -> type[Space]:
     """The search-space class of model `family` (its registration in `studies.family`)."""
     from studies.family import get_family  # the registry imports this module
@@ -230,3 +151,24 @@ def validate_space(value: Any, family: str, **options: Any) -> Space:
     if isinstance(value, BaseModel):
         value = value.model_dump()
     return cls.model_validate(value, **options)
+
+
+def space_model(name: str, doc: str, ranges: dict[str, Any], frozen: Any, module: str) -> type[Space]:
+    """A `Space` subclass named `name` (defined in `module`) with one `Range` field per entry of `ranges` (a
+    hparam's `Field`), in that order (its `HPARAMS`), and `frozen` (its `Field`)."""
+    fields: dict[str, Any] = {n: (Range, info) for n, info in ranges.items()}
+    cls: type[Space] = create_model(name, __base__=Space, __doc__=doc, __module__=module, **fields,
+                                    frozen=(list[str], frozen))
+    cls.HPARAMS = tuple(ranges)
+    return cls
+
+
+_MOVED = {"HPARAMS": "pt", "INFORMATION_WEIGHTS": "pt", "SearchSpace": "pt", "BASELINE_HPARAMS": "encoder",
+          "BaselineSpace": "encoder", "TAU_HPARAMS": "tauformer", "TauSpace": "tauformer"}
+
+
+def __getattr__(name: str) -> Any:
+    """The built-in spaces and hparam names under their old names (they live in `studies.families.<family>`)."""
+    if name in _MOVED:
+        return getattr(importlib.import_module(f"studies.families.{_MOVED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,28 +21,27 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from analysis import PHASES, min_samples
-from studies.arch import (
-    BertArch,
-    ModelFamily,
-    ModelSpec,
-    Parametrization,
-    PTArch,
-    TauArch,
-    UTArch,
-    nested,
-    width_error,
-)
+from studies.arch import ModelFamily, ModelSpec, Parametrization, mup_error, nested, width_error
 from studies.compare import BaselineSpec, CompareSpec
 from studies.family import FAMILIES, get_family
-from studies.space import BaselineSpace, SearchSpace, TauSpace, validate_space
+from studies.schema import FamilySpace, by_family
+from studies.space import validate_space
 
-__all__ = ["CATALOG_DIR", "AshaSpec", "BaselineSpec", "BertArch", "CompareSpec", "DataSpec",
-           "ModelFamily", "ModelSpec", "PTArch", "Parametrization", "ResourcesSpec", "StudySpec", "TrackingSpec",
-           "TauArch", "TrainSpec", "TransferSpec", "TrialConfig", "TuneSpec", "UTArch", "ValidateSpec", "VerifySpec",
-           "width_error"]
+__all__ = ["CATALOG_DIR", "AshaSpec", "BaselineSpec", "CompareSpec", "DataSpec", "ModelFamily", "ModelSpec",
+           "Parametrization", "ResourcesSpec", "StudySpec", "TrackingSpec", "TrainSpec", "TransferSpec", "TrialConfig",
+           "TuneSpec", "ValidateSpec", "VerifySpec", "width_error"]
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 
@@ -331,7 +330,7 @@ def required(section: Section | None, name: str) -> Section:
 class StudySpec(BaseModel):
     """One study: what to train, how to search, where to transfer, how to judge."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9_-]+$",
                       description="slug: lowercase letters, digits, '-', '_' (1–64 chars)")
@@ -339,7 +338,7 @@ class StudySpec(BaseModel):
     model: ModelSpec = Field(default_factory=ModelSpec, description="family, parametrization, architecture")
     data: DataSpec = Field(default_factory=DataSpec, description="the MLM data")
     train: TrainSpec = Field(default_factory=TrainSpec, description="the training budget of one trial")
-    space: SearchSpace | BaselineSpace | TauSpace = Field(  # None: the family's
+    space: FamilySpace = Field(  # None: the family's
         None, validate_default=True, description="the search space: PT's 7 hparams, BERT's/UT's 4, TauGPT's 4")
     tune: TuneSpec = Field(description="the tune phase (compare: the study's model at its proxy width)")
     transfer: TransferSpec | None = Field(None, description="the transfer phase; null: a tune-only study")
@@ -357,6 +356,13 @@ class StudySpec(BaseModel):
             return value
         return validate_space(value, info.data["model"].family, **nested(info))
 
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        """One variant per family, with its arch and space (`studies.schema`)."""
+        json_schema: dict[str, Any] = handler(schema)
+        by_family(json_schema, handler, ModelSpec.model_fields["family"].default, study=True)
+        return json_schema
+
     @model_validator(mode="before")
     @classmethod
     def _compare_skips_verify(cls, data: Any) -> Any:
@@ -372,7 +378,7 @@ class StudySpec(BaseModel):
             return data
         model, section = data.get("model"), data.get("data")
         family = model.get("family", "pt") if isinstance(model, dict) else getattr(model, "family", "pt")
-        if (section is None or isinstance(section, dict)) and "objective" not in (section or {}):
+        if "data" not in data or (isinstance(section, dict) and "objective" not in section):
             data = {**data, "data": {**(section or {}), "objective": _objective(family)}}
         return data
 
@@ -404,9 +410,9 @@ class StudySpec(BaseModel):
             searched = [h for h in self.space.searched() if h != "lr"]
             problems += [f"validate.hparams.{h} is not a searched hparam of this study: use one of {searched}"
                          for h in self.validate_.hparams if h not in searched]
-            if isinstance(arch, PTArch) and arch.decomposition != "uv":
-                problems.append(f"validate runs mup, which needs model.arch.decomposition 'uv', not "
-                                f"{arch.decomposition!r}: set decomposition: uv or drop validate")
+            if error := mup_error(arch, "mup"):
+                problems.append(f"validate runs mup, which this model cannot ({error}): drop validate or change "
+                                "model.arch")
         problems += [e for where, w in widths if (e := width_error(arch, base, w, where))]
         if self.tune.asha.enabled and self.tune.asha.grace_steps > self.steps_for("tune"):
             problems.append(f"tune.asha.grace_steps={self.tune.asha.grace_steps} exceeds the tune trials' "
@@ -512,18 +518,6 @@ class StudySpec(BaseModel):
     def experiment_name(self) -> str:
         """The MLflow experiment: `resources.tracking.experiment`, else the study name."""
         return self.resources.tracking.experiment or self.name
-
-    def inert_hparams(self) -> list[str]:
-        """Searched hparams the architecture ignores (PT: topic weights with topic 'none'; TauGPT: temperature
-        without taumode attention): worth a warning."""
-        arch = self.model.arch
-        if isinstance(arch, TauArch):
-            return ["temperature"] if arch.attention != "tau" and "temperature" in self.space.searched() else []
-        if not isinstance(arch, PTArch):
-            return []
-        inert = {"w_topic", "w_topic_z"} if arch.topic == "none" else set()
-        inert |= {"w_head"} if arch.block_msg else set()
-        return [h for h in self.space.searched() if h in inert]
 
     def model_hp(self, width: int, hparams: dict[str, float], parametrization: str | None = None
                  ) -> dict[str, Any]:

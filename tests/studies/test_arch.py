@@ -3,7 +3,9 @@
 import pytest
 from pydantic import ValidationError
 
-from studies.arch import PTArch, PTConfig, TauArch, TauConfig, rebase, width_error, width_step
+from studies.arch import rebase, width_error, width_step
+from studies.families.pt import PTArch, PTConfig
+from studies.families.tauformer import TauArch, TauConfig
 from studies.family import FAMILIES
 from studies.space import space_class
 

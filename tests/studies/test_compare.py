@@ -6,10 +6,12 @@ import pytest
 from pydantic import ValidationError
 
 import studies
-from studies.arch import BertArch, BertConfig, PTArch, UTArch, UTConfig
 from studies.budget import param_count, train_flops, width_for_budget
+from studies.families.bert import BertArch, BertConfig
+from studies.families.encoder import BASELINE_HPARAMS, BaselineSpace
+from studies.families.pt import PTArch, SearchSpace
+from studies.families.ut import UTArch, UTConfig
 from studies.plan import compare_stages, compare_sub_spec, compare_trials, compare_widths
-from studies.space import BASELINE_HPARAMS, BaselineSpace, SearchSpace
 from studies.spec import StudySpec
 from tests.studies._dicts import with_changes
 

@@ -6,15 +6,25 @@ import pytest
 from pydantic import ValidationError
 
 import analysis
-from studies.space import HPARAMS, INFORMATION_WEIGHTS, Range, SearchSpace
+from studies.families.pt import HPARAMS, INFORMATION_WEIGHTS, PTWeights, SearchSpace
+from studies.space import Range
 
 WEIGHTS = ("w_H", "w_topic", "w_unary", "w_dep", "w_head", "w_topic_z")
 
 
 def test_hparams_is_the_analysis_definition():
-    assert HPARAMS is analysis.HPARAMS
+    assert HPARAMS == analysis.HPARAMS  # the trial table's default columns (analysis cannot import studies)
     assert ("lr", *WEIGHTS) == HPARAMS
     assert INFORMATION_WEIGHTS == WEIGHTS
+
+
+def test_pt_hparams_are_declared_once():
+    """The space's weights are `PTWeights`' fields: the same names, defaults and descriptions."""
+    space = SearchSpace.model_fields
+    assert SearchSpace.HPARAMS == HPARAMS and set(space) == {*HPARAMS, "frozen"}
+    for name, field in PTWeights.model_fields.items():
+        assert SearchSpace().ranges()[name].centre == field.default, name
+        assert field.description and field.description in (space[name].description or ""), name
 
 
 def test_default_ranges():

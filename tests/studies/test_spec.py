@@ -11,8 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 import studies
-from studies.arch import PTConfig
-from studies.space import HPARAMS
+from studies.families.pt import HPARAMS, PTConfig
 from studies.spec import CATALOG_DIR, StudySpec, TrialConfig, VerifySpec
 from tests.studies._dicts import with_changes
 
@@ -52,7 +51,6 @@ def test_every_catalog_file_validates_and_round_trips(path: Path):
     spec = StudySpec.from_yaml(path)
     assert spec == StudySpec.from_yaml(path.read_text(encoding="utf-8"))
     assert StudySpec.from_yaml(spec.to_yaml()) == spec
-    assert spec.inert_hparams() == [], "freeze the hparams the architecture ignores"
 
 
 def test_tiny_is_ci_sized():
@@ -274,6 +272,10 @@ def test_compatible_widths_pass():
          "include 'mup'"),
         ({"validate": {"widths": [16], "lrs": [1, 2, 3]}}, "validate.widths"),
         ({"validate": {"widths": [16, 32, 48, 64, 80], "lrs": [1, 2, 3]}}, "validate.widths"),
+        ({"model.parametrization": "standard", "model.arch.decomposition": "uvw",
+          "validate": {"widths": [16, 32], "lrs": [1, 2, 3]}}, "validate runs mup, which this model cannot"),
+        ({"data": None}, "data\n  Input should be a valid dictionary"),
+        ({"validate_": {"widths": [16, 32], "lrs": [1, 2, 3]}}, "validate_\n  Extra inputs are not permitted"),
     ],
 )
 def test_other_invalid_specs_name_the_field(changes, needle):
@@ -302,12 +304,6 @@ def test_resolved_defaults():
     assert StudySpec.model_validate(spec_dict(verify=None)).phases() == ["tune", "transfer"]
     with pytest.raises(ValueError, match="unknown phase 'train'"):
         spec.steps_for("train")
-
-
-def test_inert_hparams_flags_topic_weights_without_topics():
-    assert StudySpec.model_validate(MINIMAL).inert_hparams() == ["w_topic", "w_topic_z"]
-    frozen = StudySpec.model_validate(spec_dict(**{"space.frozen": ["w_topic", "w_topic_z"]}))
-    assert frozen.inert_hparams() == []
 
 
 # ------------------------------------------------------------------------------------ trial config

@@ -1,0 +1,14 @@
+"""The built-in model families, one module each: its arch, its model config, its search space, its counts and its
+`studies.family.register` call. Importing this package registers them, in the order imported below (the order
+every list of families shows). A new family is a module here, a line below and its model under `workers/models/`.
+"""
+
+# the registration order, not sorted:
+# isort: off
+from studies.families import pt
+from studies.families import bert
+from studies.families import ut
+from studies.families import tauformer
+# isort: on
+
+__all__ = ["bert", "pt", "tauformer", "ut"]

@@ -1,0 +1,113 @@
+"""What BERT and the Universal Transformer share (`workers/models/bert.py`): the encoder's arch and config bases,
+their search space (`BaselineSpace`: lr and mup's usual knobs) and the encoder's parameter and FLOP counts.
+`bert` and `ut` register the families."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal, Protocol
+
+from pydantic import Field
+
+from studies.arch import Arch, ModelSize, PosInt
+from studies.space import Range, Space
+
+BASELINE_HPARAMS: tuple[str, ...] = ("lr", "init_std", "output_mult", "attn_mult")
+"""The BERT and UT hparams: `lr` and the three multipliers of `workers/models/bert.py`."""
+
+
+class EncoderArch(Arch):
+    """What BERT and UT share (`workers/models/bert.py`): heads of a fixed size, GELU FFN, LN placement, the
+    MLM head and mup's init options. Any width builds (heads = round(width / head_dim))."""
+
+    head_dim: PosInt = Field(32, description="fixed head size; heads = round(width / head_dim), ∝ width")
+    ffn_mult: PosInt = Field(4, description="FFN width = ffn_mult · width")
+    max_len: PosInt = Field(512, description="position rows; must be >= data.seq_len (set it equal: no unused rows)")
+    norm: Literal["pre", "post"] = Field("pre", description="LayerNorm before each sublayer, or after (BERT)")
+    tie_decoder: bool = Field(True, description="decoder weight = token embedding (BERT)")
+    mlm_transform: bool = Field(True, description="BERT's dense + GELU + LN before the decoder")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on embeddings, attention and sublayers")
+    zero_query: bool = Field(False, description="init option (mup's for μP): query projection at zero")
+    zero_readout: bool = Field(
+        False, description="init option (mup's for μP): the readouts at zero (an untied decoder; UT: the halting unit)")
+
+    def heads_at(self, width: int) -> int:
+        """Heads at `width`: the nearest whole number of `head_dim`-sized heads, at least one."""
+        return max(1, (width + self.head_dim // 2) // self.head_dim)
+
+
+class _EncoderHeads(Protocol):
+    """What `EncoderConfig.n_heads` needs of a config: its width and its arch's `heads_at`."""
+
+    @property
+    def width(self) -> int: ...
+
+    def heads_at(self, width: int) -> int: ...
+
+
+class EncoderConfig(ModelSize):
+    """BERT's and UT's hparams (mup's usual knobs) and heads (the arch's `heads_at`, mixed in beside it). The
+    defaults are `BaselineSpace`'s (what a trial not searching an hparam gets)."""
+
+    init_std: float = Field(0.05, gt=0, description="standard: every weight; μP: embeddings, readout, hidden at d0")
+    output_mult: float = Field(1.0, gt=0, description="multiplies the logits (μP: output_mult · d0/d)")
+    attn_mult: float = Field(1.0, gt=0, description="multiplies the attention logits")
+
+    @property
+    def n_heads(self: _EncoderHeads) -> int:
+        return self.heads_at(self.width)
+
+
+class BaselineSpace(Space):
+    """The BERT / UT space (`workers/models/bert.py`): lr, the init std and the output and attention multipliers.
+
+    Defaults: lr 3e-3 (Adam, small encoders), init_std 0.05 (BERT's 0.02 is ≈ 0.55/√768; at the widths of
+    a CPU study, ~100, the same fan-in-relative std is ≈ 0.05), both multipliers 1.
+    """
+
+    HPARAMS: ClassVar[tuple[str, ...]] = BASELINE_HPARAMS
+    lr: Range = Field(
+        default_factory=lambda: Range(low=1e-4, high=1e-1, log=True, default=3e-3),
+        description="base learning rate of AdamW (μP scales the hidden group's by base_width/width)",
+    )
+    init_std: Range = Field(
+        default_factory=lambda: Range(low=0.005, high=0.5, log=True, default=0.05),
+        description="std of the embeddings and readout; hidden weights at base_width (μP: ∝ 1/√width above)")
+    output_mult: Range = Field(
+        default_factory=lambda: Range(low=0.1, high=10.0, log=True, default=1.0),
+        description="multiplier of the MLM logits (μP: output_mult · base_width/width)")
+    attn_mult: Range = Field(
+        default_factory=lambda: Range(low=0.25, high=4.0, log=True, default=1.0),
+        description="multiplier of the attention logits (μP: q·k/head_dim; standard: q·k/√head_dim)")
+    frozen: list[str] = Field(default_factory=list, description="hparams held at their default, e.g. [attn_mult]")
+
+
+# ----------------------------------------------------------------------------- counts (`studies.budget`)
+def layer_params(d: int, arch: EncoderArch) -> int:
+    """One encoder layer's parameters at width `d`."""
+    a, f = arch.heads_at(d) * arch.head_dim, arch.ffn_mult * d
+    return 3 * (d * a + a) + a * d + d + d * f + f + f * d + d + 4 * d  # q k v, o, FFN, two LayerNorms
+
+
+def head_params(d: int, vocab: int, arch: EncoderArch) -> int:
+    """The MLM head's parameters (a tied decoder counted with the embedding)."""
+    transform = d * d + d + 2 * d if arch.mlm_transform else 0
+    return transform + (0 if arch.tie_decoder else vocab * d) + vocab  # decoder bias always
+
+
+def encoder_flops(arch: EncoderArch, times: int, width: int, vocab_size: int, seq_len: int, n_decoded: float,
+                  extra: dict[str, float] | None = None) -> dict[str, float]:
+    """Matmul FLOPs of `times` layer applications, `extra` terms and the MLM head (`studies.budget`'s docstring)."""
+    d, V, n = width, vocab_size, seq_len
+    a, f = arch.heads_at(d) * arch.head_dim, arch.ffn_mult * d
+    layer = {"qkv": 2 * n * d * 3 * a, "attention": 2 * 2 * n * n * a, "out": 2 * n * a * d, "ffn": 2 * 2 * n * d * f}
+    terms: dict[str, float] = {name: times * v for name, v in layer.items()}
+    terms.update(extra or {})
+    terms["transform"] = 2 * n_decoded * d * d if arch.mlm_transform else 0
+    terms["decoder"] = 2 * n_decoded * d * V
+    return terms
+
+
+# BERT and UT's coordinate check: heads of 16 dims, positions for the check's 32-token sequences, init_std 0.15
+# at the base width 32 (≈ 0.85/√32, the order of BERT's 0.02 ≈ 0.55/√768 relative to fan-in; with 0.02 the random
+# part is so small at d0 = 32 that the first updates' attention logits shrink with width: slopes to −0.6 under μP)
+COORD_HP = {"head_dim": 16, "max_len": 32, "init_std": 0.15}
