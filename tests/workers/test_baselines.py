@@ -118,6 +118,7 @@ def _slopes(name, parametrization, **hp):
     return coord_slopes(df)
 
 
+@pytest.mark.slow  # the coordinate check at widths 32–256, 2 seeds, batch 16 (≈ 2 s each)
 @pytest.mark.parametrize(("name", "hp"), [("bert", {}), ("bert", {"norm": "post", "tie_decoder": False}),
                                           ("ut", {}), ("ut", {"act": True})],
                          ids=["bert-pre-tied", "bert-post-untied", "ut", "ut-act"])
@@ -130,6 +131,7 @@ def test_mup_is_flat(name, hp):
     assert coord_verdict(slopes, parametrization="mup").passed
 
 
+@pytest.mark.slow  # the same size
 @pytest.mark.parametrize("name", ["bert", "ut"])
 def test_standard_grows(name):
     slopes = _slopes(name, "standard")

@@ -18,6 +18,7 @@ def _slopes(parametrization: str, paradigm: str):
     return coord_slopes(df)
 
 
+@pytest.mark.slow  # the coordinate check at its calibrated size: widths 32–256, 2 seeds, batch 16 (≈ 3 s each)
 @pytest.mark.parametrize("paradigm", ["channels", "rank"])
 def test_mup_is_flat(paradigm):
     slopes = _slopes("mup", paradigm)
@@ -34,6 +35,7 @@ def test_mup_is_flat(paradigm):
     assert coord_verdict(slopes, parametrization="mup", may_vanish=may_vanish).passed
 
 
+@pytest.mark.slow  # the same size: at batch 8 or 4 the standard rank-paradigm growth falls below 0.4
 @pytest.mark.parametrize("paradigm", ["channels", "rank"])
 def test_standard_grows(paradigm):
     slopes = _slopes("standard", paradigm)

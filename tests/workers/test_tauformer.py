@@ -249,6 +249,7 @@ def test_monitor_reports_per_layer_quantiles_entropy_temperature_and_tau():
     assert stats["tau.temperature.mean"] == pytest.approx(0.03) and stats["tau.tau"] == float(model.tau)
 
 
+@pytest.mark.slow  # the coordinate check at widths 32–256, 2 seeds, batch 16 (≈ 2 s each)
 @pytest.mark.parametrize("parametrization", ["mup", "standard"])
 def test_coordinate_check_passes_under_mup_and_fails_under_standard(parametrization):
     """Widths 32–256 = 2–16 heads of 16 dims (spec §7.2), the same lr; steps 1–3 judged."""
