@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
-from studies import load_catalog
+from studies import FAMILIES, family_names, load_catalog
 from tests.service.conftest import ADMIN, READ, FakeExecutor
 
 EXPECTED = {  # the 4xx/5xx each operation can answer with tokens configured
@@ -87,3 +87,24 @@ def test_options_and_405_list_every_method_of_the_path(tmp_path):
             for method in allowed - {"OPTIONS"}:
                 assert client.request(method, url).status_code != 405, (method, path)
         assert client.options("/no-such-path").status_code == 404
+
+
+def test_the_request_body_is_one_variant_per_family(tmp_path):
+    """`POST /studies`' schema follows `model.family`: each registered family's variant names its own arch and
+    space (the classes its validators use), null where they default; compare baselines offer the families a
+    compare study takes."""
+    with _app(tmp_path, tokens=False) as client:
+        components = client.get("/openapi.json").json()["components"]["schemas"]
+
+    def ref(cls) -> list[dict]:
+        return [{"$ref": f"#/components/schemas/{cls.__name__}"}, {"type": "null"}]
+
+    for section, names in (("StudySpec", family_names()), ("BaselineSpec", [n for n in FAMILIES
+                                                                           if FAMILIES[n].comparable])):
+        variants = components[section]["oneOf"]
+        assert [v["properties"]["model"]["properties"]["family"]["const"] for v in variants] == names
+        for name, variant in zip(names, variants, strict=True):
+            model = variant["properties"]["model"]
+            assert model["properties"]["arch"]["anyOf"] == ref(FAMILIES[name].arch)
+            assert variant["properties"]["space"]["anyOf"] == ref(FAMILIES[name].space)
+            assert ("family" in model.get("required", [])) == (name != "pt")  # an omitted family is PT
