@@ -41,6 +41,8 @@ from service.schemas import (
 )
 from service.settings import Settings
 from service.store import Study
+from studies.phases import StudyState, TuneResult
+from studies.status import StudyStatus
 from workers.folder import StudyFolder
 
 log = logging.getLogger(__name__)
@@ -104,7 +106,7 @@ def list_studies(request: Request, status_: Annotated[Status | None, Query(alias
 
 
 def _observed(request: Request, study: Study, fresh: bool = False
-              ) -> tuple[dict[str, Any], list[dict[str, Any]], MlflowInfo]:
+              ) -> tuple[StudyState | None, list[dict[str, Any]], MlflowInfo]:
     """The study folder's state.json, its MLflow trial rows (cached unless `fresh`) and its MLflow ids;
     with MLflow unreachable, no rows and no ids."""
     mlflow = _control(request).mlflow
@@ -114,7 +116,7 @@ def _observed(request: Request, study: Study, fresh: bool = False
     except Exception as exc:  # a read must not fail because MLflow is away: say so instead
         log.warning("MLflow look-up for %s failed: %s", study.id, exc)
         info = MlflowInfo(tracking_uri=redact_uri(mlflow.uri(study.spec)), experiment=mlflow.experiment(study.spec),
-                          runs=state.get("runs") or {}, detail=f"MLflow unreachable: {type(exc).__name__}")
+                          runs=state.runs if state else {}, detail=f"MLflow unreachable: {type(exc).__name__}")
         return state, [], info
 
 
@@ -124,9 +126,9 @@ def get_study(request: Request, study_id: str) -> StudyDetail:
     study = _control(request).store.get(study_id)
     state, live, info = _observed(request, study)
     progress = phase_progress(_folder(request, study), study.spec, state, study.planned, live)
-    tune = state.get("phases", {}).get("tune", {})
+    tune = state.result("tune", TuneResult) if state else None
     return StudyDetail(**summary(study).model_dump(), spec=study.spec, progress=progress,
-                       best_hparams=tune.get("best_hparams"), mlflow=info)
+                       best_hparams=tune.best_hparams if tune else None, mlflow=info)
 
 
 @router.get("/studies/{study_id}/trials", response_model=TrialTable, tags=["studies"], dependencies=[Read],
@@ -143,7 +145,7 @@ def get_trials(request: Request, study_id: str) -> TrialTable:
 def get_report(request: Request, study_id: str) -> Report:
     study = _control(request).store.get(study_id)
     folder = _folder(request, study)
-    if study.status != "succeeded" or not folder.report.exists():
+    if study.status != StudyStatus.SUCCEEDED or not folder.report.exists():
         raise HTTPException(409, f"study {study.id} is {study.status}: its report is written when it succeeds; "
                             f"poll GET /studies/{study.id}")
     cert = folder.certificate

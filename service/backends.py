@@ -99,7 +99,7 @@ class LocalBackend:
         tracker = Tracker(spec.experiment_name(), spec.resources.tracking.tracking_uri)
         runs = {r.data.tags.get("trial_key"): r.info.run_id
                 for r in tracker.runs(state.study_id, "trial", state.instance)}
-        view = StudyView(spec=spec, state=dict(state.__dict__), folder=StudyFolder(state.study_id),
+        view = StudyView(spec=spec, state=state, folder=StudyFolder(state.study_id),
                          runs=runs, runs_link=tracker.runs_link())
         print_summary(self.console, view)
 
@@ -136,13 +136,15 @@ class RemoteBackend:
         """Follow a study with a live progress bar per phase until it stops; 0 if it succeeded."""
         import time
 
+        from studies.status import PhaseStatus, StudyStatus
+
         try:
             with progress_bar(self.console) as bar:
                 tasks: dict[str, Any] = {}
                 while True:
                     study = self.client.get(study_id)
                     for phase, p in study.progress.items():
-                        if p.status == "pending" and phase not in tasks:
+                        if p.status == PhaseStatus.PENDING and phase not in tasks:
                             continue
                         if phase not in tasks:
                             tasks[phase] = bar.add_task(phase, total=p.planned, note="")
@@ -157,12 +159,12 @@ class RemoteBackend:
             self.console.print(f"stopped watching; the study goes on: ptctl study show {study_id} --watch")
             return 130
         self.show(study)
-        if study.status == "succeeded":
+        if study.status == StudyStatus.SUCCEEDED:
             cert = self.client.report(study_id).certificate
             if cert:
                 self.console.print(f"[{'green' if cert.get('certified') else 'yellow'}]verify:[/] "
                                    f"{cert.get('verdict')}")
-        return 0 if study.status == "succeeded" else 1
+        return 0 if study.status == StudyStatus.SUCCEEDED else 1
 
     def show(self, study: StudyDetail) -> None:
         """Status, progress per phase, tuned hparams and MLflow ids of a study."""

@@ -80,11 +80,13 @@ def cmd_train(args: argparse.Namespace) -> int:
             console.print(f"step {row['step']:>5}  train {row['train_loss']:.4f}  eval {row['eval_loss']:.4f}  "
                           f"{row['tokens_per_s']:,.0f} tok/s")
 
+    from analysis.constants import TrialStatus
+
     result = train_trial(cfg, progress=progress)
     console.print(f"[bold]{result.status}[/]: eval loss {result.eval_loss:.4f} (best {result.best_eval_loss:.4f}), "
                   f"{result.params:,} params, {result.tokens:,} tokens in {result.wall_time_s:.1f} s "
                   f"({result.tokens_per_s:,.0f} tok/s) {result.message}")
-    return 0 if result.status == "completed" else 1
+    return 0 if result.status == TrialStatus.COMPLETED else 1
 
 
 def cmd_coord_check(args: argparse.Namespace) -> int:
@@ -173,13 +175,13 @@ def _print_compare_plan(spec) -> None:
     """A compare study's runs: each family's width and parameters at every budget, its tune trials there, its
     final runs and their steps and FLOPs (at the spec's vocab_size cap: the corpus may have fewer tokens)."""
     from studies.budget import param_count
-    from studies.plan import compare_stages, compare_trials
+    from studies.phases.compare import compare_stages, compare_trials
 
     c, vocab = spec.compare, spec.data.vocab_size
     stages = compare_stages(spec, vocab)
-    tuned = {(s["family"], s["budget"]): s["spec"].tune.num_trials for s in stages}
+    tuned: dict[tuple[str, float | None], int] = {(s.family, s.budget): s.spec.tune.num_trials for s in stages}
     finals: dict[tuple[str, float | None], list] = {}
-    for trial in compare_trials(spec, vocab, {s["name"]: {} for s in stages}):
+    for trial in compare_trials(spec, vocab, {s.name: {} for s in stages}):
         finals.setdefault((str(trial.family), trial.budget), []).append(trial)
     models = {spec.model.family: spec.model, **{b.model.family: b.model for b in c.baselines}}
     table = Table(title=f"plan of {spec.name}: every family at every budget (vocab {vocab:,})")
@@ -192,10 +194,10 @@ def _print_compare_plan(spec) -> None:
                       str(tuned.get((family, budget), 0)), str(len(runs)), f"{spec.steps_for('compare'):,}",
                       f"{run.train_flops:.3g}")
     console.print(table)
-    proxy = next(s for s in stages if s["family"] == spec.model.family)
-    console.print(f"{spec.model.family}: tuned once at width {proxy['width']} ({proxy['spec'].tune.num_trials} "
+    proxy = next(s for s in stages if s.family == spec.model.family)
+    console.print(f"{spec.model.family}: tuned once at width {proxy.width} ({proxy.spec.tune.num_trials} "
                   f"trials), carried zero-shot to every budget; every tune trial trains "
-                  f"{proxy['spec'].steps_for('tune'):,} steps")
+                  f"{proxy.spec.steps_for('tune'):,} steps")
 
 
 def _print_plan(spec) -> None:

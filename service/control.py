@@ -117,8 +117,8 @@ class Control:
             log.exception("could not stop the driver of %s", study_id)
         try:
             state = StudyFolder(study_id, self.data_dir).read_state()
-            if "study" in state.get("runs", {}):  # else MLflow has nothing yet
-                self.mlflow.mark_cancelled(study.spec, study_id, state.get("instance"))
+            if state is not None and "study" in state.runs:  # else MLflow has nothing yet
+                self.mlflow.mark_cancelled(study.spec, study_id, state.instance)
         except Exception:
             log.warning("could not close the MLflow runs of %s", study_id, exc_info=True)
         return study

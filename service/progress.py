@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from analysis import PHASES, STATUSES, TrialStatus
 from service.schemas import MlflowInfo, PhaseProgress, finite
+from studies.phases import PhaseStatus, StudyState
 from studies.spec import StudySpec
 from workers.folder import StudyFolder
 from workers.paths import redact_uri
@@ -41,10 +42,10 @@ def spec_phases(spec: dict[str, Any]) -> list[str]:
         return [p for p in PHASES if spec.get(p) is not None]
 
 
-def _done(state: dict[str, Any], folder: StudyFolder, phase: str) -> Path | None:
+def _done(state: StudyState | None, folder: StudyFolder, phase: str) -> Path | None:
     """The finished phase's trial table, if the phase is finished."""
     path = folder.trials(phase)
-    return path if state.get("phases", {}).get(phase, {}).get("status") == "done" and path.exists() else None
+    return path if state is not None and state.done(phase) and path.exists() else None
 
 
 def _float(text: Any) -> float | None:
@@ -64,7 +65,7 @@ def _count(rows: list[dict[str, Any]], status: str, planned: int | None) -> Phas
                          best_eval_loss=min(losses) if losses else None)
 
 
-def phase_progress(folder: StudyFolder, spec: dict[str, Any], state: dict[str, Any], planned: dict[str, int],
+def phase_progress(folder: StudyFolder, spec: dict[str, Any], state: StudyState | None, planned: dict[str, int],
                    live: list[dict[str, Any]]) -> dict[str, PhaseProgress]:
     """Per phase: finished ones from their CSV, the others from their live MLflow trial runs."""
     out = {}
@@ -72,14 +73,15 @@ def phase_progress(folder: StudyFolder, spec: dict[str, Any], state: dict[str, A
         if table := _done(state, folder, phase):
             with open(table, newline="") as f:
                 rows = list(csv.DictReader(f))
-            out[phase] = _count(rows, "done", planned.get(phase, len(rows)))
+            out[phase] = _count(rows, PhaseStatus.DONE, planned.get(phase, len(rows)))
         else:
             rows = [r for r in live if r["phase"] == phase]
-            out[phase] = _count(rows, "running" if rows or phase in planned else "pending", planned.get(phase))
+            out[phase] = _count(rows, PhaseStatus.RUNNING if rows or phase in planned else PhaseStatus.PENDING,
+                                 planned.get(phase))
     return out
 
 
-def trial_table(folder: StudyFolder, spec: dict[str, Any], state: dict[str, Any],
+def trial_table(folder: StudyFolder, spec: dict[str, Any], state: StudyState | None,
                 live: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Finished phases' rows (their CSVs) and the other phases' live rows, each with its MLflow run id."""
     import pandas as pd  # only here: the trial table needs typed columns
@@ -134,8 +136,8 @@ class MlflowView:
                 self._trackers[key] = Tracker(*key)
             return self._trackers[key]
 
-    def info(self, spec: dict[str, Any], state: dict[str, Any]) -> MlflowInfo:
-        runs = state.get("runs") or {}
+    def info(self, spec: dict[str, Any], state: StudyState | None) -> MlflowInfo:
+        runs = state.runs if state else {}
         info = MlflowInfo(tracking_uri=redact_uri(self.uri(spec)), experiment=self.experiment(spec), runs=runs)
         if "study" in runs:
             tracker = self.tracker(spec)
@@ -157,13 +159,13 @@ class MlflowView:
             with self._lock:
                 self._refreshing.discard(study_id)
 
-    def live(self, spec: dict[str, Any], study_id: str, state: dict[str, Any],
+    def live(self, spec: dict[str, Any], study_id: str, state: StudyState | None,
              fresh: bool = False) -> list[dict[str, Any]]:
         """The study's MLflow trial runs as rows, at most about `ttl` s old, or asked now if `fresh`
         ([] before the driver logged anything)."""
-        if "study" not in state.get("runs", {}):
+        if state is None or "study" not in state.runs:
             return []
-        instance = state.get("instance")  # only the runs this study instance made (workers/driver.py)
+        instance = state.instance  # only the runs this study instance made (workers/driver.py)
         if fresh:
             return self._fetch(spec, study_id, instance)
         with self._lock:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 import pandas as pd
 from rich.console import Console
@@ -19,6 +18,7 @@ from rich.table import Table
 
 from analysis import Certificate, LRDrift, neighbour_advice
 from analysis.table import loss_spread
+from studies.phases import CompareResult, StudyState, TuneResult, ValidateResult, VerifyResult
 from studies.spec import StudySpec
 from workers.folder import StudyFolder
 
@@ -27,10 +27,10 @@ FIGURES = ("mutransfer", "transfer", "verify", "tune_history", "compare")  # the
 
 @dataclass
 class StudyView:
-    """What the summary reads: the spec, `state.json` as a dict, the study folder and MLflow's run ids."""
+    """What the summary reads: the spec, the study's typed state, its folder and MLflow's run ids."""
 
     spec: StudySpec
-    state: dict[str, Any]
+    state: StudyState
     folder: StudyFolder
     runs: dict[str, str]  # trial_key → MLflow run id ({} when unknown)
     runs_link: str | None  # the experiment's runs table in the MLflow UI, or how to open it
@@ -43,23 +43,23 @@ def _table(view: StudyView, phase: str) -> pd.DataFrame | None:
 
 def print_summary(console: Console, view: StudyView) -> None:
     """Print every section the study's finished phases support."""
-    phases, spec = view.state.get("phases", {}), view.spec
-    console.print(f"study [bold]{view.state.get('study_id')}[/]: {view.state.get('status', 'unknown')}")
-    tune = phases.get("tune", {})
-    if tune.get("status") == "done":
-        reused = f", reused from {tune['reused_from']}" if tune.get("reused_from") else ""
-        console.print(f"tuned at width {spec.tune.base_width} over {tune.get('n_trials', '?')} trials "
-                      f"(best eval loss {tune['best_eval_loss']:.4f}{reused})")
-        console.print("transferred hparams: " + ", ".join(f"{k}={v:.4g}" for k, v in tune["best_hparams"].items()))
+    state, spec = view.state, view.spec
+    console.print(f"study [bold]{state.study_id}[/]: {state.status}")
+    tune = state.result("tune", TuneResult)
+    if tune is not None:
+        reused = f", reused from {tune.reused_from}" if tune.reused_from else ""
+        console.print(f"tuned at width {spec.tune.base_width} over {tune.n_trials} trials "
+                      f"(best eval loss {tune.best_eval_loss:.4f}{reused})")
+        console.print("transferred hparams: " + ", ".join(f"{k}={v:.4g}" for k, v in tune.best_hparams.items()))
         _width_table(console, view, tune)
-    validate = phases.get("validate", {})
-    for drift in filter(None, (validate.get("lr_drift"), *validate.get("hparam_drift", {}).values())):
-        _drift_section(console, LRDrift(**drift))
-    cert = phases.get("verify", {}).get("certificate")
-    if cert:
-        _certificate_section(console, view, Certificate(**cert))
-    compare = phases.get("compare", {})
-    if compare.get("summary"):
+    validate = state.result("validate", ValidateResult)
+    for drift in validate.drifts().values() if validate else ():
+        _drift_section(console, drift)
+    verify = state.result("verify", VerifyResult)
+    if verify is not None and verify.certificate is not None:
+        _certificate_section(console, view, verify.certificate, tune)
+    compare = state.result("compare", CompareResult)
+    if compare is not None and compare.summary:
         _compare_section(console, compare)
     if view.folder.cost.exists():
         from analysis.report import cost_line
@@ -68,7 +68,7 @@ def print_summary(console: Console, view: StudyView) -> None:
     report = view.folder.report
     if report.exists():
         console.print(f"report: {report}")
-    names = [*FIGURES[:1], *(f"mutransfer_{h}" for h in validate.get("hparam_drift", {})), *FIGURES[1:]]
+    names = [*FIGURES[:1], *(f"mutransfer_{h}" for h in (validate.hparam_drift if validate else {})), *FIGURES[1:]]
     figures = [view.folder.figure(name) for name in names if view.folder.figure(name).exists()]
     if figures:
         console.print("figures: " + ", ".join(str(f) for f in figures), soft_wrap=True)
@@ -76,13 +76,13 @@ def print_summary(console: Console, view: StudyView) -> None:
         console.print(f"MLflow runs: {view.runs_link}", soft_wrap=True)
 
 
-def _width_table(console: Console, view: StudyView, tune: dict[str, Any]) -> None:
+def _width_table(console: Console, view: StudyView, tune: TuneResult) -> None:
     """The tuned base width, then every transfer trial: the μTransfer story as a loss per width."""
     table = Table(title="eval loss per width (the tuned hparams, zero-shot above the base width)")
     for col in ("width", "seed", "params", "eval loss", "status"):
         table.add_column(col, justify="left" if col == "status" else "right")
     table.add_column("MLflow run", overflow="fold", min_width=32)
-    table.add_row(str(view.spec.tune.base_width), "", "", f"{tune['best_eval_loss']:.4f}", "tuned (base)", "")
+    table.add_row(str(view.spec.tune.base_width), "", "", f"{tune.best_eval_loss:.4f}", "tuned (base)", "")
     transfer = _table(view, "transfer")
     if transfer is not None:
         for row in transfer.sort_values(["width", "seed"]).itertuples():
@@ -111,12 +111,12 @@ def _drift_section(console: Console, drift: LRDrift) -> None:
     console.print(f"[{'green' if drift.passed else 'red'}]{h} drift:[/] {drift.verdict}", soft_wrap=True)
 
 
-def _compare_section(console: Console, compare: dict[str, Any]) -> None:
+def _compare_section(console: Console, compare: CompareResult) -> None:
     """Every family at every budget (`analysis.compare_table`'s rows, best first within a budget)."""
-    table = Table(title=f"eval loss per parameter budget ({compare['tokens']:,} training tokens a run)")
+    table = Table(title=f"eval loss per parameter budget ({compare.tokens:,} training tokens a run)")
     for col in ("budget", "family", "role", "width", "params", "eval loss (seeds)", "rank"):
         table.add_column(col, justify="left" if col in ("family", "role") else "right")
-    for row in compare["summary"]:
+    for row in compare.summary:
         loss = loss_spread(row["eval_loss_mean"], row["eval_loss_std"])
         loss += f" ({row['n_seeds']}" + (f", {row['n_diverged']} diverged)" if row["n_diverged"] else ")")
         table.add_row(f"{row['budget']:,.0f}", row["family"], row["role"], str(row["width"]),
@@ -124,14 +124,13 @@ def _compare_section(console: Console, compare: dict[str, Any]) -> None:
     console.print(table)
 
 
-def _certificate_section(console: Console, view: StudyView, cert: Certificate) -> None:
+def _certificate_section(console: Console, view: StudyView, cert: Certificate, tune: TuneResult | None) -> None:
     colour = "green" if cert.certified else "yellow"
     console.print(f"[{colour}]certificate:[/] {cert.verdict}", soft_wrap=True)
     verify = _table(view, "verify")
     if cert.certified or verify is None:
         return
-    centre = view.state.get("phases", {}).get("tune", {}).get("best_hparams")
-    if centre:
-        advice = neighbour_advice(verify, centre, list(view.spec.space.searched()), cert.tolerance,
+    if tune is not None:
+        advice = neighbour_advice(verify, tune.best_hparams, list(view.spec.space.searched()), cert.tolerance,
                                   alpha=cert.alpha)
         console.print(f"where the better neighbours lie: {advice.text}", soft_wrap=True)

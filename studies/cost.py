@@ -17,10 +17,16 @@ cap: a corpus with fewer distinct tokens makes the decoder term an upper bound).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from studies.budget import train_flops
+from studies.phases.transfer import transfer_trials
+from studies.phases.tune import asha_rungs
+from studies.phases.validate import validate_trials
+from studies.phases.verify import verify_trials
+from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 
 CHECK_PHASES = ("tune", "verify", "validate")  # the cost of tuning and checking, against the target runs
@@ -55,15 +61,11 @@ def sequence_flops(spec: StudySpec, width: int) -> float:
                        spec.data.mask_rate, 1, spec.tune.base_width)
 
 
-def asha_steps(max_t: int, grace: int, eta: float) -> float:
-    """Expected steps of one trial under synchronous successive halving with rungs g·η^k < max_t."""
-    rungs: list[float] = []
-    rung: float = grace
-    while rung < max_t:
-        rungs.append(rung)
-        rung *= eta
+def asha_steps(max_t: int, rungs: list[float], eta: float) -> float:
+    """Expected steps of one trial under synchronous successive halving: 1/η of the trials go on past each rung
+    (`studies.phases.tune.asha_rungs`; a rung at the budget itself stops nothing)."""
     steps, start = 0.0, 0.0
-    for k, end in enumerate([*rungs, max_t]):
+    for k, end in enumerate([*(r for r in rungs if r < max_t), max_t]):
         steps += (end - start) / eta ** k
         start = end
     return steps
@@ -78,21 +80,18 @@ def _phase(spec: StudySpec, phase: str, runs: list[tuple[int, float]], full_step
 
 
 def planned_runs(spec: StudySpec) -> dict[str, list[tuple[int, float]]]:
-    """Per phase, (width, steps) of each planned trial; tune's steps are ASHA's expectation."""
+    """Per phase, (width, steps) of each planned trial (the phases' plans around the default hparams); tune's steps
+    are ASHA's expectation."""
     t, full = spec.tune, spec.steps_for("tune")
-    steps = asha_steps(full, t.asha.grace_steps, t.asha.reduction_factor) if t.asha.enabled else full
-    runs: dict[str, list[tuple[int, float]]] = {}
-    runs["tune"] = [(t.base_width, steps)] * t.num_trials
-    if spec.transfer is not None:
-        runs["transfer"] = [(w, spec.steps_for("transfer")) for w in spec.transfer.widths
-                            for _ in range(spec.transfer.seeds)]
-    if spec.verify is not None:
-        n = spec.verify.centre_seeds + spec.verify.resolved_n_samples()
-        runs["verify"] = [(spec.verify_width(), spec.steps_for("verify"))] * n
-    if spec.validate_ is not None:
-        v = spec.validate_
-        runs["validate"] = [(w, spec.steps_for("validate")) for _ in v.parametrizations for w in v.widths
-                            for values in v.sweeps().values() for _ in values for _ in range(v.seeds)]
+    steps = asha_steps(full, asha_rungs(spec), t.asha.reduction_factor)
+    runs: dict[str, list[tuple[int, float]]] = {"tune": [(t.base_width, steps)] * t.num_trials}
+    centre = spec.space.defaults()
+    plans: dict[str, tuple[object, Callable[[StudySpec, dict[str, float]], list[PlannedTrial]]]] = {
+        "transfer": (spec.transfer, transfer_trials), "verify": (spec.verify, verify_trials),
+        "validate": (spec.validate_, validate_trials)}
+    for phase, (section, plan) in plans.items():
+        if section is not None:
+            runs[phase] = [(trial.width, spec.steps_for(phase)) for trial in plan(spec, centre)]
     return runs
 
 

@@ -18,6 +18,14 @@ from __future__ import annotations
 from enum import StrEnum
 
 
+class PhaseStatus(StrEnum):
+    """A phase's status in the study's state (`studies.phases.PhaseResult`) and its progress."""
+
+    PENDING = "pending"  # not started (no record in the state)
+    RUNNING = "running"  # started; a phase with stages (compare) keeps what its finished stages found
+    DONE = "done"
+
+
 class StudyStatus(StrEnum):
     PENDING = "pending"
     RUNNING = "running"

@@ -3,7 +3,7 @@
     <data dir>/studies/
         phase_index.json          phase key → the study that ran it (`PhaseIndex`; shared by every driver)
         <study id>/
-            state.json            finished phases and their results, MLflow run ids (`workers.driver.StudyState`)
+            state.json            finished phases and their results, MLflow run ids (`studies.phases.StudyState`)
             ray/                  one restorable Ray Tune experiment (or in-process journal) per phase
             artifacts/            spec.yaml, <phase>_trials.csv, trials.csv, figures, certificate.json,
                                   cost.json, report.md
@@ -22,6 +22,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from studies.phases import StudyState
 from workers.paths import data_dir
 
 STATE = "state.json"
@@ -114,12 +117,12 @@ class StudyFolder:
         return self.artifact("cost.json")
 
     # ---------------------------------------------------------------- reading and writing
-    def read_state(self) -> dict[str, Any]:
-        """`state.json` as a dict; {} before the driver wrote it (or if caught mid-write by another writer)."""
+    def read_state(self) -> StudyState | None:
+        """`state.json`, typed; None before the driver wrote it (or if caught mid-write by another writer)."""
         try:
-            return read_json(self.state_path)
-        except json.JSONDecodeError:
-            return {}
+            return StudyState.model_validate_json(self.state_path.read_text())
+        except (FileNotFoundError, ValidationError):
+            return None
 
     def write_artifact(self, name: str, data: Any) -> Path:
         """A JSON artifact (certificate, cost), written atomically."""
@@ -129,8 +132,8 @@ class StudyFolder:
 
     def phase_done(self, phase: str) -> bool:
         """The phase is recorded done in `state.json` and its trial table exists."""
-        done = self.read_state().get("phases", {}).get(phase, {}).get("status") == "done"
-        return done and self.trials(phase).exists()
+        state = self.read_state()
+        return state is not None and state.done(phase) and self.trials(phase).exists()
 
 
 class PhaseIndex:

@@ -39,23 +39,22 @@ from ray import tune  # noqa: E402
 from ray.tune.schedulers import ASHAScheduler  # noqa: E402
 
 from analysis.table import TrialStatus  # noqa: E402
+from studies.phases.tune import asha_rungs  # noqa: E402
 from studies.plan import PlannedTrial  # noqa: E402
 from studies.spec import StudySpec  # noqa: E402
 from workers.errors import InfrastructureLost, Interrupted  # noqa: E402
 from workers.runner import (  # noqa: E402
     GROUP_MULT,
     PhaseJob,
-    end_tags,
-    flag_tags,
-    metric_prefixes,
+    TrialRecorder,
+    optuna_space,
     trial_frame,
     trial_row,
 )
 from workers.train import TrialConfig, train_trial  # noqa: E402
-from workers.verdicts import trial_run_name  # noqa: E402
 
 if TYPE_CHECKING:
-    from workers.tracking import Tracker
+    from workers.tracker import RunTracker
 
 log = logging.getLogger(__name__)
 OBJECTIVE = "objective"  # eval loss; the loss ceiling (train.max_loss) for a diverged trial
@@ -132,20 +131,6 @@ class ReportClock:
         return False
 
 
-def asha_rungs(spec: StudySpec, phase: str) -> list[float]:
-    """The steps ASHA may judge a tune trial at: grace·η^k up to the budget (Ray's rungs are among them)."""
-    t = spec.tune
-    if phase != "tune" or not t.asha.enabled:
-        return []
-    rungs: list[float] = []
-    rung: float = t.asha.grace_steps
-    max_t = spec.steps_for("tune")
-    while rung <= max_t:
-        rungs.append(rung)
-        rung *= t.asha.reduction_factor
-    return rungs
-
-
 BATCH_KEY = "earlier_rows"  # a report's evaluations before its own, as JSON (Tune's loggers skip a string)
 
 
@@ -162,7 +147,7 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
     resume = _checkpointed_state()
     resumed = {"resumed_from": resume["step"]} if resume else {}
     due = CheckpointClock(spec.resources.max_retries, spec.resources.checkpoint_every_s)
-    report_now = ReportClock(asha_rungs(spec, phase))
+    report_now = ReportClock(asha_rungs(spec) if phase == "tune" else [])
     kept: list[dict[str, Any]] = []  # evaluations since the last report
 
     def checkpoint(row: dict[str, Any], state: dict[str, Any]) -> None:
@@ -242,7 +227,8 @@ class MlflowTrials(tune.Callback):
         self.spec_dict, self.study_id, self.phase, self.instance = spec.as_dict(), study_id, phase, instance
         self.phase_run, self.uri = phase_run, tracking_uri
         self.tags = dict(tags or {})  # on every trial run; a "phase" here overrides `phase` (compare's tunes)
-        self._tracker: Tracker | None = None
+        self._tracker: RunTracker | None = None  # the driver's MLflow tracker, made on first use
+        self._recorder: TrialRecorder | None = None
         self._runs: dict[str, str] = {}
         self._logged: dict[str, int] = {}  # trial id → the last step its run holds (a restart logs only later ones)
         self._tagged: dict[str, int] = {}  # trial id → the checkpoint step it was last resumed from (tagged)
@@ -252,8 +238,8 @@ class MlflowTrials(tune.Callback):
         self._pending: list[Future] = []
 
     def __getstate__(self) -> dict:  # Tune pickles callbacks with the experiment; clients stay behind
-        return {**self.__dict__, "_tracker": None, "_runs": {}, "_logged": {}, "_tagged": {}, "_stepped": False,
-                "notify": None, "_writer": None, "_pending": []}
+        return {**self.__dict__, "_tracker": None, "_recorder": None, "_runs": {}, "_logged": {}, "_tagged": {},
+                "_stepped": False, "notify": None, "_writer": None, "_pending": []}
 
     def _later(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run `fn(*args)` on the writer thread, after every write submitted before it."""
@@ -273,26 +259,22 @@ class MlflowTrials(tune.Callback):
         self.flush()
 
     @property
-    def tracker(self) -> Tracker:
+    def recorder(self) -> TrialRecorder:
         from workers.tracking import Tracker  # the driver's: trial actors import this module without MLflow
 
-        if self._tracker is None:
-            self._tracker = Tracker(StudySpec.model_validate(self.spec_dict).experiment_name(), self.uri)
-        return self._tracker
+        if self._recorder is None:
+            spec = StudySpec.model_validate(self.spec_dict)
+            self._tracker = self._tracker or Tracker(spec.experiment_name(), self.uri)
+            self._recorder = TrialRecorder(spec, self.study_id, self.phase, self.phase_run, self._tracker,
+                                           self.instance, self.tags)
+        return self._recorder
 
     def _run(self, trial) -> str:
         if trial.trial_id not in self._runs:
-            spec = StudySpec.model_validate(self.spec_dict)
-            planned = planned_trial(spec, self.phase, trial.config, trial.trial_id)
-            extra = {k: v for k, v in (("family", planned.family), ("budget", planned.budget)) if v is not None}
-            tags = {"width": planned.width, "seed": planned.seed, "status": TrialStatus.RUNNING,
-                    "is_centre": planned.is_centre, "ray_trial_id": trial.trial_id, **extra, **self.tags}
-            run = self.tracker.trial_run(self.study_id, self.phase, planned.trial_key, self.phase_run,
-                                         {k: str(v) for k, v in tags.items()}, instance=self.instance,
-                                         name=trial_run_name(planned.trial_key, dict(planned.hparams),
-                                                             _trial_number(trial)))
-            self.tracker.log_params(run, planned.trial_config(spec))
-            self._logged[trial.trial_id] = self.tracker.last_step(run, "train_loss")
+            recorder = self.recorder
+            planned = planned_trial(recorder.spec, self.phase, trial.config, trial.trial_id)
+            run = recorder.start(planned, _trial_number(trial), ray_trial_id=trial.trial_id)
+            self._logged[trial.trial_id] = recorder.tracker.last_step(run, "train_loss")
             self._runs[trial.trial_id] = run
         return self._runs[trial.trial_id]
 
@@ -308,9 +290,7 @@ class MlflowTrials(tune.Callback):
                 status = last.get("status", TrialStatus.STOPPED)
                 if "step" in last:  # the run finds the steps it already holds and logs only later ones
                     self._later(self._result, _TrialRef(trial), dict(last))
-                self._later(self._complete, _TrialRef(trial), dict(last))
-                why = end_tags(status, last.get("message"))
-                self._later(self._write_end, _TrialRef(trial), status, "FINISHED", why)
+                self._later(self._finish, _TrialRef(trial), status, dict(last), "FINISHED", {})
                 if self.notify is not None:
                     self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": status,
                                  "eval_loss": last.get("eval_loss"), "restored": True})
@@ -324,55 +304,44 @@ class MlflowTrials(tune.Callback):
     def _result(self, trial: _TrialRef, result: dict[str, Any]) -> None:
         run = self._run(trial)
         if result.get("resumed_from") and self._tagged.get(trial.trial_id) != result["resumed_from"]:
-            self.tracker.set_tags(run, {"resumed_from_step": result["resumed_from"]})
+            self.recorder.tracker.set_tags(run, {"resumed_from_step": result["resumed_from"]})
             self._tagged[trial.trial_id] = result["resumed_from"]
         rows: list[dict[str, Any]] = []  # a restart's repeats of steps the run has are dropped
-        prefixes = metric_prefixes()
         for each in [*json.loads(result.get(BATCH_KEY) or "[]"), result]:
             if each["step"] > max(self._logged.get(trial.trial_id, 0), rows[-1]["step"] if rows else 0):
-                rows.append({k: v for k, v in each.items() if k == "step" or k.startswith(prefixes)})
-        if not rows:
-            return
-        self.tracker.log_metrics(run, rows)
-        self._logged[trial.trial_id] = rows[-1]["step"]
-        flags = flag_tags(rows)
-        if flags:
-            self.tracker.set_tags(run, flags)
+                rows.append(each)
+        if rows:
+            self.recorder.log_steps(run, rows)
+            self._logged[trial.trial_id] = rows[-1]["step"]
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         """The trial's worker failed and Tune restarts it (from its last checkpoint): the run stays `running`."""
         tags = {"retries": trial.num_failures, "last_failure": _trial_error(trial)}
-        self._later(lambda ref: self.tracker.set_tags(self._run(ref), tags), _TrialRef(trial))
+        self._later(lambda ref: self.recorder.tracker.set_tags(self._run(ref), tags), _TrialRef(trial))
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         last = trial.last_result or {}
         status = last.get("status", TrialStatus.STOPPED)  # no status: stopped by ASHA
-        self._later(self._complete, _TrialRef(trial), dict(last))
-        self._end(trial, status, "FINISHED", last.get("eval_loss"), end_tags(status, last.get("message")))
-
-    def _complete(self, trial: _TrialRef, last: dict[str, Any]) -> None:
-        """How far the trial trained (an early-stopped trial's budget used) and its per-group lr multipliers."""
-        run = self._run(trial)
-        if "step" in last:
-            self.tracker.log_metrics(run, [{"step": int(last["step"]), "steps_done": int(last["step"])}])
-        mults = {f"lr_mult.{k.removeprefix(GROUP_MULT)}": v for k, v in last.items() if k.startswith(GROUP_MULT)}
-        if mults:
-            self.tracker.log_params(run, mults)
-
-    def _write_end(self, trial: _TrialRef, status: str, run_status: str, tags: dict[str, Any]) -> None:
-        self.tracker.set_tags(self._run(trial), {"status": status, **tags})
-        self.tracker.finish(self._run(trial), run_status)
+        self._end(trial, status, dict(last), "FINISHED", {})
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         """Retries used up (or none allowed): the trial is failed, with the cause of its last failure."""
         why = {"failure": _trial_error(trial), "retries": trial.num_failures}
-        self._end(trial, TrialStatus.FAILED, "FAILED", None, why)
+        self._end(trial, TrialStatus.FAILED, {}, "FAILED", why)
 
-    def _end(self, trial, status: str, run_status: str, eval_loss: float | None,
-             tags: dict[str, Any] | None = None) -> None:
-        self._later(self._write_end, _TrialRef(trial), status, run_status, tags or {})
+    def _finish(self, trial: _TrialRef, status: str, last: dict[str, Any], run_status: str,
+                tags: dict[str, Any]) -> None:
+        """How far the trial trained (an early-stopped trial's budget used), its per-group lr multipliers and its
+        end."""
+        mults = {k.removeprefix(GROUP_MULT): v for k, v in last.items() if k.startswith(GROUP_MULT)}
+        self.recorder.finish(self._run(trial), status, last.get("message"), steps=last.get("step"),
+                             lr_multipliers=mults, run_status=run_status, tags=tags)
+
+    def _end(self, trial, status: str, last: dict[str, Any], run_status: str, tags: dict[str, Any]) -> None:
+        self._later(self._finish, _TrialRef(trial), status, last, run_status, tags)
         if self.notify is not None:
-            self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": status, "eval_loss": eval_loss})
+            self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": status,
+                         "eval_loss": last.get("eval_loss")})
 
 
 class RayRunner:
@@ -477,9 +446,7 @@ def _tune_config(spec: StudySpec, phase: str) -> tune.TuneConfig:
     from ray.tune.search.optuna import OptunaSearch
 
     t = spec.tune
-    space: dict[str, optuna.distributions.BaseDistribution] = {
-        name: optuna.distributions.FloatDistribution(r.low, r.high, log=r.log)
-        for name, r in spec.space.searched().items()}
+    space = optuna_space(spec)
     defaults = spec.space.defaults()
     searcher = OptunaSearch(space=space, metric=OBJECTIVE, mode="min", sampler=optuna.samplers.TPESampler(seed=t.seed),
                             points_to_evaluate=[{k: defaults[k] for k in space}])

@@ -26,9 +26,11 @@ import pandas as pd
 
 from analysis.table import LOSS_STATUSES, TrialStatus
 from studies.family import FAMILIES
+from studies.phases.tune import search_space
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 from workers.errors import one_line
+from workers.tracker import RunTracker
 from workers.verdicts import trial_run_name
 
 METRIC_PREFIXES = ("lr_", "train_loss", "eval_loss", "stream_val_loss", "tokens", "system/")  # per step, any family
@@ -74,11 +76,71 @@ class PhaseJob:
     study_id: str
     instance: str | None  # the study instance, tagged on every trial run
     phase_run: str  # the MLflow run the trial runs nest under
-    tracker: Any  # `workers.tracking.Tracker` or `workers.null_tracker.NullTracker`
+    tracker: RunTracker
     storage: Path  # the study's experiments folder (`StudyFolder.ray`)
     experiment: str  # `experiment_name(...)`: unique to the study, phase and stage
     tags: dict[str, Any] = field(default_factory=dict)  # on every trial run ("phase" overrides: compare's stages)
     notify: Callable[[dict[str, Any]], None] = lambda info: None  # told of each finished trial
+
+    def recorder(self) -> TrialRecorder:
+        return TrialRecorder(self.spec, self.study_id, self.phase, self.phase_run, self.tracker, self.instance,
+                             self.tags)
+
+
+@dataclass
+class TrialRecorder:
+    """A trial's MLflow run, written one way by every runner (and for the runs a phase reuses): `start` it with
+    its tags and its full config as params, `log_steps` as evaluations arrive (a restarted trial's repeats are
+    the caller's to drop), then `finish` it with its status, the steps it ran and its per-group lr multipliers."""
+
+    spec: StudySpec
+    study_id: str
+    phase: str
+    phase_run: str
+    tracker: RunTracker
+    instance: str | None = None
+    tags: dict[str, Any] = field(default_factory=dict)  # on every trial run ("phase" overrides: compare's stages)
+
+    def start(self, trial: PlannedTrial, number: int | None = None, **tags: Any) -> str:
+        """The trial's run (found again by its key after a restart), tagged `running`, its config logged."""
+        extra = {k: v for k, v in (("family", trial.family), ("budget", trial.budget)) if v is not None}
+        tags = {"width": trial.width, "seed": trial.seed, "status": TrialStatus.RUNNING, "is_centre": trial.is_centre,
+                **tags, **extra, **self.tags}
+        run = self.tracker.trial_run(self.study_id, self.phase, trial.trial_key, self.phase_run,
+                                     {k: str(v) for k, v in tags.items()}, instance=self.instance,
+                                     name=trial_run_name(trial.trial_key, dict(trial.hparams), number))
+        self.tracker.log_params(run, trial.trial_config(self.spec))
+        return run
+
+    def log_steps(self, run: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Per-step metrics (every family's and its family's own), and the tags any of them raise."""
+        prefixes = metric_prefixes()
+        kept = [{k: v for k, v in row.items() if k == "step" or k.startswith(prefixes)} for row in rows]
+        if not kept:
+            return
+        self.tracker.log_metrics(run, kept)
+        flags = flag_tags(kept)
+        if flags:
+            self.tracker.set_tags(run, flags)
+
+    def finish(self, run: str, status: str, message: str | None = None, *, steps: int | None = None,
+               lr_multipliers: Mapping[str, float] | None = None, run_status: str = "FINISHED",
+               tags: Mapping[str, Any] | None = None) -> None:
+        """End the run: how far it trained (`steps_done`), its lr multipliers, its status and why it ended so."""
+        if steps is not None:
+            self.tracker.log_metrics(run, [{"step": int(steps), "steps_done": int(steps)}])
+        if lr_multipliers:
+            self.tracker.log_params(run, {f"lr_mult.{k}": v for k, v in lr_multipliers.items()})
+        self.tracker.set_tags(run, {"status": status, **end_tags(status, message), **(tags or {})})
+        self.tracker.finish(run, run_status)
+
+
+def optuna_space(spec: StudySpec) -> dict[str, Any]:
+    """The tune search's Optuna distributions (`studies.phases.tune.search_space`), for either runner."""
+    import optuna  # the driver's searcher only
+
+    return {name: optuna.distributions.FloatDistribution(low, high, log=log)
+            for name, (low, high, log) in search_space(spec).items()}
 
 
 class Runner(Protocol):
@@ -143,9 +205,7 @@ class InProcessRunner:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         spec, t = job.spec, job.spec.tune
-        space: dict[str, optuna.distributions.BaseDistribution] = {
-            name: optuna.distributions.FloatDistribution(r.low, r.high, log=r.log)
-            for name, r in spec.space.searched().items()}
+        space = optuna_space(spec)
         study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=t.seed))
         defaults = spec.space.defaults()
         study.enqueue_trial({k: defaults[k] for k in space})
@@ -163,35 +223,21 @@ class InProcessRunner:
         """Train one trial, recording its MLflow run; its row (a trial that raises is `failed`)."""
         from workers.train import TrialConfig, train_trial
 
-        spec, tracker = job.spec, job.tracker
-        config = trial.trial_config(spec)
-        tags = {"width": trial.width, "seed": trial.seed, "status": TrialStatus.RUNNING, "is_centre": trial.is_centre,
-                **{k: v for k, v in (("family", trial.family), ("budget", trial.budget)) if v is not None},
-                **job.tags}
-        run = tracker.trial_run(job.study_id, job.phase, trial.trial_key, job.phase_run,
-                                {k: str(v) for k, v in tags.items()}, instance=job.instance,
-                                name=trial_run_name(trial.trial_key, dict(trial.hparams)))
-        tracker.log_params(run, config)
+        recorder = job.recorder()
+        run = recorder.start(trial)
         try:
-            result = (self.train or train_trial)(TrialConfig.model_validate(config))
+            result = (self.train or train_trial)(TrialConfig.model_validate(trial.trial_config(job.spec)))
         except Exception as exc:  # Tune's `failed`: the trial could not train (no retries in process)
             message = one_line(exc)
-            row = trial_row(spec, trial, TrialStatus.FAILED, {}, message)
-            tracker.set_tags(run, {"status": TrialStatus.FAILED, "failure": message})
-            tracker.finish(run, "FAILED")
+            row = trial_row(job.spec, trial, TrialStatus.FAILED, {}, message)
+            recorder.finish(run, TrialStatus.FAILED, run_status="FAILED", tags={"failure": message})
         else:
             metrics = {"eval_loss": result.eval_loss, "best_eval_loss": result.best_eval_loss, "step": result.steps,
                        "tokens": result.tokens, "wall_time_s": result.wall_time_s, "params": result.params}
-            row = trial_row(spec, trial, result.status, metrics, result.message)
-            prefixes = metric_prefixes()
-            history = [{k: v for k, v in r.items() if k == "step" or k.startswith(prefixes)}
-                       for r in result.history]
-            tracker.log_metrics(run, [*history, {"step": result.steps, "steps_done": result.steps}])
-            if result.lr_multipliers:
-                tracker.log_params(run, {f"lr_mult.{k}": v for k, v in result.lr_multipliers.items()})
-            tracker.set_tags(run, {"status": result.status, **end_tags(result.status, result.message),
-                                   **flag_tags(history)})
-            tracker.finish(run, "FINISHED")
+            row = trial_row(job.spec, trial, result.status, metrics, result.message)
+            recorder.log_steps(run, result.history)
+            recorder.finish(run, result.status, result.message, steps=result.steps,
+                            lr_multipliers=result.lr_multipliers)
         journal.add(row)
         job.notify({"phase": job.phase, "trial_id": trial.trial_key, "status": row["status"],
                     "eval_loss": row["eval_loss"] if math.isfinite(row["eval_loss"]) else None})

@@ -43,6 +43,7 @@ from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunT
 from mlflow.exceptions import MlflowException
 
 from workers.paths import data_dir
+from workers.tracker import RunTracker
 
 log = logging.getLogger(__name__)
 VIEW_ATTEMPTS = 8  # writes of the saved view before giving up (`Tracker.save_view`)
@@ -161,8 +162,8 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-class Tracker:
-    """Find-or-create runs of one study's experiment and log to them."""
+class Tracker(RunTracker):
+    """Find-or-create runs of one study's experiment and log to them (`workers.tracker.RunTracker` on MLflow)."""
 
     def __init__(self, experiment: str, tracking_uri: str | None = None) -> None:
         self.uri = tracking_uri or default_tracking_uri()

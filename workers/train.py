@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from analysis.constants import TrialStatus
 from studies.spec import DataSpec, TrialConfig
 from workers.data import Batch, MemoryData, PackedData, StreamData, prepare
 from workers.models import build_model, objective_of
@@ -39,7 +40,7 @@ Checkpoint = Callable[[dict[str, Any], TrainState], None]
 
 @dataclass
 class TrialResult:
-    status: str  # "completed" | "diverged"
+    status: TrialStatus  # completed | diverged
     eval_loss: float  # last evaluation (NaN when diverged)
     best_eval_loss: float
     train_loss: float
@@ -169,7 +170,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
             start_loss = loss_value
         tokens += int(batch.attention_mask.sum())
         if not math.isfinite(loss_value) or loss_value > cfg.max_loss:
-            return _result("diverged", math.nan, best, loss_value, step, tokens, start, info, history,
+            return _result(TrialStatus.DIVERGED, math.nan, best, loss_value, step, tokens, start, info, history,
                            f"loss became {loss_value} at step {step}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -181,11 +182,11 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
         if evaluated:
             eval_loss = evaluate(model, data, cfg, device)
             if not math.isfinite(eval_loss) or eval_loss > cfg.max_loss:
-                return _result("diverged", math.nan, best, loss_value, step, tokens, start, info, history,
+                return _result(TrialStatus.DIVERGED, math.nan, best, loss_value, step, tokens, start, info, history,
                                f"eval loss became {eval_loss} at step {step}")
             blown = _blown_up(eval_loss, data.vocab_size, start_loss, cfg.uniform_margin)
             if blown:
-                return _result("diverged", math.nan, best, loss_value, step, tokens, start, info, history,
+                return _result(TrialStatus.DIVERGED, math.nan, best, loss_value, step, tokens, start, info, history,
                                f"eval loss {eval_loss:.4g} at step {step} is {blown}")
             stale = 0 if eval_loss < best else stale + 1
             best = min(best, eval_loss)
@@ -214,7 +215,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
                                        best=best, eval_loss=eval_loss, train_loss=loss_value, tokens=tokens,
                                        stale=stale, plateau_scale=plateau_scale, start_loss=start_loss,
                                        wall_time_s=time.perf_counter() - start))
-    return _result("completed", eval_loss, best, loss_value, cfg.steps, tokens, start, info, history)
+    return _result(TrialStatus.COMPLETED, eval_loss, best, loss_value, cfg.steps, tokens, start, info, history)
 
 
 def _blown_up(eval_loss: float, vocab_size: int, start_loss: float, margin: float | None) -> str:

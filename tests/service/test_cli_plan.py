@@ -77,7 +77,7 @@ def test_piped_output_keeps_long_lines_whole():
 def test_study_plan_of_a_compare_study_lists_its_runs():
     """A compare study's plan: each family's solved width, tune trials and final runs at every budget (it was a
     traceback: plan_cost has no transfer widths to measure a compare study against)."""
-    from studies.plan import compare_widths
+    from studies.phases.compare import compare_widths
 
     spec = load_catalog("compare_cpu")
     rc, out, heavy = _ptctl("study", "plan", str(ROOT / "studies" / "catalog" / "compare_cpu.yaml"))

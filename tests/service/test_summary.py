@@ -10,6 +10,7 @@ from rich.console import Console
 from analysis import HPARAMS, certify, lr_drift
 from service import summary
 from studies import load_catalog
+from studies.phases import StudyState
 from studies.spec import StudySpec
 from tests.analysis._tables import paper_like_optimum, sweep_table, trials, verify_table
 from workers.folder import StudyFolder
@@ -27,7 +28,7 @@ def _study(tmp_path, spec: StudySpec, phases: dict, tables: dict) -> summary.Stu
         table.to_csv(folder.trials(name), index=False)
     folder.report.write_text("# report\n")
     folder.figure("mutransfer").write_bytes(b"png")
-    state = {"study_id": "sum-1", "status": "succeeded", "phases": phases}
+    state = StudyState.model_validate({"study_id": "sum-1", "spec_hash": "h", "status": "succeeded", "phases": phases})
     return summary.StudyView(spec=spec, state=state, folder=folder, runs={"t000": "run-abc"},
                              runs_link="http://ui/#/runs")
 
@@ -68,7 +69,8 @@ def test_every_phase(tmp_path):
     verify = verify_table([5.0, 5.01, 5.02], [5.1] * 10)
     cert = certify(verify)
     view = _study(tmp_path, _spec(transfer={"widths": [128, 256]}, verify={"n_samples": 10}),
-                  {"tune": TUNE, "transfer": {"status": "done"}, "verify": {"certificate": cert.model_dump()}},
+                  {"tune": TUNE, "transfer": {"status": "done"},
+                   "verify": {"status": "done", "certificate": cert.model_dump()}},
                   {"tune": trials([{"eval_loss": 5.1, "width": 64}]), "transfer": transfer, "verify": verify})
     text = _printed(view)
     for width in ("64", "128", "256"):
@@ -86,7 +88,8 @@ def test_an_uncertified_centre_blames_seed_noise_only_when_it_explains_the_count
     verify = trials(rows, phase="verify")
     cert = certify(verify, alpha=alpha)
     view = _study(tmp_path, _spec(transfer={"widths": [128]}, verify={"n_samples": 59, "alpha": alpha}),
-                  {"tune": TUNE, "transfer": {"status": "done"}, "verify": {"certificate": cert.model_dump()}},
+                  {"tune": TUNE, "transfer": {"status": "done"},
+                   "verify": {"status": "done", "certificate": cert.model_dump()}},
                   {"tune": trials([{"eval_loss": 5.1, "width": 64}]), "verify": verify})
     text = _printed(view)
     assert "≈11.4 of 59" in text
@@ -121,14 +124,13 @@ def test_cli_summary_of_a_tune_validate_study(tmp_path, monkeypatch):
     """`ptctl study run`'s summary for a study without a transfer phase (it once exited 2 reading
     transfer_trials.csv) through the CLI's local backend, with a real MLflow store."""
     from service import cli
-    from workers.driver import StudyState
 
     monkeypatch.setenv("PTCTL_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     sweep = sweep_table(paper_like_optimum)
     spec = _spec(transfer=None, verify=None, validate={"widths": [64, 128], "lrs": [0.001, 0.01, 0.1]})
     sweep.to_csv(StudyFolder("sum-1", tmp_path).create().trials("validate"), index=False)
-    state = StudyState("sum-1", "hash", "succeeded", instance="i1",
+    state = StudyState(study_id="sum-1", spec_hash="hash", status="succeeded", instance="i1",
                        phases={"tune": TUNE, "validate": {"status": "done", "lr_drift": lr_drift(sweep).model_dump()}})
     console = Console(record=True, width=200)
     monkeypatch.setattr(cli, "console", console)

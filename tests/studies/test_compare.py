@@ -11,7 +11,7 @@ from studies.families.bert import BertArch, BertConfig
 from studies.families.encoder import BASELINE_HPARAMS, BaselineSpace
 from studies.families.pt import PTArch, SearchSpace
 from studies.families.ut import UTArch, UTConfig
-from studies.plan import compare_stages, compare_sub_spec, compare_trials, compare_widths
+from studies.phases.compare import compare_stages, compare_sub_spec, compare_trials, compare_widths
 from studies.spec import StudySpec
 from tests.studies._dicts import with_changes
 
@@ -143,8 +143,8 @@ def test_solver_errors_name_the_fix():
 def test_pt_is_tuned_once_at_its_proxy_with_the_base_moved_there():
     spec = studies.load_catalog("compare_cpu")
     stages = compare_stages(spec, 2000)
-    assert [s["name"] for s in stages] == ["pt-proxy", "bert-b0", "bert-b1", "bert-b2", "ut-b0", "ut-b1", "ut-b2"]
-    pt = stages[0]["spec"]
+    assert [s.name for s in stages] == ["pt-proxy", "bert-b0", "bert-b1", "bert-b2", "ut-b0", "ut-b1", "ut-b2"]
+    pt = stages[0].spec
     width = compare_widths(spec, 2000)["pt"]["proxy_width"]
     assert pt.tune.base_width == width and pt.model.arch.rank == 16 * width // 32  # r = width/2 as at base 32
     assert pt.phases() == ["tune"] and pt.steps_for("tune") == 98 and pt.train.steps == 196
@@ -156,7 +156,7 @@ def test_pt_is_tuned_once_at_its_proxy_with_the_base_moved_there():
 
 def test_final_trials_use_proxy_hparams_for_pt_and_per_budget_ones_for_baselines():
     spec = studies.load_catalog("compare_cpu")
-    best = {s["name"]: {"lr": 0.001 * (i + 1)} for i, s in enumerate(compare_stages(spec, 2000))}
+    best = {s.name: {"lr": 0.001 * (i + 1)} for i, s in enumerate(compare_stages(spec, 2000))}
     trials = compare_trials(spec, 2000, best)
     assert len(trials) == 3 * 3 * 3 and len({t.trial_key for t in trials}) == len(trials)
     pt = [t for t in trials if t.family == "pt"]

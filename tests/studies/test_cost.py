@@ -28,10 +28,10 @@ def test_sequence_flops_match_the_hand_count():
 
 
 def test_asha_expectation():
-    assert asha_steps(30, 10, 3) == pytest.approx(10 + 20 / 3)  # one rung at 10; 30 is the budget itself
+    assert asha_steps(30, [10, 30], 3) == pytest.approx(10 + 20 / 3)  # one rung at 10; 30 is the budget itself
     # the GPU spec: rungs 6k, 18k, 54k below 90k
-    assert asha_steps(90_000, 6000, 3) == pytest.approx(6000 + 12_000 / 3 + 36_000 / 9 + 36_000 / 27)
-    assert asha_steps(10, 10, 3) == 10  # grace at the budget: no rung
+    assert asha_steps(90_000, [6000, 18_000, 54_000], 3) == pytest.approx(6000 + 12_000 / 3 + 36_000 / 9 + 36_000 / 27)
+    assert asha_steps(10, [10], 3) == 10  # grace at the budget: no rung
 
 
 def test_plan_of_the_tiny_spec():

@@ -2,7 +2,10 @@ import pandas as pd
 import pytest
 
 from studies import load_catalog
-from studies.plan import best_hparams, transfer_trials, validate_trials, verify_trials
+from studies.phases.transfer import transfer_trials
+from studies.phases.tune import best_hparams
+from studies.phases.validate import validate_trials
+from studies.phases.verify import verify_trials
 from studies.spec import StudySpec
 
 
@@ -94,7 +97,7 @@ def test_validate_hparams_errors_name_the_fix(spec, hparams, message):
 
 def test_the_verify_centre_reuses_the_identical_transfer_run(spec):
     """tiny: transfer trains width 32 seed 0 for 30 steps, the verify centre's first seed is that same run."""
-    from studies.plan import reused_centre_seeds, with_reused_centre
+    from studies.phases.verify import reused_centre_seeds, with_reused_centre
 
     centre = spec.space.defaults()
     assert reused_centre_seeds(spec) == [0]
@@ -124,7 +127,7 @@ def test_the_demo_tells_the_whole_story_and_cpu_certify_runs_the_full_n():
 
 
 def reused_centre_seeds_of(spec):
-    from studies.plan import reused_centre_seeds
+    from studies.phases.verify import reused_centre_seeds
 
     return reused_centre_seeds(spec)
 
@@ -143,7 +146,7 @@ def test_a_planned_trial_survives_its_trip_through_ray_tunes_config(spec):
 
 
 def test_a_phase_without_its_section_names_the_fix():
-    from studies.plan import compare_trials
+    from studies.phases.compare import compare_trials
 
     bare = load_catalog("tiny").model_copy(update={"transfer": None, "verify": None, "validate_": None})
     for plan, fix in ((lambda: transfer_trials(bare, {}), "no transfer section: add one with widths"),

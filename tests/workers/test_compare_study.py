@@ -42,12 +42,12 @@ def compare_study(data_dir):
 
 def test_every_family_trains_at_every_budget(compare_study):
     spec, state, art = compare_study
-    assert state.status == "succeeded" and state.phases["compare"]["status"] == "done"
+    assert state.status == "succeeded" and state.done("compare")
     trials = pd.read_csv(art / "compare_trials.csv")
     assert len(trials) == 3 * len(BUDGETS) * 2 and (trials.status == "completed").all()
     assert set(trials.family) == {"pt", "bert", "ut"} and sorted(trials.budget.unique()) == BUDGETS
     assert (trials.steps == spec.steps_for("compare")).all() and trials.tokens.nunique() == 1  # one token budget
-    vocab = state.phases["compare"]["vocab_size"]
+    vocab = state.phases["compare"].vocab_size
     for row in trials.itertuples():  # the trainer's own count is the solver's, within the tolerance
         arch = spec.model.arch if row.family == "pt" else next(
             b.model.arch for b in spec.compare.baselines if b.model.family == row.family)
@@ -57,19 +57,19 @@ def test_every_family_trains_at_every_budget(compare_study):
 
 def test_pt_is_tuned_once_and_baselines_at_every_budget(compare_study):
     spec, state, art = compare_study
-    stages = state.phases["compare"]["stages"]
+    stages = state.phases["compare"].stages
     assert sorted(stages) == ["bert-b0", "bert-b1", "pt-proxy", "ut-b0", "ut-b1"]
     tunes = pd.read_csv(art / "compare_tune_trials.csv")
     assert len(tunes) == spec.tune.num_trials + 2 * 2 * 2
     trials = pd.read_csv(art / "compare_trials.csv")
     pt = trials[trials.family == "pt"]
     assert set(pt.tuned_at) == {"pt-proxy"} and pt.lr.nunique() == 1  # zero-shot: one lr at every width
-    assert pt.lr.iloc[0] == pytest.approx(stages["pt-proxy"]["best_hparams"]["lr"])
+    assert pt.lr.iloc[0] == pytest.approx(stages["pt-proxy"].best_hparams["lr"])
     assert pt.width.nunique() == len(BUDGETS)
     for row in trials[trials.family != "pt"].itertuples():
         stage = f"{row.family}-b{BUDGETS.index(row.budget)}"
-        assert row.tuned_at == stage and row.lr == pytest.approx(stages[stage]["best_hparams"]["lr"])
-        assert row.init_std == pytest.approx(stages[stage]["best_hparams"]["init_std"])
+        assert row.tuned_at == stage and row.lr == pytest.approx(stages[stage].best_hparams["lr"])
+        assert row.init_std == pytest.approx(stages[stage].best_hparams["init_std"])
 
 
 def test_table_plot_and_report(compare_study):

@@ -8,19 +8,25 @@ import json
 import math
 import subprocess
 import sys
+from typing import ClassVar
 
 import pandas as pd
 import pytest
 
 from analysis import PHASES
 from studies import load_catalog
+from studies.phases import PHASES as REGISTERED
+from studies.phases import PhaseResult, Verdict
+from studies.phases.base import Artifacts, BasePhase, Context
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
-from workers.driver import StudyDriver, run_study
+from studies.status import StudyStatus
+from workers.driver import run_study
 from workers.errors import InfrastructureLost, StudyFailed
 from workers.folder import PhaseIndex, StudyFolder
-from workers.null_tracker import NullTracker
 from workers.runner import InProcessRunner, PhaseJob, trial_frame, trial_row
+from workers.tracker import NullTracker
+from workers.verdicts import study_verdict
 
 
 @pytest.fixture(autouse=True)
@@ -69,8 +75,54 @@ def _run(spec, runner, study_id="s1", events=None):
     return run_study(spec, study_id, on_event, runner=runner, tracker=NullTracker())
 
 
-def test_every_phase_has_a_step():
-    assert set(StudyDriver.PHASES) == set(PHASES)
+def test_every_phase_is_registered_under_its_name():
+    assert set(REGISTERED) == set(PHASES)
+    assert all(phase.name == name for name, phase in REGISTERED.items())
+
+
+class ProbeResult(PhaseResult):
+    best_lr: float = 0.0
+
+
+class Probe(BasePhase):
+    """A throwaway phase: an lr sweep at the base width around the tune winner, judged to its best lr."""
+
+    name: ClassVar[str] = "probe"
+    result: ClassVar[type[PhaseResult]] = ProbeResult
+
+    def plan(self, ctx: Context) -> list[PlannedTrial]:
+        centre = ctx.centre()
+        return [PlannedTrial(f"probe-x{k}", "probe", ctx.spec.tune.base_width, 0, {**centre, "lr": centre["lr"] * k})
+                for k in (0.5, 1, 2)]
+
+    def count(self, spec: StudySpec) -> int:
+        return 3
+
+    def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> ProbeResult:
+        return ProbeResult(best_lr=float(table.loc[table.eval_loss.idxmin(), "lr"]))
+
+    def figures(self, result: PhaseResult) -> dict[str, str]:
+        return {}
+
+    def verdict(self, spec: StudySpec, result: PhaseResult) -> Verdict:
+        assert isinstance(result, ProbeResult)
+        return Verdict(sentence=f"Probe: best lr {result.best_lr:g}.")
+
+
+def test_a_phase_is_one_file_and_one_registration(monkeypatch):
+    """A phase added by registering it alone: it plans from the state, runs after the others, is judged to its
+    typed result (which state.json keeps and gives back typed) and states its verdict."""
+    spec, runner = load_catalog("tiny"), FakeRunner()
+    monkeypatch.setitem(REGISTERED, "probe", Probe())
+    monkeypatch.setattr(StudySpec, "phases", lambda self: ["tune", "probe"])
+    steps_for = StudySpec.steps_for
+    monkeypatch.setattr(StudySpec, "steps_for", lambda self, p: steps_for(self, "transfer" if p == "probe" else p))
+    state = _run(spec, runner)
+    assert runner.calls == ["tune", "probe"] and state.status == StudyStatus.SUCCEEDED
+    assert state.phases["probe"] == StudyFolder("s1").read_state().phases["probe"]
+    probe = StudyFolder("s1").read_state().result("probe", ProbeResult)
+    assert probe is not None and probe.best_lr == pytest.approx(0.01) and probe.wall_s is not None
+    assert "Probe: best lr 0.01." in study_verdict(spec, state).sentence
 
 
 def test_phases_run_in_order_and_the_report_is_written():
@@ -78,10 +130,10 @@ def test_phases_run_in_order_and_the_report_is_written():
     state = _run(spec, runner, events=events)
     assert runner.calls == spec.phases() == ["tune", "transfer", "verify"]
     assert [p for kind, p in events if kind == "phase_start"] == ["tune", "transfer", "verify"]
-    assert state.status == "succeeded" and all(state.phases[p]["status"] == "done" for p in spec.phases())
-    assert state.phases["tune"]["best_hparams"]["lr"] == pytest.approx(0.01)  # the landscape's minimum
+    assert state.status == "succeeded" and all(state.done(p) for p in spec.phases())
+    assert state.phases["tune"].best_hparams["lr"] == pytest.approx(0.01)  # the landscape's minimum
     folder = StudyFolder("s1")
-    assert folder.read_state()["status"] == "succeeded"
+    assert folder.read_state().status == StudyStatus.SUCCEEDED
     trials = pd.read_csv(folder.all_trials)
     # tiny's verify centre seed 0 is the transfer run, copied in, not trained again
     assert trials.groupby("phase").size().to_dict() == {"tune": 6, "transfer": 1, "verify": 8}
@@ -101,7 +153,7 @@ def test_validate_sweeps_run_after_verify_and_reach_the_report():
     spec, runner = StudySpec.model_validate(data), FakeRunner()
     state = _run(spec, runner)
     assert runner.calls == ["tune", "transfer", "verify", "validate"]
-    assert set(state.phases["validate"]["hparam_drift"]) == {"w_H"}
+    assert set(state.phases["validate"].hparam_drift) == {"w_H"}
     folder = StudyFolder("s1")
     validate = pd.read_csv(folder.trials("validate"))
     assert len(validate) == spec.validate_.n_trials() and set(validate.swept) == {"lr", "w_H"}
@@ -116,7 +168,7 @@ def test_a_finished_phase_of_an_identical_study_is_reused():
     runner = FakeRunner()
     state = _run(spec, runner, "second")
     assert runner.calls == ["verify"]  # tune and transfer are copied from `first`
-    assert state.phases["tune"]["reused_from"] == "first" and state.phases["transfer"]["reused_from"] == "first"
+    assert state.phases["tune"].reused_from == "first" and state.phases["transfer"].reused_from == "first"
     assert StudyFolder("second").trials("tune").read_text() == StudyFolder("first").trials("tune").read_text()
     # a study whose tune differs reuses nothing
     other = StudySpec.model_validate({**spec.as_dict(), "tune": {**spec.as_dict()["tune"], "seed": 1}})
@@ -133,13 +185,13 @@ def test_an_interrupted_study_resumes_at_the_phase_it_stopped_in(fail, status):
         _run(spec, FakeRunner(fail_at="verify", fail=fail))
     assert caught.value.phase == "verify" and caught.value.status == status
     state = StudyFolder("s1").read_state()
-    assert state["status"] == status and "boom" in state["error"] or "ray went away" in state["error"]
-    assert [p for p, s in state["phases"].items() if s["status"] == "done"] == ["tune", "transfer"]
+    assert state.status == status and "boom" in state.error or "ray went away" in state.error
+    assert [p for p, s in state.phases.items() if s.done] == ["tune", "transfer"]
     runner, events = FakeRunner(), []
     resumed = _run(spec, runner, events=events)
     assert runner.calls == ["verify"] and resumed.status == "succeeded" and resumed.error is None
     assert [p for kind, p in events if kind == "phase_skipped"] == ["tune", "transfer"]
-    assert resumed.instance == state["instance"]  # the same study instance, not a new one
+    assert resumed.instance == state.instance  # the same study instance, not a new one
 
 
 def test_another_spec_under_the_same_study_id_is_refused():
@@ -151,7 +203,7 @@ def test_another_spec_under_the_same_study_id_is_refused():
 
 
 def test_the_driver_imports_neither_ray_nor_mlflow():
-    code = ("import sys, workers.driver, workers.runner, workers.null_tracker; "
+    code = ("import sys, workers.driver, workers.runner, workers.tracker; "
             "print(sorted(m for m in ('ray', 'mlflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -188,7 +240,7 @@ def test_the_in_process_runner_runs_a_study_and_resumes_without_training_twice()
     stopped = Counting(stop_at=3)  # the third tune trial
     with pytest.raises(KeyboardInterrupt):
         _run(spec, InProcessRunner(stopped))
-    assert StudyFolder("s1").read_state()["status"] == "interrupted"
+    assert StudyFolder("s1").read_state().status == StudyStatus.INTERRUPTED
     resumed = Counting()
     state = _run(spec, InProcessRunner(resumed))
     assert state.status == "succeeded"

@@ -23,8 +23,8 @@ from studies.spec import DataSpec, StudySpec, TrialConfig
 from workers import coord_check as coord_check_module
 from workers.coord_check import coord_check, coord_data
 from workers.models.contract import LanguageModel
-from workers.null_tracker import NullTracker
 from workers.runner import InProcessRunner, PhaseJob, metric_prefixes
+from workers.tracker import NullTracker
 from workers.train import TrialResult, train_trial
 
 _steps_seen: list[int] = []

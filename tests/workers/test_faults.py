@@ -73,7 +73,7 @@ def test_killed_trial_worker_is_retried_from_its_checkpoint(study_data_dir):
     assert sorted(table.status) == ["completed", "diverged"]
     diverged, completed = table[table.status == "diverged"].iloc[0], table[table.status == "completed"].iloc[0]
     assert diverged.message.startswith("loss became ") and " at step " in diverged.message
-    assert state.phases["tune"]["best_hparams"]["lr"] == pytest.approx(completed.lr)
+    assert state.phases["tune"].best_hparams["lr"] == pytest.approx(completed.lr)
 
     found = client.get_experiment_by_name(spec.experiment_name())
     runs = client.search_runs([found.experiment_id], "tags.kind = 'trial' and tags.study_id = 'faults'")

@@ -12,7 +12,7 @@ import pytest
 from ray import tune
 
 from studies import load_catalog
-from studies.plan import transfer_trials
+from studies.phases.transfer import transfer_trials
 from studies.spec import StudySpec
 from workers.ray_runner import MlflowTrials, _param_space, planned_trial, run_phase, study_trainable
 from workers.tracking import Tracker

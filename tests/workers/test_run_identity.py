@@ -17,14 +17,14 @@ def test_one_line_cause_is_short_and_names_the_type():
 
 
 def test_state_mints_an_instance_once(tmp_path):
-    from workers.driver import StudyState
+    from workers.driver import load_state
 
     path = tmp_path / "state.json"
-    first = StudyState.load(path, "s1", "h")
+    first = load_state(path, "s1", "h")
     assert first.instance and len(first.instance) == 16
-    first.save(path)
-    assert StudyState.load(path, "s1", "h").instance == first.instance
-    assert StudyState.load(tmp_path / "other.json", "s1", "h").instance != first.instance
+    path.write_text(first.model_dump_json())
+    assert load_state(path, "s1", "h").instance == first.instance
+    assert load_state(tmp_path / "other.json", "s1", "h").instance != first.instance
 
 
 def test_unreachable_ray_address_is_infrastructure_lost(monkeypatch):

@@ -42,7 +42,7 @@ def tiny_study(data_dir):
 def test_all_phases_finish_with_artifacts(tiny_study):
     spec, state, folder = tiny_study
     assert state.status == "succeeded"
-    assert [p for p, s in state.phases.items() if s["status"] == "done"] == ["tune", "transfer", "verify"]
+    assert [p for p, s in state.phases.items() if s.done] == ["tune", "transfer", "verify"]
     art = folder / "artifacts"
     for name in ("tune_history.png", "transfer.png", "verify.png", "report.md", "report.html", "trials.csv",
                  "spec.yaml"):
@@ -56,7 +56,7 @@ def test_all_phases_finish_with_artifacts(tiny_study):
     assert Counter(trials.phase) == {"tune": spec.tune.num_trials, "transfer": 1,
                                      "verify": spec.verify.n_samples + spec.verify.centre_seeds}
     # the winner is applied unchanged at the transfer width
-    best = state.phases["tune"]["best_hparams"]
+    best = state.phases["tune"].best_hparams
     transfer = trials[trials.phase == "transfer"].iloc[0]
     assert transfer.width == 32 and transfer.lr == pytest.approx(best["lr"])
     assert "centre" in (art / "report.md").read_text()
@@ -75,7 +75,7 @@ def test_mlflow_tells_the_study_at_a_glance(tiny_study):
     assert client.get_experiment(tracker.experiment_id).tags.get("mlflow.experimentKind") == \
         "custom_model_development"
     study = client.get_run(state.runs["study"])
-    best = state.phases["tune"]["best_hparams"]
+    best = state.phases["tune"].best_hparams
     assert float(study.data.params["best.lr"]) == pytest.approx(best["lr"])
     assert study.data.params["base_width"] == "16" and study.data.params["target_widths"] == "32"
     assert study.data.tags["certified"] in ("true", "false")
@@ -93,7 +93,7 @@ def test_mlflow_tells_the_study_at_a_glance(tiny_study):
     assert f"viewStateShareKey={VIEW_ID}" in tracker.runs_link()
     transfer = client.get_run(state.runs["transfer"])
     assert [(m.step, round(m.value, 6)) for m in client.get_metric_history(transfer.info.run_id, "eval_loss")] == \
-        [(32, round(state.phases["transfer"]["widths"][0]["eval_loss_mean"], 6))]
+        [(32, round(state.phases["transfer"].widths[0]["eval_loss_mean"], 6))]
     assert "transfer_trials.json" in {a.path for a in client.list_artifacts(transfer.info.run_id)}
     trials = tracker.runs(state.study_id, "trial", state.instance)
     tune_names = [r.info.run_name for r in trials if r.data.tags["phase"] == "tune"]
@@ -150,8 +150,8 @@ def test_identical_tune_phase_is_reused(tiny_study):
     data["transfer"]["widths"] = [48]
     data["verify"] = None
     state = run_study(StudySpec.model_validate(data), "reuse")
-    assert state.phases["tune"]["reused_from"] == "e2e"
-    assert state.phases["tune"]["best_hparams"] == first.phases["tune"]["best_hparams"]
+    assert state.phases["tune"].reused_from == "e2e"
+    assert state.phases["tune"].best_hparams == first.phases["tune"].best_hparams
     tune_runs = [r for r in _runs("reuse", spec.experiment_name())["trial"] if r.data.tags["phase"] == "tune"]
     assert tune_runs == []  # nothing retrained
 
@@ -194,10 +194,10 @@ def test_diverging_trial_is_recorded_and_study_completes(data_dir):
     spec = StudySpec.model_validate(data)
     state = run_study(spec, "diverge")
     assert state.status == "succeeded"
-    drift = state.phases["validate"]["lr_drift"]  # the μTransfer sweep ran under both parametrizations
-    assert {o["parametrization"] for o in drift["optima"]} == {"mup", "standard"}
-    w_h = state.phases["validate"]["hparam_drift"]["w_H"]  # and w_H's, alone around the centre
-    assert w_h["hparam"] == "w_H" and {o["lr"] for o in w_h["optima"]} <= {0.5, 1.0, 2.0}
+    drift = state.phases["validate"].lr_drift  # the μTransfer sweep ran under both parametrizations
+    assert {o.parametrization for o in drift.optima} == {"mup", "standard"}
+    w_h = state.phases["validate"].hparam_drift["w_H"]  # and w_H's, alone around the centre
+    assert w_h.hparam == "w_H" and {o.lr for o in w_h.optima} <= {0.5, 1.0, 2.0}
     art = data_dir / "studies" / "diverge" / "artifacts"
     assert (art / "mutransfer.png").stat().st_size > 0 and (art / "mutransfer_w_H.png").stat().st_size > 0
     assert "mup's optimal w_H drifts" in (art / "report.md").read_text()
@@ -207,7 +207,7 @@ def test_diverging_trial_is_recorded_and_study_completes(data_dir):
     assert (trials.status == "diverged").any()
     diverged = _runs("diverge", spec.experiment_name())["trial"]
     assert any(r.data.tags["status"] == "diverged" for r in diverged)
-    assert state.phases["tune"]["best_hparams"]["lr"] < 1e6
+    assert state.phases["tune"].best_hparams["lr"] < 1e6
 
 
 DRIVER = """
@@ -279,7 +279,7 @@ def test_cost_in_report_summary_and_study_run(tiny_study, capsys):
     study_run = _runs("e2e", spec.experiment_name())["study"][0]
     assert study_run.data.metrics["cost.proxy_pct.w32"] == pytest.approx(100 * tune_flops / target)
     assert {"cost.checks_pct.w32", "cost.proxy_wall_pct.w32", "cost.verify.flops"} <= set(study_run.data.metrics)
-    assert all(state.phases[p]["wall_s"] > 0 for p in ("tune", "transfer", "verify"))
+    assert all(state.phases[p].wall_s > 0 for p in ("tune", "transfer", "verify"))
     report = (art / "report.md").read_text()
     assert f"**proxy cost = {100 * tune_flops / target:.1f} % FLOPs" in report
     local().summary(spec, state)

@@ -22,11 +22,11 @@ def tau_study(study_data_dir):
 def test_tune_transfer_verify_finish_and_carry_the_winner(tau_study):
     spec, state, folder = tau_study
     assert state.status == "succeeded"
-    assert [p for p, s in state.phases.items() if s["status"] == "done"] == ["tune", "transfer", "verify"]
+    assert [p for p, s in state.phases.items() if s.done] == ["tune", "transfer", "verify"]
     trials = pd.read_csv(folder / "artifacts" / "trials.csv")
     assert Counter(trials.phase) == {"tune": spec.tune.num_trials, "transfer": 1,
                                      "verify": spec.verify.n_samples + spec.verify.centre_seeds}
-    best = state.phases["tune"]["best_hparams"]
+    best = state.phases["tune"].best_hparams
     assert set(best) == {"lr", "init_std", "output_mult", "temperature"}
     transfer = trials[trials.phase == "transfer"].iloc[0]
     assert transfer.width == 32 and transfer.temperature == pytest.approx(best["temperature"])

@@ -9,13 +9,13 @@ import pytest
 from ray import tune
 
 from studies import load_catalog
+from studies.phases.tune import asha_rungs
 from workers.ray_runner import (
     BATCH_KEY,
     CheckpointClock,
     MlflowTrials,
     ReportClock,
     _renew,
-    asha_rungs,
     failure_cause,
 )
 
@@ -156,8 +156,9 @@ def test_report_clock_batches_evaluations_between_rungs():
 
 def test_asha_rungs_cover_rays():
     spec = load_catalog("tiny")  # grace 10, η 3, 30 steps: Ray judges at 10 and 30
-    assert asha_rungs(spec, "tune") == [10, 30]
-    assert asha_rungs(spec, "verify") == []
+    assert asha_rungs(spec) == [10, 30]
+    assert asha_rungs(spec.model_copy(update={"tune": spec.tune.model_copy(update={"asha": spec.tune.asha.model_copy(
+        update={"enabled": False})})})) == []
 
 
 def test_batched_rows_are_logged_once_each():

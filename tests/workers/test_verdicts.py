@@ -2,12 +2,18 @@
 
 from analysis import certify, lr_drift
 from studies import load_catalog
+from studies.phases import PHASES, StudyState
 from tests.analysis._tables import paper_like_optimum, sweep_table, verify_table
-from workers.verdicts import phase_verdict, provenance_tags, study_verdict, trial_run_name, verdict_columns
+from workers.verdicts import provenance_tags, study_verdict, trial_run_name, verdict_columns
 
 SPEC = load_catalog("cpu_demo")
 TUNE = {"status": "done", "best_hparams": {**SPEC.space.defaults(), "lr": 0.0044}, "best_eval_loss": 5.8,
         "n_trials": 10}
+
+
+def phase_verdict(spec, phase, record):
+    """The phase's verdict of its result as state.json keeps it."""
+    return PHASES[phase].verdict(spec, PHASES[phase].result.model_validate(record))
 
 
 def test_each_phase_verdict():
@@ -34,7 +40,9 @@ def test_each_phase_verdict():
 
 
 def test_study_verdict_merges_the_finished_phases():
-    verdict = study_verdict(SPEC, {"tune": TUNE, "transfer": {"status": "running"}})
+    state = StudyState.model_validate({"study_id": "s", "spec_hash": "h",
+                                       "phases": {"tune": TUNE, "transfer": {"status": "running"}}})
+    verdict = study_verdict(SPEC, state)
     assert "best.lr" in verdict.params and verdict.sentence.startswith("Tuned at width 32")
     assert "Zero-shot" not in verdict.sentence
 

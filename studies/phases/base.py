@@ -1,0 +1,154 @@
+"""The phase protocol: what every phase file implements, and the typed pieces the driver moves between them.
+
+A phase (`studies.phases.PHASES`) plans its trials from the spec and the study's state, judges its trial table
+into a typed result (a `PhaseResult`: what `state.json` keeps and every reader — the CLI summary, the progress,
+the report, the MLflow verdicts — reads back), writes its own figures and tables through an `Artifacts` folder,
+and states its verdict (params, metrics, tags and one sentence for its MLflow run). The driver
+(`workers/driver.py`) owns the loop, persistence and tracking: nothing here trains, logs or imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict
+
+from studies.plan import PlannedTrial
+from studies.spec import StudySpec
+from studies.status import PhaseStatus
+
+if TYPE_CHECKING:
+    from studies.phases import StudyState
+
+
+class PhaseResult(BaseModel):
+    """A phase's record in `state.json`: its status, its elapsed wall time and (each phase's subclass) its result."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: PhaseStatus = PhaseStatus.RUNNING
+    wall_s: float | None = None  # the phase's elapsed time (the cost account's)
+
+    @property
+    def done(self) -> bool:
+        return self.status == PhaseStatus.DONE
+
+
+@dataclass
+class Verdict:
+    """What a phase's MLflow run says at a glance (`workers.verdicts`): params, metrics (rows with a `step`),
+    tags and a sentence."""
+
+    params: dict[str, Any] = field(default_factory=dict)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    tags: dict[str, Any] = field(default_factory=dict)
+    sentence: str = ""
+
+    def merge(self, other: Verdict) -> Verdict:
+        return Verdict({**self.params, **other.params}, [*self.metrics, *other.metrics], {**self.tags, **other.tags},
+                       " ".join(s for s in (self.sentence, other.sentence) if s))
+
+
+class Artifacts(Protocol):
+    """Where a phase writes its files (`workers.folder.StudyFolder`)."""
+
+    def artifact(self, name: str) -> Path: ...
+
+    def figure(self, name: str) -> Path: ...
+
+    def write_artifact(self, name: str, data: Any) -> Path: ...
+
+
+@dataclass
+class Context:
+    """What a phase plans and judges from: the spec, the study's state, the finished phases' trial tables, and
+    (loaded only when asked) the data's vocabulary size."""
+
+    spec: StudySpec
+    state: StudyState
+    tables: Callable[[str], pd.DataFrame | None]  # a finished phase's (or stage's) trial table, None if none
+    vocab_size: Callable[[], int] = lambda: 0
+
+    def centre(self) -> dict[str, float]:
+        """The tune phase's winner: the centre of transfer, verify and validate."""
+        from studies.phases.tune import TuneResult
+
+        tune = self.state.phases["tune"]
+        assert isinstance(tune, TuneResult)
+        return dict(tune.best_hparams)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One tune search a phase runs before its own trials (compare: each family at each budget), as its own
+    restorable experiment and trial table (`table`), its runs tagged `tags`."""
+
+    name: str
+    spec: StudySpec  # the tune-only study it searches
+    table: str  # its trial table's name (`StudyFolder.trials(table)`)
+    tags: Mapping[str, Any]
+
+
+class Phase(Protocol):
+    """One phase of a study (module docstring). `BasePhase` gives the defaults of the optional parts."""
+
+    name: ClassVar[str]
+    result: ClassVar[type[PhaseResult]]
+    reusable: ClassVar[tuple[str, ...]]  # the spec sections its result depends on: () = never reused
+
+    def plan(self, ctx: Context) -> list[PlannedTrial] | None:
+        """The phase's trials (None: the tune search of `ctx.spec`)."""
+        ...
+
+    def count(self, spec: StudySpec) -> int:
+        """How many trials the phase trains (the progress bar's total)."""
+        ...
+
+    def stages(self, ctx: Context) -> list[Stage]:
+        """Tune searches to run before the phase's own trials (compare's); each stage's best is kept in the
+        phase's record by `stage_done`."""
+        ...
+
+    def stage_done(self, ctx: Context, stage: Stage, table: pd.DataFrame) -> None:
+        """Record a finished stage in the phase's running record (`ctx.state.phases[name]`)."""
+        ...
+
+    def completed(self, ctx: Context, table: pd.DataFrame) -> pd.DataFrame:
+        """The phase's trial table once its trials ran (verify adds the centre runs it reused from transfer)."""
+        ...
+
+    def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> PhaseResult:
+        """The typed result of the phase's trial table, writing its figures and tables to `out`; raises
+        `PhaseFailed` when the table answers nothing."""
+        ...
+
+    def figures(self, result: PhaseResult) -> dict[str, str]:
+        """The figures `judge` wrote: the report's label → the figure's name (`Artifacts.figure`)."""
+        ...
+
+    def verdict(self, spec: StudySpec, result: PhaseResult) -> Verdict:
+        ...
+
+
+class PhaseFailed(ValueError):
+    """A phase's trials answer nothing (no tune trial completed): the message names the fix."""
+
+
+class BasePhase:
+    """The defaults of a phase's optional parts: no stages, the table as the runner returned it, never reused."""
+
+    reusable: ClassVar[tuple[str, ...]] = ()
+
+    def stages(self, ctx: Context) -> list[Stage]:
+        return []
+
+    def stage_done(self, ctx: Context, stage: Stage, table: pd.DataFrame) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no stages")
+
+    def completed(self, ctx: Context, table: pd.DataFrame) -> pd.DataFrame:
+        return table
+

@@ -1,0 +1,71 @@
+"""validate: the μTransfer evidence. Short sweeps of lr (and of each of `validate.hparams`) at 2–4 widths under
+each parametrization, the other hparams at the centre; `analysis.lr_drift` measures how far the optimum moves
+per doubling of width and passes it against `validate.drift_threshold`."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pandas as pd
+
+from analysis import LRDrift, lr_drift, plot_mutransfer
+from studies.phases.base import Artifacts, BasePhase, Context, PhaseResult, Verdict
+from studies.plan import PlannedTrial
+from studies.spec import StudySpec, required
+
+
+class ValidateResult(PhaseResult):
+    lr_drift: LRDrift | None = None
+    hparam_drift: dict[str, LRDrift] = {}  # each of validate.hparams
+
+    def drifts(self) -> dict[str, LRDrift]:
+        """lr's drift, then each other swept hparam's."""
+        return {**({"lr": self.lr_drift} if self.lr_drift else {}), **self.hparam_drift}
+
+
+def validate_trials(spec: StudySpec, centre: dict[str, float]) -> list[PlannedTrial]:
+    """The sweeps: lr's, then each of `validate.hparams`: every (parametrization, width, value, seed) of the swept
+    hparam, the other hparams at the centre."""
+    v = required(spec.validate_, "validate")
+    return [PlannedTrial(f"validate-{p}-w{w}-{h}{x:.3g}-s{s}", "validate", w, s, {**centre, h: x}, parametrization=p,
+                         swept=h)
+            for h, values in v.sweeps().items()
+            for p in v.parametrizations for w in v.widths for x in values for s in range(v.seeds)]
+
+
+def _figure(hparam: str) -> str:
+    return "mutransfer" if hparam == "lr" else f"mutransfer_{hparam}"
+
+
+class Validate(BasePhase):
+    name: ClassVar[str] = "validate"
+    result: ClassVar[type[PhaseResult]] = ValidateResult
+
+    def plan(self, ctx: Context) -> list[PlannedTrial]:
+        return validate_trials(ctx.spec, ctx.centre())
+
+    def count(self, spec: StudySpec) -> int:
+        return len(validate_trials(spec, spec.space.defaults()))
+
+    def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> ValidateResult:
+        v = required(ctx.spec.validate_, "validate")
+        for hparam in v.sweeps():
+            plot_mutransfer(table, out.figure(_figure(hparam)), hparam)
+        return ValidateResult(lr_drift=lr_drift(table, threshold=v.drift_threshold),
+                              hparam_drift={h: lr_drift(table, threshold=v.drift_threshold, hparam=h)
+                                            for h in v.hparams})
+
+    def figures(self, result: PhaseResult) -> dict[str, str]:
+        assert isinstance(result, ValidateResult)
+        return {"validate": "mutransfer", **{f"validate ({h})": _figure(h) for h in result.hparam_drift}}
+
+    def verdict(self, spec: StudySpec, result: PhaseResult) -> Verdict:
+        assert isinstance(result, ValidateResult)
+        drifts = result.drifts()
+        return Verdict(metrics=[{"step": 0, **{f"{h}_drift.{p}": v for h, d in drifts.items()
+                                                for p, v in d.drift.items()}}],
+                       tags={f"{h}_drift_passed": str(bool(d.passed)).lower() for h, d in drifts.items()},
+                       sentence=" ".join(f"{h} drift: {d.verdict}." for h, d in drifts.items()))
+
+
+PHASE = Validate()
