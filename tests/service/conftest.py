@@ -125,6 +125,19 @@ def service_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def postgres():
+    """A throwaway PostgreSQL server (`tests/service/postgres.py`) shared by the session; each test takes a
+    database of its own (`postgres.fresh_database(name)`). Skips without the binaries, fails under CI."""
+    from tests.service.postgres import Postgres, require_install
+
+    server = Postgres(require_install())
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def mlflow_server(service_dir):
     """A real MLflow tracking server on SQLite (job execution off: ~10 s to start, 2 processes)."""
     port, root = free_port(), service_dir / "mlflow-server"
