@@ -33,7 +33,7 @@ class Family:
     """One model family (module docstring)."""
 
     name: str
-    arch: type[BaseModel]  # what a study fixes (`model.arch`)
+    arch: type[BaseModel]  # what a study fixes (`model.arch`): a `studies.arch.Arch`, or a model with `width_steps`
     config: type[BaseModel]  # what the model is built from: the arch, `ModelSize` and the hparams
     space: type[Space]  # the search space of its hparams
     model: str | type  # its nn.Module: "module:Class" (imported by `workers.models`), or the class itself
