@@ -6,15 +6,22 @@ Ordering keeps the store and Ray consistent whichever step fails (the states: `s
   under the new attempt number, answering once the driver has begun (else the study is `interrupted`).
   The reconciler only judges `running` studies, and those always have an actor by then; if the store
   refuses `running` (a concurrent cancel or resume won), the new actor is killed. The driver itself
-  checks that its attempt is still the current one before it trains.
+  checks that its attempt is still the current one before it trains, and records that it began
+  (`Store.begin`; `began` stays 0 while no driver of the study ever began).
+- a submit that did not complete (the API died between its steps, or it answered 503) is finished by
+  its retry: the same `Idempotency-Key` starts a study whose driver never began (pending, or left
+  `running` by a dead API with an idle driver, or `interrupted`/`failed` before any driver began); a
+  study whose driver began, or that was cancelled, is answered as it is.
 - cancel: store `cancelled` first (it decides races with the driver's own last write), then kill
   the driver (its Tune trials die with it), then close the MLflow runs it left open. A cancel that
   lands between a submit's insert and its actor start still wins: the submit's move to `running`
   expects `pending` and fails, and its actor is killed.
 - reconcile (API start-up, then every `PTCTL_RECONCILE_S`): a `running` study without a live
-  driver actor becomes `interrupted` (resumable). At start-up, so does one whose driver is alive but idle
-  (the API died between storing `running` and launching it), and a `pending` study older than a minute
-  (the API died between storing and starting it) becomes `failed` (resumable too).
+  driver actor becomes `interrupted` (resumable). The first pass that reaches Ray (at start-up, or
+  later if Ray was unreachable then) also starts every study an earlier API process left before its
+  driver began: `pending` ones (any idle driver actor is replaced) and `running` ones whose driver is
+  alive but idle. It judges only studies last written before this process started, never a submit of
+  its own between its steps (one API process per store).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from workers.folder import StudyFolder
 
 log = logging.getLogger(__name__)
 LOST = "its driver is gone (Ray restarted or the actor died): POST /studies/{id}/resume continues it"
-NEVER_BEGAN = "the API stopped before its driver began: POST /studies/{id}/resume starts it"
+NEVER_BEGAN = "the API stopped before its driver began"
 
 
 class Executor(Protocol):
@@ -63,15 +70,52 @@ class Control:
     def __init__(self, store: Store, executor: Executor, mlflow: MlflowView, data_dir: Path) -> None:
         self.store, self.executor, self.mlflow = store, executor, mlflow
         self.data_dir = data_dir  # the driver's study folders are under it (workers.folder.StudyFolder)
+        self.since = dt.datetime.now(dt.UTC)  # studies written before were left by an earlier API process
+        self._recovered = False  # the start-up pass has run
+        self._lock = threading.Lock()
+        self._starting: set[str] = set()  # studies whose unfinished start this process is finishing
 
     def submit(self, spec: StudySpec, idempotency_key: str | None = None) -> tuple[Study, bool]:
-        """Store and start a study; with a known key, the earlier study (not started twice)."""
+        """Store and start a study; with a known key, the earlier study, started if its driver never began."""
         study_id = f"{spec.name}-{secrets.token_hex(4)}"
         study, created = self.store.create(study_id, spec.as_dict(), spec.content_hash(), idempotency_key)
         if created:
-            with suppress(IllegalTransition):  # cancelled before its driver started: the cancel stands
+            with suppress(IllegalTransition, DriverRunning):  # cancelled, or a retry is starting it: that stands
                 self._start(study)
+        elif self._unfinished(study):
+            with suppress(IllegalTransition, DriverRunning):  # moved on meanwhile: answer it as it is now
+                self._finish_start(study)
         return self.store.get(study.id), created
+
+    def _unfinished(self, study: Study) -> bool:
+        """Whether `study`'s submit never completed: no driver of it ever began, it was not cancelled, and it is
+        not a submit this process is still carrying out (pending or running since before this process began)."""
+        if study.began or study.status in (StudyStatus.CANCELLED, StudyStatus.SUCCEEDED):
+            return False
+        return study.status not in (StudyStatus.PENDING, StudyStatus.RUNNING) or study.updated_at < self.since
+
+    def _finish_start(self, study: Study) -> bool:
+        """Start a study whose driver never began (`_unfinished`), replacing any idle driver actor; False when
+        another request of this process is already at it, or its driver began after all."""
+        with self._lock:
+            if study.id in self._starting:
+                return False
+            self._starting.add(study.id)
+        try:
+            if study.status == StudyStatus.RUNNING:
+                if self.executor.alive(study.id) and not self.executor.idle(study.id):
+                    return False  # its driver has its order: it runs
+                self.executor.stop(study.id)
+                study = self.store.transition(study.id, StudyStatus.INTERRUPTED, error=NEVER_BEGAN,
+                                              expect=[StudyStatus.RUNNING], attempt=study.attempts)
+            elif study.status == StudyStatus.PENDING:
+                self.executor.stop(study.id)  # an idle driver actor the API that stored it had made
+            log.warning("starting %s (%s), whose driver never began", study.id, study.status)
+            self._start(study)
+            return True
+        finally:
+            with self._lock:
+                self._starting.discard(study.id)
 
     def resume(self, study_id: str) -> Study:
         study = self.store.get(study_id)
@@ -124,7 +168,8 @@ class Control:
         return study
 
     def reconcile(self, startup: bool = False) -> list[str]:
-        """Mark studies whose driver is gone (every running one when Ray itself is gone); returns their ids."""
+        """Mark studies whose driver is gone (every running one when Ray itself is gone), and in the first pass
+        that reaches Ray start those an earlier API process left before their driver began; returns their ids."""
         lost: list[str] = []
         gone = self.executor.lost()
         for study_id in self.store.ids_with_status(StudyStatus.RUNNING):
@@ -133,27 +178,34 @@ class Control:
                 error = f"{gone}: POST /studies/{study_id}/resume continues it on a new one"
             elif not self.executor.alive(study_id):
                 error = LOST.format(id=study_id)
-            elif startup and self.executor.idle(study_id):  # the API stopped between starting and launching it
-                self.executor.stop(study_id)
-                error = NEVER_BEGAN.format(id=study_id)
             if error is not None:
                 try:
                     self.store.transition(study_id, StudyStatus.INTERRUPTED, error=error)
                     lost.append(study_id)
                 except IllegalTransition:  # it finished while we looked
                     pass
-        if startup:
-            cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
-            stale, _ = self.store.list(status=StudyStatus.PENDING, limit=1000)
-            for study in stale:
-                if study.created_at < cutoff and not self.executor.alive(study.id):
-                    self.store.transition(study.id, StudyStatus.FAILED, expect=[StudyStatus.PENDING],
-                                          error="the API stopped before starting its driver: "
-                                          f"POST /studies/{study.id}/resume starts it")
-                    lost.append(study.id)
         if lost:
             log.warning("studies without a driver: %s", ", ".join(lost))
+        if (startup or not self._recovered) and not gone:
+            lost += self._start_left_studies()
+            self._recovered = True
         return lost
+
+    def _start_left_studies(self) -> list[str]:
+        """Start the `pending` studies, and the `running` ones with an idle driver, that an earlier API left."""
+        left = [s for status in (StudyStatus.PENDING, StudyStatus.RUNNING)
+                for s in self.store.list(status=status, limit=10_000)[0] if s.updated_at < self.since and not s.began]
+        started = []
+        for study in left:
+            try:
+                if self._finish_start(study):
+                    started.append(study.id)
+            except (IllegalTransition, DriverRunning):  # moved on meanwhile
+                pass
+            except Exception:  # ExecutionUnavailable: it is failed or interrupted, and its retry or resume starts it
+                log.exception("could not start %s, left by an earlier API process", study.id)
+                started.append(study.id)
+        return started
 
 
 class Reconciler(threading.Thread):

@@ -12,10 +12,10 @@ Status reporting: the actor writes to the study store itself (same SQLAlchemy UR
 the current phase and its planned trial count at each phase start, `succeeded` at the end, `failed`
 with the error (type and message) if the driver raises. Every write is fenced by the attempt the
 driver was launched for, and before it trains the driver checks that this attempt is still the
-study's current one (`Store.is_current`): a driver whose study was cancelled or resumed meanwhile
-exits without training and without making a single MLflow run. The API writes `running`, `cancelled` and
-`interrupted` (a study whose driver actor is gone; see `reconcile`). Status changes are conditional
-updates (`store.py`), so a cancel racing the driver's last write ends in exactly one of the two.
+study's current one, recording that it began (`Store.begin`): a driver whose study was cancelled or
+resumed meanwhile exits without training and without making a single MLflow run. The API writes
+`running`, `cancelled` and `interrupted` (a study whose driver actor is gone; see `reconcile`). Status changes
+are conditional updates (`store.py`), so a cancel racing the driver's last write ends in exactly one of the two.
 
 Where Ray runs: with `RAY_ADDRESS` the API joins that cluster (token auth as the cluster is set up:
 `RAY_AUTH_TOKEN` or `RAY_AUTH_TOKEN_PATH`); without it, it starts or reuses the embedded head of
@@ -76,7 +76,7 @@ class StudyDriverActor:
         from workers.driver import run_study
 
         store = Store(database_url)
-        if not store.is_current(study_id, attempt):  # cancelled or resumed again before this driver ran
+        if not store.begin(study_id, attempt):  # cancelled or resumed again before this driver ran
             log.warning("study %s is no longer running under attempt %d: not starting", study_id, attempt)
             ray.actor.exit_actor()
 

@@ -45,6 +45,7 @@ class StudyRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # driver starts (1 + resumes)
+    began: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # the last attempt whose driver began
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
 
@@ -63,6 +64,7 @@ class Study:
     error: str | None
     idempotency_key: str | None
     attempts: int
+    began: int  # the last attempt whose driver began running (0: no driver of this study ever began)
     created_at: dt.datetime
     updated_at: dt.datetime
 
@@ -160,7 +162,7 @@ class Store:
         now = _now()
         row = StudyRow(id=study_id, name=spec["name"], spec=spec, spec_hash=spec_hash, status=str(StudyStatus.PENDING),
                        phase=None, planned={}, error=None, idempotency_key=idempotency_key, attempts=0,
-                       created_at=now, updated_at=now)
+                       began=0, created_at=now, updated_at=now)
         try:
             with Session(self.engine) as s, s.begin():
                 s.add(row)
@@ -219,6 +221,15 @@ class Store:
         """True while the study is `running` under `attempt`: what a driver checks before it trains."""
         study = self.get(study_id)
         return study.status == StudyStatus.RUNNING and study.attempts == attempt
+
+    def begin(self, study_id: str, attempt: int) -> bool:
+        """A driver of `attempt` begins: records it (`began`) if the study is still `running` under `attempt`, and
+        says whether it is (else the driver must exit without training). A study whose `began` is 0 never had a
+        driver begin: its submit never completed, and a retried submit or the next API process starts it."""
+        stmt = update(StudyRow).where(StudyRow.id == study_id, StudyRow.status == str(StudyStatus.RUNNING),
+                                      StudyRow.attempts == attempt).values(began=attempt)
+        with Session(self.engine) as s, s.begin():
+            return cast("CursorResult[Any]", s.execute(stmt)).rowcount == 1
 
     def set_phase(self, study_id: str, phase: str, trials: int, attempt: int | None = None) -> None:
         """The driver (of `attempt`, when given) started `phase` with `trials` planned trials."""

@@ -66,13 +66,16 @@ def test_a_driver_that_does_not_begin_leaves_the_study_interrupted_not_running(c
     assert not control.executor.alive(study.id)
 
 
-def test_start_up_interrupts_a_running_study_whose_driver_is_idle(control):
-    """The API stopped between storing `running` and launching: the actor lives but never began."""
+def test_start_up_restarts_a_running_study_whose_driver_is_idle(control, tmp_path):
+    """The API stopped between storing `running` and launching: the actor lives but never began. The next API
+    process replaces it with a driver that runs (attempt 2); a driver that was launched is left alone."""
     launched, _ = control.submit(SPEC)
     idle, _ = control.store.create("idle-1", SPEC.as_dict(), "h")
     control.executor.start(idle.id)
     control.store.transition(idle.id, "running", expect=["pending"])
-    assert control.reconcile() == []  # a running driver is only asked at start-up
-    assert control.reconcile(startup=True) == ["idle-1"]
-    assert control.store.get("idle-1").status == "interrupted" and not control.executor.alive("idle-1")
-    assert control.store.get(launched.id).status == "running"
+    assert control.reconcile() == []  # a submit of this process between its steps is left alone
+    restarted = Control(control.store, control.executor, control.mlflow, tmp_path)
+    assert restarted.reconcile(startup=True) == ["idle-1"]
+    assert control.store.get("idle-1").status == "running" and control.store.get("idle-1").attempts == 2
+    assert control.executor.launched == [launched.id, "idle-1"] and control.executor.alive("idle-1")
+    assert control.store.get(launched.id).status == "running" and control.store.get(launched.id).attempts == 1
