@@ -20,12 +20,14 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from studies.phases import StudyState
 from workers.paths import data_dir
+
+if TYPE_CHECKING:
+    from studies.phases import StudyState
 
 STATE = "state.json"
 INDEX = "phase_index.json"
@@ -119,6 +121,8 @@ class StudyFolder:
     # ---------------------------------------------------------------- reading and writing
     def read_state(self) -> StudyState | None:
         """`state.json`, typed; None before the driver wrote it (or if caught mid-write by another writer)."""
+        from studies.phases import StudyState  # only here: `ptctl report` reads a folder without pandas or scipy
+
         try:
             return StudyState.model_validate_json(self.state_path.read_text())
         except (FileNotFoundError, ValidationError):

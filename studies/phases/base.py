@@ -9,6 +9,7 @@ and states its verdict (params, metrics, tags and one sentence for its MLflow ru
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,62 +94,47 @@ class Stage:
     tags: Mapping[str, Any]
 
 
-class Phase(Protocol):
-    """One phase of a study (module docstring). `BasePhase` gives the defaults of the optional parts."""
+class Phase(ABC):
+    """One phase of a study (module docstring): a subclass names itself and its result type and implements the
+    abstract methods; the others are the defaults of a phase without stages that is never reused."""
 
     name: ClassVar[str]
     result: ClassVar[type[PhaseResult]]
-    reusable: ClassVar[tuple[str, ...]]  # the spec sections its result depends on: () = never reused
+    reusable: ClassVar[tuple[str, ...]] = ()  # the spec sections its result depends on: () = never reused
 
+    @abstractmethod
     def plan(self, ctx: Context) -> list[PlannedTrial] | None:
         """The phase's trials (None: the tune search of `ctx.spec`)."""
-        ...
 
+    @abstractmethod
     def count(self, spec: StudySpec) -> int:
         """How many trials the phase trains (the progress bar's total)."""
-        ...
 
-    def stages(self, ctx: Context) -> list[Stage]:
-        """Tune searches to run before the phase's own trials (compare's); each stage's best is kept in the
-        phase's record by `stage_done`."""
-        ...
-
-    def stage_done(self, ctx: Context, stage: Stage, table: pd.DataFrame) -> None:
-        """Record a finished stage in the phase's running record (`ctx.state.phases[name]`)."""
-        ...
-
-    def completed(self, ctx: Context, table: pd.DataFrame) -> pd.DataFrame:
-        """The phase's trial table once its trials ran (verify adds the centre runs it reused from transfer)."""
-        ...
-
+    @abstractmethod
     def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> PhaseResult:
         """The typed result of the phase's trial table, writing its figures and tables to `out`; raises
         `PhaseFailed` when the table answers nothing."""
-        ...
 
+    @abstractmethod
     def figures(self, result: PhaseResult) -> dict[str, str]:
         """The figures `judge` wrote: the report's label → the figure's name (`Artifacts.figure`)."""
-        ...
 
+    @abstractmethod
     def verdict(self, spec: StudySpec, result: PhaseResult) -> Verdict:
-        ...
+        """What the phase's MLflow run says at a glance."""
+
+    def stages(self, ctx: Context) -> list[Stage]:
+        """Tune searches to run before the phase's own trials (compare's); `stage_done` keeps each one's best."""
+        return []
+
+    def stage_done(self, ctx: Context, stage: Stage, table: pd.DataFrame) -> None:
+        """Record a finished stage in the phase's running record (`ctx.state.phases[name]`)."""
+        raise NotImplementedError(f"the {self.name} phase has no stages")
+
+    def completed(self, ctx: Context, table: pd.DataFrame) -> pd.DataFrame:
+        """The phase's trial table once its trials ran (verify adds the centre runs it reused from transfer)."""
+        return table
 
 
 class PhaseFailed(ValueError):
     """A phase's trials answer nothing (no tune trial completed): the message names the fix."""
-
-
-class BasePhase:
-    """The defaults of a phase's optional parts: no stages, the table as the runner returned it, never reused."""
-
-    reusable: ClassVar[tuple[str, ...]] = ()
-
-    def stages(self, ctx: Context) -> list[Stage]:
-        return []
-
-    def stage_done(self, ctx: Context, stage: Stage, table: pd.DataFrame) -> None:
-        raise NotImplementedError(f"{type(self).__name__} has no stages")
-
-    def completed(self, ctx: Context, table: pd.DataFrame) -> pd.DataFrame:
-        return table
-

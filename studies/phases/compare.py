@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from analysis import compare_table, plot_compare
 from studies.arch import ModelSpec, rebase
 from studies.budget import train_flops, width_for_budget
-from studies.phases.base import Artifacts, BasePhase, Context, PhaseResult, Stage, Verdict
+from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Stage, Verdict
 from studies.phases.tune import best_hparams
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec, required
@@ -138,7 +138,7 @@ def _record(ctx: Context) -> CompareResult:
     return record
 
 
-class Compare(BasePhase):
+class Compare(Phase):
     name: ClassVar[str] = "compare"
     result: ClassVar[type[PhaseResult]] = CompareResult
 

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from analysis import plot_transfer, transfer_table
-from studies.phases.base import Artifacts, BasePhase, Context, PhaseResult, Verdict
+from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Verdict
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec, required
 
@@ -25,7 +25,7 @@ def transfer_trials(spec: StudySpec, hparams: dict[str, float]) -> list[PlannedT
             for s in range(t.seeds)]
 
 
-class Transfer(BasePhase):
+class Transfer(Phase):
     name: ClassVar[str] = "transfer"
     result: ClassVar[type[PhaseResult]] = TransferResult
     reusable: ClassVar[tuple[str, ...]] = ("model", "data", "train", "space", "tune", "transfer")

@@ -12,7 +12,7 @@ import pandas as pd
 
 from analysis import plot_tune_history
 from analysis.table import TrialStatus, judged_loss, phase_rows
-from studies.phases.base import Artifacts, BasePhase, Context, PhaseFailed, PhaseResult, Verdict
+from studies.phases.base import Artifacts, Context, Phase, PhaseFailed, PhaseResult, Verdict
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 
@@ -25,15 +25,41 @@ class TuneResult(PhaseResult):
     reused_from: str | None = None  # the study whose identical tune phase this one copied
 
 
+# What an infrastructure failure's message says, what failed and the fix; a failure matching none is the trial's own
+INFRASTRUCTURE = (
+    ("Unable to set up cluster storage", "a Ray node cannot reach the study's storage",
+     "keep PTCTL_DATA_DIR on a filesystem that every Ray node mounts at the same path (e.g. NFS), or unset "
+     "RAY_ADDRESS to run on this machine"),
+    ("NodeDiedError", "a Ray node was lost", "check the node (ray status) and re-run the same command to resume"),
+    ("ActorDiedError", "a trial's worker process died",
+     "check the node's memory (an out-of-memory kill) and raise resources.max_retries, then re-run to resume"),
+    ("OutOfMemoryError", "a node ran out of memory", "lower tune.max_concurrent or train.batch_size"),
+)
+
+
+def why_none_completed(rows: pd.DataFrame) -> str:
+    """Why no trial of `rows` completed its budget: each failure's cause with its fix (infrastructure: what failed;
+    the trial's own: its message), and the divergence advice only when trials diverged."""
+    counts = ", ".join(f"{n} {s}" for s, n in rows["status"].value_counts().items())
+    reasons: dict[str, int] = {}
+    failed = rows[rows["status"] == TrialStatus.FAILED]
+    for message in (failed["message"].fillna("").astype(str) if "message" in failed else [""] * len(failed)):
+        known = next((f"{what} ({fix})" for text, what, fix in INFRASTRUCTURE if text in message), None)
+        reason = known or f"the trial raised {message or 'an unknown error'} (its run's `failure` tag has the cause)"
+        reasons[reason] = reasons.get(reason, 0) + 1
+    parts = [f"{n} failed: {reason}" for reason, n in reasons.items()]
+    if (rows["status"] == TrialStatus.DIVERGED).any():
+        parts.append("diverged trials: lower space.lr's range or raise train.max_loss, then run it as a new study")
+    return f"no tune trial completed its budget ({counts} of {len(rows)}): {'; '.join(parts) or 'none finished'}"
+
+
 def best_hparams(spec: StudySpec, table: pd.DataFrame) -> dict[str, float]:
     """The lowest eval loss among trials that ran their full budget (ASHA-stopped and diverged trials lose);
     frozen hparams keep their defaults."""
     rows = phase_rows(table, "tune")
     finished = rows[rows["status"] == TrialStatus.COMPLETED]
     if finished.empty:
-        counts = ", ".join(f"{n} {s}" for s, n in rows["status"].value_counts().items())
-        raise PhaseFailed(f"no tune trial completed its budget ({counts} of {len(rows)}): lower space.lr's "
-                          "range or raise train.max_loss, then run it as a new study")
+        raise PhaseFailed(why_none_completed(rows))
     best = finished.loc[judged_loss(finished).idxmin()]
     return spec.space.complete({h: float(best[h]) for h in spec.space.searched()})
 
@@ -60,7 +86,7 @@ def lr_text(value: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-class Tune(BasePhase):
+class Tune(Phase):
     name: ClassVar[str] = "tune"
     result: ClassVar[type[PhaseResult]] = TuneResult
     reusable: ClassVar[tuple[str, ...]] = ("model", "data", "train", "space", "tune")

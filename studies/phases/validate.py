@@ -9,7 +9,7 @@ from typing import ClassVar
 import pandas as pd
 
 from analysis import LRDrift, lr_drift, plot_mutransfer
-from studies.phases.base import Artifacts, BasePhase, Context, PhaseResult, Verdict
+from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Verdict
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec, required
 
@@ -37,7 +37,7 @@ def _figure(hparam: str) -> str:
     return "mutransfer" if hparam == "lr" else f"mutransfer_{hparam}"
 
 
-class Validate(BasePhase):
+class Validate(Phase):
     name: ClassVar[str] = "validate"
     result: ClassVar[type[PhaseResult]] = ValidateResult
 

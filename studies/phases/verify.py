@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from analysis import Certificate, certify, plot_verify
-from studies.phases.base import Artifacts, BasePhase, Context, PhaseResult, Verdict
+from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Verdict
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec, required
 
@@ -73,7 +73,7 @@ def with_reused_centre(spec: StudySpec, verify: pd.DataFrame, transfer: pd.DataF
     return pd.concat([rows, verify], ignore_index=True).sort_values("trial_id", kind="stable", ignore_index=True)
 
 
-class Verify(BasePhase):
+class Verify(Phase):
     name: ClassVar[str] = "verify"
     result: ClassVar[type[PhaseResult]] = VerifyResult
 

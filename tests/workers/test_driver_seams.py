@@ -17,7 +17,7 @@ from analysis import PHASES
 from studies import load_catalog
 from studies.phases import PHASES as REGISTERED
 from studies.phases import PhaseResult, Verdict
-from studies.phases.base import Artifacts, BasePhase, Context
+from studies.phases.base import Artifacts, Context, Phase
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 from studies.status import StudyStatus
@@ -84,7 +84,7 @@ class ProbeResult(PhaseResult):
     best_lr: float = 0.0
 
 
-class Probe(BasePhase):
+class Probe(Phase):
     """A throwaway phase: an lr sweep at the base width around the tune winner, judged to its best lr."""
 
     name: ClassVar[str] = "probe"
