@@ -2,6 +2,7 @@ import pandas as pd
 import pytest
 
 from studies import load_catalog
+from studies.phases.base import PhaseFailed
 from studies.phases.transfer import transfer_trials
 from studies.phases.tune import best_hparams
 from studies.phases.validate import validate_trials
@@ -52,6 +53,28 @@ def test_best_hparams_ignores_stopped_and_diverged(spec):
     assert best["lr"] == 0.03 and best["w_topic"] == spec.space.defaults()["w_topic"]
     with pytest.raises(ValueError, match="no tune trial completed"):
         best_hparams(spec, table[table.status != "completed"])
+
+
+STORAGE = ("RuntimeError: Unable to set up cluster storage with the following settings:")
+
+
+@pytest.mark.parametrize(("statuses", "messages", "says", "never"), [
+    (["failed"] * 6, [STORAGE] * 6, ["(6 failed of 6)", "6 failed: a Ray node cannot reach the study's storage",
+                                     "PTCTL_DATA_DIR"], ["space.lr", "max_loss"]),
+    (["diverged", "diverged"], ["loss nan at step 3"] * 2, ["(2 diverged of 2)", "lower space.lr's range"],
+     ["storage"]),
+    (["failed", "diverged"], ["ValueError: bad batch", ""], ["1 failed: the trial raised ValueError: bad batch",
+                                                            "raise train.max_loss"], ["storage"]),
+    (["failed"], ["ray.exceptions.NodeDiedError: node 1f2e died"], ["a Ray node was lost"], ["space.lr"]),
+])
+def test_a_tune_phase_without_a_winner_says_what_failed(spec, statuses, messages, says, never):
+    """Infrastructure failures are named with their fix; the lr/max_loss advice only where trials diverged."""
+    table = pd.DataFrame([{**spec.space.defaults(), "phase": "tune", "status": s, "eval_loss": float("nan"),
+                           "message": m} for s, m in zip(statuses, messages, strict=True)])
+    with pytest.raises(PhaseFailed) as caught:
+        best_hparams(spec, table)
+    assert all(text in str(caught.value) for text in says), str(caught.value)
+    assert not any(text in str(caught.value) for text in never), str(caught.value)
 
 
 def test_transfer_and_validate_grids(spec):
