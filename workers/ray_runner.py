@@ -146,6 +146,7 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
     torch.set_num_threads(max(1, int(cpus)))
     resume = _checkpointed_state()
     resumed = {"resumed_from": resume["step"]} if resume else {}
+    resumed["node_id"] = ray.get_runtime_context().get_node_id()  # where it trains: a tag on its run
     due = CheckpointClock(spec.resources.max_retries, spec.resources.checkpoint_every_s)
     report_now = ReportClock(asha_rungs(spec) if phase == "tune" else [])
     kept: list[dict[str, Any]] = []  # evaluations since the last report
@@ -231,7 +232,7 @@ class MlflowTrials(tune.Callback):
         self._recorder: TrialRecorder | None = None
         self._runs: dict[str, str] = {}
         self._logged: dict[str, int] = {}  # trial id → the last step its run holds (a restart logs only later ones)
-        self._tagged: dict[str, int] = {}  # trial id → the checkpoint step it was last resumed from (tagged)
+        self._tagged: dict[tuple[str, str], Any] = {}  # (trial id, tag) → its value on the run (resumed, node)
         self._stepped = False  # on_step_begin has run: a restored experiment's finished trials are counted
         self.notify: Callable[[dict[str, Any]], None] | None = None  # told of each finished trial
         self._writer: ThreadPoolExecutor | None = None
@@ -303,9 +304,11 @@ class MlflowTrials(tune.Callback):
 
     def _result(self, trial: _TrialRef, result: dict[str, Any]) -> None:
         run = self._run(trial)
-        if result.get("resumed_from") and self._tagged.get(trial.trial_id) != result["resumed_from"]:
-            self.recorder.tracker.set_tags(run, {"resumed_from_step": result["resumed_from"]})
-            self._tagged[trial.trial_id] = result["resumed_from"]
+        where = {"resumed_from_step": result.get("resumed_from"), "node_id": result.get("node_id")}
+        changed = {k: v for k, v in where.items() if v and self._tagged.get((trial.trial_id, k)) != v}
+        if changed:  # a restarted trial: the checkpoint it resumed from and the node it runs on now
+            self.recorder.tracker.set_tags(run, changed)
+            self._tagged.update({(trial.trial_id, k): v for k, v in changed.items()})
         rows: list[dict[str, Any]] = []  # a restart's repeats of steps the run has are dropped
         for each in [*json.loads(result.get(BATCH_KEY) or "[]"), result]:
             if each["step"] > max(self._logged.get(trial.trial_id, 0), rows[-1]["step"] if rows else 0):
@@ -399,7 +402,8 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
                                run_config=tune.RunConfig(name=experiment, storage_path=str(storage), verbose=0,
                                                          log_to_file=True, **faults))
         try:
-            grid = tuner.fit()
+            with tune_log(storage / f"{experiment}.log"):
+                grid = tuner.fit()
         except BaseException:
             with contextlib.suppress(Exception):  # what the runs could still record; the fit's error is the cause
                 callback.flush()
@@ -411,6 +415,29 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
                                  "re-run to resume it") from exc
     check_all_ran(phase, grid, spec.tune.num_trials if planned is None else len(planned))
     return trial_table(spec, phase, grid)
+
+
+CHATTER = ("ray.tune", "ray.train", "ray.air", "tensorboardX")  # Tune's loggers and the TensorBoard writer under it
+
+
+@contextlib.contextmanager
+def tune_log(path: Path):
+    """While a phase runs, what Tune logs (a failed trial's traceback, its snapshot warnings, TensorBoard's NaN
+    warning for a diverged trial) goes to `path` beside the experiment, not to the terminal: ptctl's own output
+    (progress, the trial table, the error line) says what happened, and the log file has the detail."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    loggers = [logging.getLogger(name) for name in CHATTER]
+    saved = [(each.handlers, each.propagate) for each in loggers]
+    for each in loggers:
+        each.handlers, each.propagate = [handler], False
+    try:
+        yield
+    finally:
+        for each, (handlers, propagate) in zip(loggers, saved, strict=True):
+            each.handlers, each.propagate = handlers, propagate
+        handler.close()
 
 
 def check_all_ran(phase: str, grid, expected: int) -> None:
@@ -445,6 +472,7 @@ def _tune_config(spec: StudySpec, phase: str) -> tune.TuneConfig:
     import optuna  # the driver's searcher: trial actors import this module without Optuna
     from ray.tune.search.optuna import OptunaSearch
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     t = spec.tune
     space = optuna_space(spec)
     defaults = spec.space.defaults()

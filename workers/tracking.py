@@ -46,6 +46,7 @@ from workers.paths import data_dir
 from workers.tracker import RunTracker
 
 log = logging.getLogger(__name__)
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # its notes on a new store's tables
 VIEW_ATTEMPTS = 8  # writes of the saved view before giving up (`Tracker.save_view`)
 VIEW_SETTLE_S = 0.5  # how long a written view must keep its columns before `save_view` trusts it
 PARENT = "mlflow.parentRunId"
