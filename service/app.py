@@ -5,7 +5,8 @@ studies started together do not race to do it) → connect to Ray (the embedded 
 `RAY_ADDRESS`; a failure is logged and retried on the next request that needs Ray, and `/readyz`
 reports it) → reconcile studies left `running` by an earlier API process, and start those it left
 before their driver began (`pending`, or `running` with an idle driver; if Ray is not reachable yet,
-the reconciler's first pass that reaches it does) → start the reconciler thread. Shutting down stops only that thread: drivers and the Ray head keep running.
+the reconciler's first pass that reaches it does) → start the reconciler thread. Shutting down stops
+only that thread: drivers and the Ray head keep running.
 
 Middleware: request heads over `PTCTL_MAX_HEADER_BYTES` get 431 before anything reads them (auth
 included); `OPTIONS` and 405 answers carry `Allow` with every method of the path. Request bodies

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import httpx
@@ -137,14 +138,15 @@ def postgres():
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(service_dir):
-    """A real MLflow tracking server on SQLite (job execution off: ~10 s to start, 2 processes)."""
-    port, root = free_port(), service_dir / "mlflow-server"
-    root.mkdir()
-    log = open(root / "mlflow.log", "w")  # noqa: SIM115 (closed at teardown)
+@contextmanager
+def running_mlflow(backend_uri: str, root: Path):
+    """A real MLflow tracking server on `backend_uri`, artifacts and log under `root` (job execution off: ~10 s to
+    start, 2 processes); yields its URL and log path."""
+    port = free_port()
+    root.mkdir(parents=True, exist_ok=True)
+    log = open(root / "mlflow.log", "w")  # noqa: SIM115 (closed at exit)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(["mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+    proc = subprocess.Popen(["mlflow", "server", "--backend-store-uri", backend_uri,
                              "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
                              "--port", str(port), "--workers", "1"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -158,11 +160,22 @@ def mlflow_server(service_dir):
         except httpx.TransportError:
             return False
 
-    wait_for(up, 120, "the MLflow server")
-    yield url, root / "mlflow.log"
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(30)
-    log.close()
+    try:
+        wait_for(up, 120, "the MLflow server")
+        yield url, root / "mlflow.log"
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(service_dir):
+    """A real MLflow tracking server on SQLite."""
+    root = service_dir / "mlflow-server"
+    with running_mlflow(f"sqlite:///{root / 'mlflow.db'}", root) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
