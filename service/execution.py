@@ -162,7 +162,7 @@ class RayExecutor:
         """Create the study's (idle) driver actor; `launch` sets it running. Raises `DriverRunning`."""
         self.connect()
         env = {"PTCTL_DATA_DIR": str(self.settings.data_dir), "MLFLOW_TRACKING_URI": self.settings.tracking_uri,
-               **{k: os.environ[k] for k in ("PTCTL_ARTIFACT_ROOT",) if os.environ.get(k)}}
+               **{k: os.environ[k] for k in ("PTCTL_ARTIFACT_ROOT", "PTCTL_STORAGE") if os.environ.get(k)}}
         options = dict(name=actor_name(study_id), namespace=NAMESPACE, lifetime="detached",
                        runtime_env={"env_vars": env})
         for _ in range(20):  # a just-killed actor may hold its name for a moment

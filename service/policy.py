@@ -71,6 +71,7 @@ class RemotePolicy:
         self.allow_hub = settings.allow_hf_hub
         self.any_uri = "*" in settings.tracking_uris
         self.uris = {normalise_uri(u) for u in [settings.tracking_uri, *settings.tracking_uris] if u != "*"}
+        self.storage = settings.storage
 
     # ------------------------------------------------------------------ the spec
     def violations(self, spec: StudySpec) -> list[Violation]:
@@ -84,6 +85,7 @@ class RemotePolicy:
                 where = (*loc, "arch", "laplacian_path")
                 found.append(_guarded(self._file, path, where, where=where))
         found.append(self._tracking(spec.resources.tracking.tracking_uri))
+        found.append(self._storage(spec.resources.storage))
         return [v for v in found if v is not None]
 
     def _data(self, spec: StudySpec) -> Violation | None:
@@ -109,6 +111,12 @@ class RemotePolicy:
         return Violation(("resources", "tracking", "tracking_uri"),
                          "a remote spec may log only to the service's own tracking store: leave tracking_uri out, "
                          "or ask the operator to add this URI to PTCTL_TRACKING_URIS")
+
+    def _storage(self, where: str | None) -> Violation | None:
+        if where is None or where == self.storage:
+            return None
+        return Violation(("resources", "storage"), "a remote spec keeps its checkpoints in the service's storage: "
+                         "leave resources.storage out, or ask the operator to set PTCTL_STORAGE to it")
 
     # ------------------------------------------------------------------ paths
     def _files(self, value: str, loc: Loc, suffix: str) -> Violation | None:

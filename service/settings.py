@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     allow_hf_hub: bool = False
     tracking_uris: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="tracking URIs remote specs may choose besides the service's own")
+    storage: str | None = Field(None, description="Tune's storage for every study (resources.storage): a path every "
+                                "Ray node mounts or an S3 URI; a remote spec may name only this one")
 
     @field_validator("data_roots", mode="before")
     @classmethod

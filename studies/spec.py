@@ -303,7 +303,20 @@ class ResourcesSpec(BaseModel):
     checkpoint_every_s: float = Field(
         30, ge=0, description="seconds of training between a trial's checkpoints (a restart redoes at most this "
         "much); 0: at every evaluation. Each checkpoint makes Tune snapshot the experiment, a fixed cost per save")
+    storage: str | None = Field(
+        None, description="where Tune keeps experiment state and trial checkpoints, which every Ray node must reach: "
+        "an absolute path every node mounts at the same place (e.g. /mnt/nfs/ptctl) or an S3 URI (s3://bucket/prefix; "
+        "endpoint and credentials from each node's AWS environment); None: PTCTL_STORAGE, else the study's folder "
+        "(one machine, or a data directory every node shares)")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="the MLflow target")
+
+    @field_validator("storage")
+    @classmethod
+    def _storage(cls, value: str | None) -> str | None:
+        if value is None or (value.startswith("s3://") and len(value.rstrip("/")) > 5) or value.startswith("/"):
+            return value
+        raise ValueError(f"resources.storage={value!r}: give an absolute path that every Ray node mounts, or an "
+                         "S3 URI such as s3://bucket/prefix")
 
     @model_validator(mode="after")
     def _whole_gpus(self) -> ResourcesSpec:
@@ -472,12 +485,12 @@ class StudySpec(BaseModel):
     def content_hash(self) -> str:
         """sha256 of the canonical JSON (sorted keys, defaults filled in): equal specs hash equal.
 
-        `resources.max_retries` and `checkpoint_every_s` are left out: they change how a study copes with faults,
-        not what it computes, so a study keeps its id (and can be resumed) when they are changed.
+        `resources.max_retries`, `checkpoint_every_s` and `storage` are left out: they change how a study copes
+        with faults and where it keeps its checkpoints, not what it computes, so a study keeps its id when they do.
         """
         data = self.as_dict()
-        data["resources"].pop("max_retries", None)
-        data["resources"].pop("checkpoint_every_s", None)
+        for key in ("max_retries", "checkpoint_every_s", "storage"):
+            data["resources"].pop(key, None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -374,18 +374,26 @@ def study_trainable(spec: StudySpec, phase: str, experiment: str, gpus: float) -
     return trainable
 
 
+def storage_root(spec: StudySpec, local: Path) -> str:
+    """Where Tune keeps a study's experiments and trial checkpoints: `resources.storage` (else PTCTL_STORAGE) with
+    the study's id (`local` is its folder's `ray/`), a path or an S3 URI that every node reaches; else `local`."""
+    shared = spec.resources.storage or os.environ.get("PTCTL_STORAGE")
+    return f"{shared.rstrip('/')}/{local.parent.name}" if shared else str(local)
+
+
 def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials,
               planned: list[dict[str, Any]] | None = None, *, experiment: str) -> pd.DataFrame:
-    """Run (or restore and finish) one phase's Tune experiment `storage/experiment`; return its trial table.
+    """Run (or restore and finish) one phase's Tune experiment `<storage_root>/experiment`; its trial table.
 
     `experiment` must be unique to the study (`experiment_name`). Ray itself failing (the cluster
     lost, a node's raylet gone) raises `InfrastructureLost`: the study is interrupted, not failed."""
     ensure_ray()
+    root = storage_root(spec, storage)
     res = spec.resources
     gpus = res.gpus_per_trial if phase == "tune" else (
         res.transfer_gpus if res.transfer_gpus is not None else (1.0 if has_gpus() else 0.0))
     trainable = study_trainable(spec, phase, experiment, gpus)
-    path = storage / experiment
+    path = f"{root}/{experiment}"
     faults: dict[str, Any] = {
         "callbacks": [callback], "failure_config": tune.FailureConfig(max_failures=res.max_retries),
         "checkpoint_config": tune.CheckpointConfig(num_to_keep=1)}  # the latest one is all a restart needs
@@ -399,7 +407,7 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
             _renew(tuner, faults)
         else:
             tuner = tune.Tuner(trainable, param_space=_param_space(planned), tune_config=_tune_config(spec, phase),
-                               run_config=tune.RunConfig(name=experiment, storage_path=str(storage), verbose=0,
+                               run_config=tune.RunConfig(name=experiment, storage_path=root, verbose=0,
                                                          log_to_file=True, **faults))
         try:
             with tune_log(storage / f"{experiment}.log"):

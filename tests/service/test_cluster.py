@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,14 +59,34 @@ def _node_ids(env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[tuple[Cluster, Path]]:
+def s3() -> Iterator[dict[str, str]]:
+    """A real S3-compatible server on loopback (moto's) with a bucket `ptctl`: the AWS environment every node gets."""
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    try:
+        for _ in range(60):
+            try:
+                urllib.request.urlopen(urllib.request.Request(f"{env['AWS_ENDPOINT_URL']}/ptctl", method="PUT"))
+                break
+            except OSError:
+                time.sleep(0.5)
+        yield env
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, s3) -> Iterator[tuple[Cluster, Path]]:
     root = Path(tempfile.mkdtemp(prefix="ptctl-mn-"))  # Ray's socket paths must stay short
     data = data_dir(tmp_path_factory.mktemp("cluster"), "data")
     token = root / "token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
     port = _free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "PTCTL_DATA_DIR": str(data)}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "PTCTL_DATA_DIR": str(data), **s3}
     env.pop("RAY_AUTH_TOKEN", None)
     procs = [subprocess.Popen(["ray", "start", "--head", "--block", "--num-cpus=0", f"--port={port}",
                                "--include-dashboard=false", f"--temp-dir={root / 'head'}"], env=env,
@@ -84,7 +105,7 @@ def cluster(tmp_path_factory) -> Iterator[tuple[Cluster, Path]]:
         ids = _node_ids(client)
     try:
         assert set(ids) == {"head", *WORKERS}, f"the cluster did not come up: {ids}"
-        yield Cluster(address, {k: client[k] for k in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")},
+        yield Cluster(address, {k: client[k] for k in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", *s3)},
                       {k: v for k, v in ids.items() if k != "head"}, ids["head"]), data
     finally:
         for proc in procs:
@@ -133,3 +154,25 @@ def test_trial_storage_no_worker_can_reach_is_named_with_its_fix(cluster, tmp_pa
     assert done.returncode == 1 and error.startswith("error:"), done.stdout[-3000:]
     assert "(2 failed of 2)" in error and "a Ray node cannot reach the study's storage" in error, error
     assert "PTCTL_DATA_DIR" in error and "space.lr" not in error and "max_loss" not in error, error
+
+
+def test_checkpoints_in_s3_let_trials_on_nodes_without_a_shared_disk_finish(cluster, tmp_path):
+    """The same checkpointing trials with `resources.storage` an S3 URI: Tune's experiment state and every
+    checkpoint go to the bucket, which every node reaches, and the study succeeds on the worker nodes."""
+    import pyarrow.fs as pafs
+    from mlflow import MlflowClient
+
+    c, data = cluster
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = _spec(tmp_path, "mn-s3", seed=2, checkpoint_every_s=0, max_retries=1, storage="s3://ptctl/studies")
+    done = ptctl(["study", "run", str(spec)], data, uri, **c.env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    study = next(p.name for p in (data / "studies").glob("mn-s3-*"))
+    bucket = pafs.S3FileSystem(endpoint_override=c.env["AWS_ENDPOINT_URL"], access_key="test", secret_key="test",
+                               region="us-east-1")
+    stored = [f.path for f in bucket.get_file_info(pafs.FileSelector(f"ptctl/studies/{study}", recursive=True))]
+    assert any("checkpoint_" in p for p in stored) and any(p.endswith("tuner.pkl") for p in stored), stored[:20]
+    assert not (data / "studies" / study / "ray" / f"{study}.tune" / "tuner.pkl").exists()  # nothing on this disk
+    runs = MlflowClient(uri).search_runs(
+        [e.experiment_id for e in MlflowClient(uri).search_experiments()], "tags.kind = 'trial'")
+    assert len(runs) == 2 and {r.data.tags.get("node_id") for r in runs} <= set(c.workers.values())

@@ -233,6 +233,23 @@ def test_tracking_uris_widen_the_allow_list(tree, monkeypatch):
         assert _submit(client, _tracking_spec("http://anything.example:1/")).status_code == 201
 
 
+def _storage_spec(where: str) -> dict:
+    spec = _tracking_spec("")
+    spec["resources"]["storage"] = where
+    return spec
+
+
+def test_only_the_services_own_storage_may_be_named(tree):
+    """A remote spec cannot make the workers write checkpoints where the client chooses."""
+    loc = ["body", "resources", "storage"]
+    with _api(Settings(data_dir=tree["data"])) as client:
+        _refused(_submit(client, _storage_spec("s3://someone-elses-bucket/x")), loc, "PTCTL_STORAGE")
+        _refused(_submit(client, _storage_spec("/etc")), loc, "PTCTL_STORAGE")
+    with _api(Settings(data_dir=tree["data"], storage="s3://lab/ptctl")) as client:
+        assert _submit(client, _storage_spec("s3://lab/ptctl")).status_code == 201
+        _refused(_submit(client, _storage_spec("s3://lab/other")), loc, "PTCTL_STORAGE")
+
+
 @pytest.mark.parametrize(("a", "b"), [
     ("HTTP://Host:80/a/", "http://host/a"), ("https://h:443", "https://h/"), ("sqlite:////x//y.db", "sqlite:////x/y.db"),
     ("http://[::1]:5000/", "http://[::1]:5000"),

@@ -117,8 +117,9 @@ def test_content_hash_is_stable_under_key_order_and_changes_with_a_value():
 def test_content_hash_is_sha256_of_the_sorted_compact_json():
     spec = StudySpec.model_validate(MINIMAL)
     data = spec.as_dict()
-    data["resources"].pop("max_retries")  # how faults are handled, not what is computed
+    data["resources"].pop("max_retries")  # how faults are handled and where checkpoints go, not what is computed
     data["resources"].pop("checkpoint_every_s")
+    data["resources"].pop("storage")
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     assert spec.content_hash() == hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -350,3 +351,13 @@ def test_every_hparam_lands_exactly_once():
     where = (("top", cfg), ("model_hp", cfg["model_hp"]))
     places = {h: [name for name, d in where if h in d] for h in HPARAMS}
     assert places == {h: ["top"] if h == "lr" else ["model_hp"] for h in HPARAMS}
+
+
+def test_storage_is_a_path_every_node_mounts_or_an_s3_uri_and_not_part_of_the_study():
+    spec = studies.load_catalog("tiny")
+    for where in ("/mnt/nfs/ptctl", "s3://lab-bucket/ptctl"):
+        moved = StudySpec.model_validate(with_changes(spec.as_dict(), resources={"storage": where}))
+        assert moved.resources.storage == where and moved.content_hash() == spec.content_hash()
+    for bad in ("relative/dir", "s3://", "gs://bucket/x"):
+        with pytest.raises(ValidationError, match="resources.storage=.*absolute path that every Ray node mounts"):
+            StudySpec.model_validate(with_changes(spec.as_dict(), resources={"storage": bad}))

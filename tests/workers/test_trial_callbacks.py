@@ -211,3 +211,16 @@ def test_each_study_phase_registers_its_trainable_under_its_own_name():
     assert len(names) == 4
     again = Experiment.get_trainable_name(study_trainable(spec, "tune", experiment_name("tiny-a1", "tune"), 0.0))
     assert again in names  # a restore registers the same name
+
+
+def test_storage_root_is_the_study_folder_unless_shared_storage_is_set(tmp_path, monkeypatch):
+    from workers.ray_runner import storage_root
+
+    local = tmp_path / "studies" / "s-1" / "ray"
+    spec = load_catalog("tiny")
+    monkeypatch.delenv("PTCTL_STORAGE", raising=False)
+    assert storage_root(spec, local) == str(local)
+    monkeypatch.setenv("PTCTL_STORAGE", "s3://lab/ptctl/")
+    assert storage_root(spec, local) == "s3://lab/ptctl/s-1"
+    nfs = spec.model_copy(update={"resources": spec.resources.model_copy(update={"storage": "/mnt/nfs"})})
+    assert storage_root(nfs, local) == "/mnt/nfs/s-1"  # the spec's own first
