@@ -27,6 +27,7 @@ bench: install  # every benchmark; each prepares its own data (a fresh clone and
 	$(PY) benchmarks/bench_orchestration.py
 	$(PY) benchmarks/bench_orchestration.py --steps 200
 	$(PY) benchmarks/bench_api.py
+	$(PY) benchmarks/bench_storage.py
 
 bench-quick: install  # the same end to end at toy sizes, minutes in all: checks they run, measures nothing
 	$(PY) benchmarks/bench_pt.py --device cpu --configs small --steps 1 --repeats 1 --warmup 1 --batch 4
@@ -34,3 +35,4 @@ bench-quick: install  # the same end to end at toy sizes, minutes in all: checks
 		--steps 1 --warmup 1 --decode-batch 1 --prompt 8 --new-tokens 8 --repeats 1
 	$(PY) benchmarks/bench_orchestration.py --quick
 	$(PY) benchmarks/bench_api.py --gets 100 --posts 2 --max-seconds 20
+	$(PY) benchmarks/bench_storage.py --widths 32 --repeats 1
