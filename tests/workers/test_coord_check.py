@@ -54,16 +54,15 @@ def test_check_lr_is_fixed_in_units_of_the_base_width():
     assert lr == pytest.approx(0.02)
 
 
-@pytest.mark.slow  # ≈ 1.5 min on 2 shared cores
-def test_the_verdict_is_the_same_for_three_seed_sets():
-    """Issue 11: a pass and a fail mean the same thing on every run (seeds 0–3, 100–103, 200–203)."""
-    got = {}
-    for base in (0, 100, 200):
-        df, slopes, verdict, _ = coord_check(widths=WIDTHS, steps=4, seeds=4, max_seeds=8, base_seed=base)
-        assert set(df["seed"]) >= set(range(base, base + 4))
-        assert {"ci_low", "ci_high"} <= set(slopes.columns)
-        got[base] = verdict.status
-    assert set(got.values()) == {"pass"}, got
+@pytest.mark.slow  # up to 8 + 4 runs of the four widths
+def test_the_check_passes_mup_and_fails_standard_with_seed_intervals():
+    """Issue 11: μP passes on seeds 0–3 (more added while inconclusive), the standard parametrization fails on
+    300–303. That the verdict is the same on other seed sets (100–103, 200–203) is a measurement:
+    `benchmarks/bench_coord_seeds.py`, recorded in docs/LOG.md."""
+    df, slopes, verdict, _ = coord_check(widths=WIDTHS, steps=4, seeds=4, max_seeds=8, base_seed=0)
+    assert set(df["seed"]) >= set(range(4))
+    assert {"ci_low", "ci_high"} <= set(slopes.columns)
+    assert verdict.status == "pass", verdict.verdict
     *_, standard, _ = coord_check(parametrization="standard", widths=WIDTHS, steps=4, seeds=4, base_seed=300)
     assert standard.status == "fail", standard.verdict
 
