@@ -87,7 +87,8 @@ async def submit(request: Request, response: Response,
                  idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None
                  ) -> StudySummary:
     """Validate a `StudySpec` (JSON, or YAML with `Content-Type: application/yaml`), store it, start it.
-    Parsed and validated off the event loop, within the `PTCTL_MAX_*` bounds (service/limits.py)."""
+    Parsed and validated off the event loop, within the `PTCTL_MAX_*` bounds (service/limits.py). A known
+    `Idempotency-Key` answers its study (200), started first if its driver never began (a submit cut short)."""
     spec = await read_spec(request)
     await run_in_threadpool(policy.enforce, spec, _settings(request))  # what a remote spec may name (422)
     study, created = await run_in_threadpool(_control(request).submit, spec, idempotency_key)
