@@ -42,7 +42,7 @@ from analysis.table import TrialStatus  # noqa: E402
 from studies.phases.tune import asha_rungs  # noqa: E402
 from studies.plan import PlannedTrial  # noqa: E402
 from studies.spec import StudySpec  # noqa: E402
-from workers.errors import InfrastructureLost, Interrupted  # noqa: E402
+from workers.errors import InfrastructureLost, Interrupted, StudyFailed  # noqa: E402
 from workers.runner import (  # noqa: E402
     GROUP_MULT,
     PhaseJob,
@@ -76,6 +76,15 @@ def ensure_ray() -> None:
 
 def has_gpus() -> bool:
     return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def check_gpus(phase: str, gpus: float, available: float) -> None:
+    """A trial asking for more GPUs than the whole cluster has would wait forever: a `StudyFailed` naming the fix."""
+    if gpus > available:
+        field = "gpus_per_trial" if phase == "tune" else "transfer_gpus"
+        raise StudyFailed(f"the {phase} phase's trials ask for {gpus:g} GPU each (resources.{field}) but the Ray "
+                          f"cluster has {available:g}: add a node with GPUs (ray start --num-gpus=N) or set "
+                          f"resources.{field} to 0")
 
 
 def planned_trial(spec: StudySpec, phase: str, config: dict[str, Any], trial_id: str) -> PlannedTrial:
@@ -392,6 +401,7 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
     res = spec.resources
     gpus = res.gpus_per_trial if phase == "tune" else (
         res.transfer_gpus if res.transfer_gpus is not None else (1.0 if has_gpus() else 0.0))
+    check_gpus(phase, gpus, ray.cluster_resources().get("GPU", 0))
     trainable = study_trainable(spec, phase, experiment, gpus)
     path = f"{root}/{experiment}"
     faults: dict[str, Any] = {

@@ -224,3 +224,16 @@ def test_storage_root_is_the_study_folder_unless_shared_storage_is_set(tmp_path,
     assert storage_root(spec, local) == "s3://lab/ptctl/s-1"
     nfs = spec.model_copy(update={"resources": spec.resources.model_copy(update={"storage": "/mnt/nfs"})})
     assert storage_root(nfs, local) == "/mnt/nfs/s-1"  # the spec's own first
+
+
+def test_a_trial_asking_for_gpus_the_cluster_lacks_fails_naming_the_fix():
+    from workers.errors import StudyFailed
+    from workers.ray_runner import check_gpus
+
+    check_gpus("tune", 0.5, 1.0)  # a fraction of the one GPU there is
+    check_gpus("tune", 0.0, 0.0)
+    with pytest.raises(StudyFailed, match=r"ask for 0.25 GPU each \(resources.gpus_per_trial\) but the Ray cluster "
+                                          r"has 0: add a node with GPUs .* or set resources.gpus_per_trial to 0"):
+        check_gpus("tune", 0.25, 0.0)
+    with pytest.raises(StudyFailed, match="resources.transfer_gpus"):
+        check_gpus("verify", 2, 1)
