@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import ray
 from ray._private import ray_constants
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from service import ray_head
 from service.control import DriverRunning, ExecutionUnavailable
@@ -163,8 +164,10 @@ class RayExecutor:
         self.connect()
         env = {"PTCTL_DATA_DIR": str(self.settings.data_dir), "MLFLOW_TRACKING_URI": self.settings.tracking_uri,
                **{k: os.environ[k] for k in ("PTCTL_ARTIFACT_ROOT", "PTCTL_STORAGE") if os.environ.get(k)}}
+        # on this node: the driver writes the study folder the API reads, and worker nodes need not share its disk
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         options = dict(name=actor_name(study_id), namespace=NAMESPACE, lifetime="detached",
-                       runtime_env={"env_vars": env})
+                       runtime_env={"env_vars": env}, scheduling_strategy=here)
         for _ in range(20):  # a just-killed actor may hold its name for a moment
             try:
                 # the decorator made the class an ActorClass; mypy keeps a decorated class's own type

@@ -29,6 +29,7 @@ import yaml
 
 from studies.spec import CATALOG_DIR
 from tests.service._cli import data_dir, ptctl
+from tests.service.conftest import ADMIN, READ, Server, wait_for
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
@@ -42,6 +43,7 @@ class Cluster:
     env: dict[str, str]  # what a client of the cluster needs: the address and the auth token
     workers: dict[str, str]  # custom resource → the worker node's id
     head: str  # the head node's id
+    processes: dict[str, subprocess.Popen]  # custom resource → its `ray start --block` (a process group)
 
 
 def _free_port() -> int:
@@ -94,10 +96,12 @@ def cluster(tmp_path_factory, s3) -> Iterator[tuple[Cluster, Path]]:
     address = f"127.0.0.1:{port}"
     time.sleep(5)
     for name in WORKERS:  # the data directory is an empty tmpfs in the worker node's mount namespace
+        gpus = 1 if name == "node_a" else 0  # node_a says it has a GPU: placement only, trials train on CPU
         join = (f"mount -t tmpfs tmpfs {data} && exec ray start --block --address={address} --num-cpus=1 "
-                f"--resources='{{\"{name}\": 1}}' --temp-dir={root / name}")
+                f"--num-gpus={gpus} --resources='{{\"{name}\": 1}}' --temp-dir={root / name}")
         procs.append(subprocess.Popen(["unshare", "-m", "sh", "-c", join], env=env, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.STDOUT, start_new_session=True))
+    nodes = dict(zip(WORKERS, procs[1:], strict=True))
     client = {**env, "RAY_ADDRESS": address}
     deadline, ids = time.monotonic() + 180, {}
     while time.monotonic() < deadline and set(ids) != {"head", *WORKERS}:
@@ -106,7 +110,7 @@ def cluster(tmp_path_factory, s3) -> Iterator[tuple[Cluster, Path]]:
     try:
         assert set(ids) == {"head", *WORKERS}, f"the cluster did not come up: {ids}"
         yield Cluster(address, {k: client[k] for k in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", *s3)},
-                      {k: v for k, v in ids.items() if k != "head"}, ids["head"]), data
+                      {k: v for k, v in ids.items() if k != "head"}, ids["head"], nodes), data
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -115,7 +119,8 @@ def cluster(tmp_path_factory, s3) -> Iterator[tuple[Cluster, Path]]:
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -176,3 +181,74 @@ def test_checkpoints_in_s3_let_trials_on_nodes_without_a_shared_disk_finish(clus
     runs = MlflowClient(uri).search_runs(
         [e.experiment_id for e in MlflowClient(uri).search_experiments()], "tags.kind = 'trial'")
     assert len(runs) == 2 and {r.data.tags.get("node_id") for r in runs} <= set(c.workers.values())
+
+
+def test_trials_asking_for_a_gpu_land_only_on_the_node_that_has_one(cluster, tmp_path):
+    """Half a GPU per trial: both tune trials train on node_a (the one with `--num-gpus=1`), never on node_b."""
+    c, data = cluster
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = ptctl(["study", "run", str(_spec(tmp_path, "mn-gpu", seed=4, gpus_per_trial=0.5))], data, uri, **c.env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert {r.data.tags.get("node_id") for r in _trial_runs(uri)} == {c.workers["node_a"]}
+
+
+def test_a_study_through_the_api_trains_on_the_worker_nodes(cluster, tmp_path):
+    """`ptctl serve` joined to the cluster (RAY_ADDRESS): a study posted to it succeeds, its driver on the API's
+    node (it writes the study folder the API reads) and its trials on the worker nodes."""
+    c, data = cluster
+    uri = f"sqlite:///{data / 'api-mlflow.db'}"
+    env = {**os.environ, **c.env, "PTCTL_DATA_DIR": str(data), "MLFLOW_TRACKING_URI": uri, "PTCTL_RECONCILE_S": "1",
+           "PTCTL_API_TOKENS": f"admin:{ADMIN},read:{READ}", "PTCTL_TOKEN": "", "PTCTL_SERVER": ""}
+    server = Server(env, tmp_path / "api.log")
+    spec = yaml.safe_load(_spec(tmp_path, "mn-api", seed=5).read_text())
+    try:
+        server.start()
+        with server.client() as api:
+            posted = api.post("/studies", json=spec)
+            assert posted.status_code == 201, posted.text
+            study_id = posted.json()["id"]
+            wait_for(lambda: api.get(f"/studies/{study_id}").json()["status"] not in ("pending", "running"), 600,
+                     "the study's end")
+            assert api.get(f"/studies/{study_id}").json()["status"] == "succeeded", (tmp_path / "api.log").read_text()
+    finally:
+        server.stop()
+    nodes = {r.data.tags.get("node_id") for r in _trial_runs(uri)}
+    assert len(_trial_runs(uri)) == 2 and nodes <= set(c.workers.values()), nodes
+
+
+def _trial_runs(uri: str) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(experiments, "tags.kind = 'trial'") if experiments else []
+
+
+def test_a_worker_node_lost_mid_trial_is_survived_from_its_checkpoint_in_s3(cluster, tmp_path):
+    """kill -9 of one worker node (its raylet and workers) while its trial trains: the trial restarts on the other
+    node from its last checkpoint in S3, the study succeeds, and each trial has one run. (Last in this module: the
+    cluster has one worker node left.)"""
+    c, data = cluster
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    path = _spec(tmp_path, "mn-lost", seed=3, checkpoint_every_s=0, max_retries=2, storage="s3://ptctl/studies")
+    spec = yaml.safe_load(path.read_text())
+    spec["train"].update(steps=300, eval_every=20, log_every=20)
+    spec["tune"]["asha"]["enabled"] = False
+    path.write_text(yaml.safe_dump(spec))
+    env = {**os.environ, "PTCTL_DATA_DIR": str(data), "MLFLOW_TRACKING_URI": uri, "COLUMNS": "200", **c.env}
+    run = subprocess.Popen([sys.executable, "-m", "service.cli", "study", "run", str(path)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    doomed, deadline = c.workers["node_b"], time.monotonic() + 300
+    while time.monotonic() < deadline and run.poll() is None:  # until node_b's trial has reported a checkpoint
+        on_b = [r for r in _trial_runs(uri) if r.data.tags.get("node_id") == doomed]
+        if on_b and "train_loss" in on_b[0].data.metrics:
+            break
+        time.sleep(1)
+    assert run.poll() is None, "the study ended before node_b's trial reported"
+    os.killpg(c.processes["node_b"].pid, signal.SIGKILL)
+    out, _ = run.communicate(timeout=900)
+    assert run.returncode == 0, out[-3000:]
+    runs = _trial_runs(uri)
+    assert len(runs) == 2 and {r.data.tags["status"] for r in runs} == {"completed"}, out[-2000:]
+    moved = next(r for r in runs if r.data.tags.get("retries"))
+    assert moved.data.tags["node_id"] == c.workers["node_a"] and int(moved.data.tags["resumed_from_step"]) >= 20
