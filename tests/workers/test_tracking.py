@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import time
 from pathlib import Path
 
 import pytest
@@ -17,9 +16,9 @@ def _experiment_id(uri: str, name: str, queue) -> None:
     queue.put(Tracker(name, uri).experiment_id)
 
 
-def _save_view(uri: str, name: str, column: str, start) -> None:
+def _save_view(uri: str, name: str, column: str, ready) -> None:
     tracker = Tracker(name, uri)
-    start.wait(60)  # every process at the same point: the view's first write races
+    ready.wait(120)  # every process has imported MLflow and opened the store: the view's first write races
     tracker.save_view([column])
 
 
@@ -86,13 +85,11 @@ def test_studies_saving_the_view_together_all_succeed_and_keep_their_columns(tmp
     uri = prepare_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
     tracker = Tracker("viewed-together", uri)
     ctx = mp.get_context("spawn")
-    start = ctx.Event()
     columns = [f"params.`best.h{i}`" for i in range(4)]
-    procs = [ctx.Process(target=_save_view, args=(uri, "viewed-together", c, start)) for c in columns]
+    ready = ctx.Barrier(len(columns))  # released when the last process is ready (was: a fixed 8-s sleep)
+    procs = [ctx.Process(target=_save_view, args=(uri, "viewed-together", c, ready)) for c in columns]
     for p in procs:
         p.start()
-    time.sleep(8)  # the processes import MLflow and open the store
-    start.set()
     for p in procs:
         p.join(120)
     assert [p.exitcode for p in procs] == [0] * 4
