@@ -265,9 +265,6 @@ class StudyDriver:
             self.emit("trial_done", {"phase": phase, "trial_id": row.trial_id, "status": row.status,
                                      "eval_loss": float(row.eval_loss), "reused": True})
 
-    def planned_count(self, phase: str) -> int:
-        return PHASES[phase].count(self.spec)
-
     # ------------------------------------------------------------------ reuse of finished phases
     def _reusable(self, phase: str) -> StudyFolder | None:
         other = PhaseIndex().get(phase_key(self.spec, phase))
@@ -292,7 +289,7 @@ class StudyDriver:
                     self.emit("phase_skipped", {"phase": phase})
                     continue
                 self.tracker.set_tags(self.state.runs["study"], {"phase": phase})
-                self.emit("phase_start", {"phase": phase, "trials": self.planned_count(phase)})
+                self.emit("phase_start", {"phase": phase, "trials": PHASES[phase].count(self.spec)})
                 start = time.monotonic()
                 self._run_phase(PHASES[phase])
                 self.state.phases[phase].wall_s = time.monotonic() - start  # the cost account's phase time

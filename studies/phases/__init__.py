@@ -39,13 +39,7 @@ PHASES: dict[str, Phase] = {
 }
 
 __all__ = ["PHASES", "CompareResult", "Phase", "PhaseFailed", "PhaseResult", "PhaseStatus", "StudyState",
-           "TransferResult", "TuneResult", "ValidateResult", "Verdict", "VerifyResult", "get_phase"]
-
-
-def get_phase(name: str) -> Phase:
-    if name not in PHASES:
-        raise ValueError(f"unknown phase {name!r}: choose one of {list(PHASES)}")
-    return PHASES[name]
+           "TransferResult", "TuneResult", "ValidateResult", "Verdict", "VerifyResult"]
 
 
 class StudyState(BaseModel):

@@ -95,3 +95,13 @@ def test_studies_saving_the_view_together_all_succeed_and_keep_their_columns(tmp
     assert [p.exitcode for p in procs] == [0] * 4
     saved = json.loads(tracker.client.get_experiment(tracker.experiment_id).tags[VIEW_TAG + VIEW_ID])
     assert set(json.loads(saved["state"])["selectedColumns"]) == set(columns)
+
+
+def test_the_mlflow_tracker_implements_every_call_of_the_protocol():
+    """`RunTracker`'s bodies are the null tracker's: the MLflow tracker must define each call itself, not inherit
+    one that records nothing."""
+    from workers.tracker import NullTracker, RunTracker
+
+    calls = [name for name, value in vars(RunTracker).items() if callable(value) and not name.startswith("_")]
+    assert len(calls) == 20 and not [name for name in calls if name not in vars(Tracker)]
+    assert NullTracker().trial_run("s", "tune", "tune-1", "p", {}) == "s/tune/tune-1"
