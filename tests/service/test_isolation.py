@@ -19,7 +19,7 @@ from studies import load_catalog
 from tests.service.conftest import wait_for
 
 pytestmark = pytest.mark.slow
-N_TUNE = 3
+N_TUNE = 2  # each study's own trials, told apart from the others' (after a cancel/resume too)
 PHASES = ("tune", "transfer", "verify", "validate", "compare")
 
 

@@ -21,12 +21,13 @@ from studies import load_catalog
 from tests.service._cli import data_dir, one_line_error, ptctl
 
 pytestmark = pytest.mark.slow
+N_TUNE = 2
 
 
 def _spec(tmp: Path) -> Path:
     data = load_catalog("tiny").as_dict()
     data["name"] = "tiny-owned"
-    data["tune"] |= {"num_trials": 3, "seed": 11}
+    data["tune"] |= {"num_trials": N_TUNE, "seed": 11}  # max_concurrent 2: the tune phase is one round of trials
     data["verify"] = None
     path = tmp / "tiny-owned.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -62,7 +63,7 @@ def test_each_data_directory_keeps_its_own_runs(two_runs):
     for state in (a, b):
         assert set(state["runs"].values()) <= live, "a study's state points at deleted runs"
         tune = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == state["runs"]["tune"]]
-        assert len(tune) == 3 and all(r.info.lifecycle_stage == "active" for r in tune), "its tune runs were deleted"
+        assert len(tune) == N_TUNE and all(r.info.lifecycle_stage == "active" for r in tune), "tune runs deleted"
     assert a["instance"] != b["instance"]
     by_instance = {inst: [r for r in runs if r.data.tags.get("study_instance") == inst]
                    for inst in (a["instance"], b["instance"])}
@@ -71,7 +72,7 @@ def test_each_data_directory_keeps_its_own_runs(two_runs):
     for state in (a, b):
         mine = by_instance[state["instance"]]
         kinds = Counter(r.data.tags["kind"] for r in mine)
-        assert kinds == {"study": 1, "phase": 2, "trial": 3 + 1}, kinds  # 3 tune trials, 1 transfer trial
+        assert kinds == {"study": 1, "phase": 2, "trial": N_TUNE + 1}, kinds  # the tune trials, 1 transfer trial
         assert all(r.info.lifecycle_stage == "active" and r.info.status == "FINISHED" for r in mine)
         assert set(state["runs"].values()) <= {r.info.run_id for r in mine}  # its state points at its own runs
         artifacts = {f.path for f in client.list_artifacts(state["runs"]["study"])}
