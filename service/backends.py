@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from service.schemas import StudyDetail
     from studies.spec import StudySpec
 
-ACTIVE = ("pending", "running")
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 
 
@@ -152,7 +151,7 @@ class RemoteBackend:
                         note = f"{p.running} running, {p.failed} failed, {p.diverged} diverged{best}"
                         bar.update(tasks[phase], total=p.planned, completed=p.done + p.failed + p.diverged,
                                    note=note)
-                    if study.status not in ACTIVE:
+                    if study.status not in (StudyStatus.PENDING, StudyStatus.RUNNING):
                         break
                     time.sleep(interval)
         except KeyboardInterrupt:
