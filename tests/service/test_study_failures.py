@@ -102,8 +102,9 @@ def test_lost_ray_cluster_is_recorded_interrupted_and_resumed(tmp_path):
     spec = _spec(tmp_path, "lost-ray")
     data_spec = yaml.safe_load(spec.read_text())
     data_spec["tune"] |= {"num_trials": 6}
-    # trials long enough that the tune phase is still running when the GCS is killed, on a slow machine too
-    data_spec["train"] |= {"steps": 150, "eval_every": 50}
+    # the tune phase is still running when the GCS is killed, on a slow machine too: after the first of 6 trials
+    # (2 at a time) at least two rounds of 100-step trials are left
+    data_spec["train"] |= {"steps": 100, "eval_every": 50}
     spec.write_text(yaml.safe_dump(data_spec))
     env = {**os.environ, "PTCTL_DATA_DIR": str(data), "RAY_ADDRESS": "", "COLUMNS": "200",
            "RAY_gcs_rpc_server_reconnect_timeout_s": "5"}
