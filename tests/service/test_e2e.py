@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 
 from service import ray_head
 from service.cli import main as ptctl
-from studies import CATALOG_DIR, load_catalog
+from studies import load_catalog
 from studies.spec import StudySpec
 from tests.service.conftest import ADMIN, READ, wait_for
 
@@ -155,11 +155,12 @@ def test_cli_client_commands(server, study, monkeypatch, capsys):
     assert "409" in out and "succeeded" in out
 
 
-def test_transfer_with_server_submits_the_derived_spec(server, study, monkeypatch, capsys):
-    """`ptctl transfer --server` posts the spec it derives and follows it (its phases are reused from tiny)."""
+def test_transfer_with_server_submits_the_derived_spec(server, study, service_dir, monkeypatch, capsys, tmp_path):
+    """`ptctl transfer --server` posts the spec it derives and follows it (its phases are reused from the study
+    above: the spec file is its spec, so no trial trains again)."""
     monkeypatch.setenv("PTCTL_TOKEN", ADMIN)
-    code = ptctl(["transfer", "--spec", str(CATALOG_DIR / "tiny.yaml"), "--from-width", "16", "--to", "32",
-                  "--server", server.url])
+    (spec_file := tmp_path / "tiny.yaml").write_text(TINY.to_yaml())
+    code = ptctl(["transfer", "--spec", str(spec_file), "--from-width", "16", "--to", "32", "--server", server.url])
     out = capsys.readouterr().out
     assert code == 0, out
     study_id = re.search(r"submitted study (\S+)", out).group(1)
@@ -167,6 +168,8 @@ def test_transfer_with_server_submits_the_derived_spec(server, study, monkeypatc
         detail = api.get(f"/studies/{study_id}").json()
     assert detail["status"] == "succeeded" and study_id != study[0]
     assert detail["spec"]["verify"] is None and detail["spec"]["transfer"]["widths"] == [32]
+    phases = json.loads((service_dir / "studies" / study_id / "state.json").read_text())["phases"]
+    assert {p: phases[p]["reused_from"] for p in ("tune", "transfer")} == {"tune": study[0], "transfer": study[0]}
 
 
 def test_no_token_in_any_log_or_mlflow(server, study, service_dir, mlflow_server):
