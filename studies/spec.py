@@ -308,6 +308,10 @@ class ResourcesSpec(BaseModel):
         "an absolute path every node mounts at the same place (e.g. /mnt/nfs/ptctl) or an S3 URI (s3://bucket/prefix; "
         "endpoint and credentials from each node's AWS environment); None: PTCTL_STORAGE, else the study's folder "
         "(one machine, or a data directory every node shares)")
+    batch_members: PosInt | Literal["auto"] = Field(
+        "auto", description="trials of a transfer, verify or validate phase trained together as one batched model "
+        "(same width, steps and seed; each member its own lr and hparams, its own run): at most this many per "
+        "batch; 1: each trial alone; 'auto': as many as a GPU's memory holds, 1 on CPU (studies.members)")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="the MLflow target")
 
     @field_validator("storage")
@@ -485,11 +489,12 @@ class StudySpec(BaseModel):
     def content_hash(self) -> str:
         """sha256 of the canonical JSON (sorted keys, defaults filled in): equal specs hash equal.
 
-        `resources.max_retries`, `checkpoint_every_s` and `storage` are left out: they change how a study copes
-        with faults and where it keeps its checkpoints, not what it computes, so a study keeps its id when they do.
+        `resources.max_retries`, `checkpoint_every_s`, `storage` and `batch_members` are left out: they change how
+        a study copes with faults, where it keeps its checkpoints and how its trials are packed into processes, not
+        what each trial computes, so a study keeps its id when they do.
         """
         data = self.as_dict()
-        for key in ("max_retries", "checkpoint_every_s", "storage"):
+        for key in ("max_retries", "checkpoint_every_s", "storage", "batch_members"):
             data["resources"].pop(key, None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()

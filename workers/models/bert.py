@@ -50,12 +50,14 @@ class Layer(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.drop = nn.Dropout(dropout)
 
-    def attention(self, x: torch.Tensor, keep: torch.Tensor, scale: float, trace: dict | None, tag: str
+    def attention(self, x: torch.Tensor, keep: torch.Tensor, scale: float | torch.Tensor, trace: dict | None, tag: str
                   ) -> torch.Tensor:
         B, n, _ = x.shape
         q, k, v = (proj(x).view(B, n, self.n_heads, self.head_dim).transpose(1, 2)
                    for proj in (self.q, self.k, self.v))  # (B, H, n, head_dim)
         mask = keep[:, None, None, :]  # (B, 1, 1, n): attend to real tokens only
+        if isinstance(scale, torch.Tensor):  # a batched trial's per-member attn_mult: SDPA takes a float scale
+            q, scale = q * scale, 1.0
         if trace is None:
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                                  dropout_p=self.drop.p if self.training else 0.0)
@@ -65,7 +67,7 @@ class Layer(nn.Module):
             ctx = self.drop(torch.softmax(logits.masked_fill(~mask, float("-inf")), -1)) @ v
         return self.o(ctx.transpose(1, 2).reshape(B, n, -1))  # (B, n, d)
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor, scale: float, trace: dict | None = None,
+    def forward(self, x: torch.Tensor, keep: torch.Tensor, scale: float | torch.Tensor, trace: dict | None = None,
                 tag: str = "layer0") -> torch.Tensor:
         if self.norm == "pre":
             a = self.attention(self.ln1(x), keep, scale, trace, tag)

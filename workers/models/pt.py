@@ -113,8 +113,8 @@ def _near_slices(s: int, n: int) -> tuple[slice, slice]:
 def head_scores(q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
     """F[b,c,i,j] = Σ_k M[k,i,j] <q_k[i], k_k[j]>.  q, k: (B, n, K, h, r) → (B, h, n, n)."""
     g = o.gamma
-    F_ = (q[:, :, 0].transpose(1, 2) @ k[:, :, 0].permute(0, 2, 3, 1)).triu_(g + 1)  # far_neg: j > i + γ
-    F_ += (q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1)).tril_(-g - 1)  # far_pos: j < i − γ
+    F_ = (q[:, :, 0].transpose(1, 2) @ k[:, :, 0].permute(0, 2, 3, 1)).triu(g + 1)  # far_neg: j > i + γ
+    F_ += (q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1)).tril(-g - 1)  # far_pos: j < i − γ
     for s, kb in o.near:  # F[i, i − s], one diagonal per near bucket
         dep, head = _near_slices(s, o.n)
         F_.diagonal(-s, -2, -1).copy_((q[:, dep, kb] * k[:, head, kb]).sum(-1).transpose(1, 2))
@@ -138,7 +138,7 @@ def gather(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> to
         dep, head = _near_slices(s, n)
         recv, send = (head, dep) if transpose else (dep, head)
         a = A.diagonal(-s, -2, -1).transpose(1, 2)[..., None]  # (B, n − |s|, h, 1): A[c, i, i − s]
-        torch.mul(a, x[:, send, kb], out=ctx[:, recv, kb])
+        ctx[:, recv, kb] = a * x[:, send, kb]
     return ctx
 
 
@@ -149,12 +149,17 @@ class _Scores(torch.autograd.Function):
     so nothing beyond q and k is kept, and each gradient is written into one buffer.
     """
 
+    generate_vmap_rule = True  # batched trials (`workers.batched`) vmap it: forward and backward batch as written
+
     @staticmethod
-    def forward(ctx, q, k, o):
-        k = k.to(q.dtype)  # under autocast both are the projection GEMMs' dtype already
-        ctx.save_for_backward(q, k)
+    def forward(q, k, o):
+        return head_scores(q, k.to(q.dtype), o)  # under autocast both are the projection GEMMs' dtype already
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, o = inputs
+        ctx.save_for_backward(q, k.to(q.dtype))
         ctx.o = o
-        return head_scores(q, k, o)
 
     @staticmethod
     def backward(ctx, dF):
@@ -172,16 +177,22 @@ class _Messages(torch.autograd.Function):
     dk = gatherᵀ(A, c), dq = gather(A, c_head). `head` False: G_dep only (block_msg).
     """
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, A, q, k, Wu, Wv, o, head, gather_fn):
+    def forward(A, q, k, Wu, Wv, o, head, gather_fn):
         Bsz, n = q.shape[:2]
         # one compute dtype, q's: under autocast the bf16 projections, else the model's (autograd casts
         # each gradient back to its input's dtype, e.g. float32 for A and the weights)
         A, k, Wu, Wv = (t.to(q.dtype) for t in (A, k, Wu, Wv))
-        ctx.save_for_backward(A, q, k, Wu, Wv)
-        ctx.o, ctx.head = o, head
         dep = gather_fn(A, k, o, False).view(Bsz, n, -1) @ Wu.T
         return dep, (gather_fn(A, q, o, True).view(Bsz, n, -1) @ Wv.T if head else torch.zeros_like(dep))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        A, q, k, Wu, Wv, o, head, _ = inputs
+        ctx.save_for_backward(*(t.to(q.dtype) for t in (A,)), q, *(t.to(q.dtype) for t in (k, Wu, Wv)))
+        ctx.o, ctx.head = o, head
 
     @staticmethod
     def backward(ctx, g_dep, g_head):

@@ -1,0 +1,84 @@
+"""Batched trials, planned: which of a grid phase's trials train together as one batched model (`workers.batched`).
+
+Trials may share a batch when their trial configs are equal but for the base `lr` and the family's hparams
+(`member_key`): the same width, steps, seed (so the same init draw and data order), schedule and data. A phase's
+planned trials are grouped by that key in plan order and each group is cut into batches of at most K members,
+as even as they come (59 trials at K = 30: 30 and 29). The grouping is a pure function of the plan and K, so a
+restored phase re-forms the same batches.
+
+K is `resources.batch_members`: an integer (1: every trial alone, as before batching), or "auto"
+(`auto_members`): on a GPU, as many members as the device's memory holds (`member_bytes`: the parameters with
+their gradients and AdamW moments, and the activations kept for backward, from the shapes `studies.budget`
+counts), spread so that every trial slot of the cluster gets a batch; on CPU, 1 — measured on 2 CPU threads,
+batching PT at widths 32–128 does not speed a trial's arithmetic up (docs/LOG.md, `benchmarks/bench_batched.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from studies.budget import forward_flops, param_count
+from studies.family import get_family
+from studies.plan import PlannedTrial
+from studies.spec import StudySpec
+
+MAX_MEMBERS = 64  # a cap on auto's K: past it a batch's step is as long as K solo steps anyway
+MEMORY_SHARE = 0.5  # of a worker's memory that auto's batches may fill (the rest: the data, the process, slack)
+
+
+def member_key(config: dict[str, Any]) -> str:
+    """What trials sharing a batch must have in common: their trial config but the lr and the family's hparams."""
+    hparams = set(get_family(config.get("model", "pt")).space.HPARAMS)
+    model_hp = {k: v for k, v in (config.get("model_hp") or {}).items() if k not in hparams}
+    rest = {k: v for k, v in config.items() if k not in ("lr", "model_hp")}
+    return repr(sorted({**rest, "model_hp": sorted(model_hp.items())}.items()))
+
+
+def batches(spec: StudySpec, trials: Sequence[PlannedTrial], k: int) -> list[list[PlannedTrial]]:
+    """The planned trials as batches of at most `k` members each (module docstring); `k` = 1: one per trial."""
+    groups: dict[str, list[PlannedTrial]] = {}
+    for trial in trials:
+        groups.setdefault(member_key(trial.trial_config(spec)), []).append(trial)
+    out: list[list[PlannedTrial]] = []
+    for group in groups.values():
+        n = math.ceil(len(group) / max(k, 1))
+        size, extra = divmod(len(group), n)
+        start = 0
+        for i in range(n):
+            end = start + size + (i < extra)
+            out.append(group[start:end])
+            start = end
+    return out
+
+
+def member_bytes(spec: StudySpec, width: int) -> float | None:
+    """One member's training memory in fp32 at `width`: parameters, gradients and AdamW's two moments (4 ×
+    params), and the activations kept for backward, taken as every matmul's output (forward FLOPs / 2 / width
+    per sequence) times 4 for the elementwise intermediates beside them. None: the family has no counts."""
+    m, d = spec.model, spec.data
+    try:
+        params = param_count(m.family, m.arch, width, d.vocab_size, spec.tune.base_width)
+        flops = sum(forward_flops(m.family, m.arch, width, d.vocab_size, d.seq_len, d.seq_len,
+                                  spec.tune.base_width).values())
+    except ValueError:
+        return None
+    return 4.0 * (4 * params + 4 * spec.train.batch_size * flops / (2 * width))
+
+
+def auto_members(spec: StudySpec, trials: Sequence[PlannedTrial], *, slots: int, memory_bytes: float | None,
+                 gpu: bool) -> int:
+    """K for `resources.batch_members` (module docstring): the integer when one is set; "auto": 1 on CPU, else the
+    members a worker's memory holds, no more than fill each of `slots` concurrent batches."""
+    chosen = spec.resources.batch_members
+    if chosen != "auto":
+        return int(chosen)
+    if not gpu or not trials:
+        return 1
+    spread = math.ceil(len(trials) / max(slots, 1))
+    if memory_bytes is None:
+        return min(spread, MAX_MEMBERS)
+    per_member = member_bytes(spec, max(t.width for t in trials))
+    fits = MAX_MEMBERS if per_member is None else int(MEMORY_SHARE * memory_bytes // per_member)
+    return max(1, min(spread, fits, MAX_MEMBERS))
