@@ -29,6 +29,7 @@ bench: install  # every benchmark; each prepares its own data (a fresh clone and
 	$(PY) benchmarks/bench_api.py
 	$(PY) benchmarks/bench_storage.py
 	$(PY) benchmarks/bench_coord_seeds.py
+	$(PY) benchmarks/bench_batched.py
 
 bench-quick: install  # the same end to end at toy sizes, minutes in all: checks they run, measures nothing
 	$(PY) benchmarks/bench_pt.py --device cpu --configs small --steps 1 --repeats 1 --warmup 1 --batch 4
@@ -37,3 +38,4 @@ bench-quick: install  # the same end to end at toy sizes, minutes in all: checks
 	$(PY) benchmarks/bench_orchestration.py --quick
 	$(PY) benchmarks/bench_api.py --gets 100 --posts 2 --max-seconds 20
 	$(PY) benchmarks/bench_storage.py --widths 32 --repeats 1
+	$(PY) benchmarks/bench_batched.py --quick
