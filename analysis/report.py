@@ -103,6 +103,9 @@ def render_report(
         sections.setdefault(phase if phase in PHASES else "figures", []).append(f"![{name}]({path})")
     if cost and cost.get("rows"):
         sections["cost"] = [cost_section(cost)]
+    batched = batches_line(tables)
+    if batched:
+        sections.setdefault("cost", []).append(batched)
     parts = [title, *headline, "## spec", "\n".join(summary) or "_no spec summary given_"]
     for name in (*PHASES, "cost", "figures"):
         if name in sections:
@@ -187,6 +190,19 @@ def _validate_section(drift: LRDrift) -> str:
     optima = pd.DataFrame([o.model_dump() for o in drift.optima])
     status = "pass" if drift.passed else "fail"
     return f"**{status}**: {drift.verdict}\n\n{markdown_table(drifts)}\n\n{markdown_table(optima)}"
+
+
+def batches_line(tables: Mapping[str, pd.DataFrame]) -> str | None:
+    """How the grid phases' trials were packed: per phase, the trials trained as members of a batched model and the
+    members of each batch (a trial table's `batch` column); None when none was."""
+    parts = []
+    for phase, table in tables.items():
+        if "batch" not in table or table["batch"].isna().all():
+            continue
+        sizes = table.dropna(subset=["batch"]).groupby("batch", sort=True).size()
+        parts.append(f"{phase}: {int(sizes.sum())} of {len(table)} trials in {len(sizes)} batched "
+                     f"process{'es' if len(sizes) > 1 else ''} ({', '.join(str(int(n)) for n in sizes)} members)")
+    return "**batched trials:** " + "; ".join(parts) if parts else None
 
 
 def _pct(part: float | None, whole: float | None) -> float | None:

@@ -12,7 +12,9 @@ stacked tensors (`_adamw`, torch's single-tensor arithmetic), with a (K,) learni
 per-member gradient-norm clip.
 
 Each member is still a trial: its own eval curve, divergence (a member whose loss goes non-finite or blows up is
-recorded `diverged` with the reason and its slice stops updating; the others go on), plateau scale and result. At
+recorded `diverged` with the reason and its slice stops updating; the others go on), plateau scale and result (its
+wall time and tokens/s are its share of the batch's: the batch's time / K, so a phase's trial times add up to its
+compute time as solo trials' do). At
 dropout 0 a member's losses equal the same trial trained alone (tests/workers/test_batched.py: float64 ≤ 1e-8
 after 20 steps). With dropout the members draw independent masks (vmap's randomness="different").
 
@@ -124,8 +126,8 @@ class Members:
 
 def _varying(models: Sequence[LanguageModel]) -> list[str]:
     """The model config's fields whose values differ between members (each must be a number: a per-member tensor)."""
-    first = models[0].cfg.model_dump()
-    others = [m.cfg.model_dump() for m in models[1:]]
+    dumps: list[dict[str, Any]] = [m.cfg.model_dump() for m in models]  # type: ignore[union-attr,operator]
+    first, others = dumps[0], dumps[1:]
     keys = sorted(k for k in first if any(o[k] != first[k] for o in others))
     for k in keys:
         if any(isinstance(v, bool) or not isinstance(v, int | float) for v in (first[k], *(o[k] for o in others))):
@@ -234,10 +236,11 @@ def train_batch(configs: Sequence[TrialConfig | dict[str, Any]], progress: Membe
     results: list[TrialResult | None] = [_ended(e) for e in loop["ended"]]
 
     def end(i: int, status: str, step: int, message: str = "") -> None:
-        results[i] = _result(status, loop["eval_loss"][i] if status == TrialStatus.COMPLETED else math.nan,
-                             loop["best"][i], loop["train_loss"][i], step, loop["tokens"], start, infos[i],
-                             loop["history"][i], message)
-        loop["ended"][i] = _freeze(results[i])
+        share_start = time.perf_counter() - (time.perf_counter() - start) / k  # its share of the batch's time
+        result = _result(status, loop["eval_loss"][i] if status == TrialStatus.COMPLETED else math.nan,
+                         loop["best"][i], loop["train_loss"][i], step, loop["tokens"], share_start, infos[i],
+                         loop["history"][i], message)
+        results[i], loop["ended"][i] = result, dict(vars(result))
 
     for step in range(first_step, first.steps + 1):
         live = [r is None for r in results]
@@ -307,7 +310,7 @@ def train_batch(configs: Sequence[TrialConfig | dict[str, Any]], progress: Membe
                 if not live[i]:
                     continue
                 row: dict[str, Any] = {"step": step, "train_loss": loop["train_loss"][i], "tokens": loop["tokens"],
-                                       "tokens_per_s": loop["tokens"] / elapsed}
+                                       "tokens_per_s": k * loop["tokens"] / elapsed}
                 row.update({f"lr_{g}": lr for g, lr in lr_rows[i].items()})
                 row.update(system)
                 if cfgs[i].plateau_patience:
@@ -343,11 +346,6 @@ def _stream_losses(members: Members, diverted, device: torch.device) -> list[flo
             totals = [t + v * each.n_masked for t, v in zip(totals, values, strict=True)]
             count += each.n_masked
     return [t / max(count, 1) for t in totals]
-
-
-def _freeze(result: TrialResult) -> dict[str, Any]:
-    """A finished member's result as checkpointable data."""
-    return dict(vars(result))
 
 
 def _ended(saved: dict[str, Any] | None) -> TrialResult | None:

@@ -26,6 +26,7 @@ import pandas as pd
 
 from analysis.table import LOSS_STATUSES, TrialStatus
 from studies.family import FAMILIES
+from studies.members import auto_members, batches
 from studies.phases.tune import search_space
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
@@ -149,16 +150,38 @@ class Runner(Protocol):
         ...
 
 
-def trial_row(spec: StudySpec, trial: PlannedTrial, status: str, metrics: Mapping[str, Any], message: str = ""
-              ) -> dict[str, Any]:
-    """One trial-table row: the planned trial's columns and its final metrics (`step`, `eval_loss`, ...)."""
+def trial_row(spec: StudySpec, trial: PlannedTrial, status: str, metrics: Mapping[str, Any], message: str = "",
+              batch: str | None = None) -> dict[str, Any]:
+    """One trial-table row: the planned trial's columns and its final metrics (`step`, `eval_loss`, ...); a
+    batched trial's row names its batch (`batch_tag`)."""
     eval_loss = metrics.get("eval_loss", math.nan) if status in LOSS_STATUSES else math.nan
     planned = trial.columns(spec)
     ident = {k: planned.pop(k) for k in ("trial_id", "phase", "width", "seed")}
     return {**ident, "status": str(status), "eval_loss": eval_loss,
             "best_eval_loss": metrics.get("best_eval_loss", eval_loss), "steps": metrics.get("step", 0),
             "tokens": metrics.get("tokens", 0), "wall_time_s": metrics.get("wall_time_s"),
-            "params": metrics.get("params"), "is_centre": planned.pop("is_centre"), "message": message, **planned}
+            "params": metrics.get("params"), "is_centre": planned.pop("is_centre"), "message": message, **planned,
+            **({"batch": batch} if batch else {})}
+
+
+def result_metrics(result: Any) -> dict[str, Any]:
+    """A `workers.train.TrialResult`'s final metrics, as `trial_row` takes them."""
+    return {"eval_loss": result.eval_loss, "best_eval_loss": result.best_eval_loss, "step": result.steps,
+            "tokens": result.tokens, "wall_time_s": result.wall_time_s, "params": result.params}
+
+
+def batch_tag(batch: str, members: int) -> str:
+    """The `batch` tag of a batched trial's run and its table row: which of the phase's batches, and its size."""
+    return f"{batch} ({members} members)"
+
+
+def local_members(spec: StudySpec, trials: list[PlannedTrial]) -> int:
+    """K for batches trained in this process (`studies.members.auto_members`: one slot, this machine's GPU)."""
+    import torch
+
+    gpu = torch.cuda.is_available() and spec.train.device != "cpu"
+    memory = torch.cuda.mem_get_info()[1] if gpu else None
+    return auto_members(spec, trials, slots=1, memory_bytes=memory, gpu=gpu)
 
 
 def trial_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -197,7 +220,13 @@ class InProcessRunner:
         done = journal.rows()
         if job.planned is None:
             return trial_frame(self._search(job, journal, done))
-        return trial_frame([done.get(t.trial_key) or self._run(job, t, journal) for t in job.planned])
+        todo = [t for t in job.planned if t.trial_key not in done]
+        groups = batches(job.spec, todo, local_members(job.spec, todo)) if self.train is None else [[t] for t in todo]
+        for i, group in enumerate(groups):
+            for row in (self._run_batch(job, group, f"{i + 1}/{len(groups)}", journal) if len(group) > 1
+                        else [self._run(job, group[0], journal)]):
+                done[row["trial_id"]] = row
+        return trial_frame([done[t.trial_key] for t in job.planned])
 
     def _search(self, job: PhaseJob, journal: _Journal, done: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         """Optuna TPE (seeded by tune.seed, the defaults first), asked and told one trial at a time."""
@@ -219,6 +248,36 @@ class InProcessRunner:
             rows.append(row)
         return rows
 
+    def _run_batch(self, job: PhaseJob, group: list[PlannedTrial], batch: str, journal: _Journal
+                   ) -> list[dict[str, Any]]:
+        """Train `group` as one batched model (`workers.batched`), each member recorded as its own trial."""
+        from workers.batched import train_batch
+        from workers.train import TrialConfig
+
+        recorder = job.recorder()
+        tag = batch_tag(batch, len(group))
+        runs = [recorder.start(trial, batch=tag) for trial in group]
+        try:
+            results = train_batch([TrialConfig.model_validate(t.trial_config(job.spec)) for t in group])
+        except Exception as exc:  # the whole batch could not train: every member is `failed`
+            message = one_line(exc)
+            for run in runs:
+                recorder.finish(run, TrialStatus.FAILED, run_status="FAILED", tags={"failure": message})
+            rows = [trial_row(job.spec, t, TrialStatus.FAILED, {}, message, batch=tag) for t in group]
+        else:
+            rows = []
+            for trial, run, result in zip(group, runs, results, strict=True):
+                rows.append(trial_row(job.spec, trial, result.status, result_metrics(result), result.message,
+                                      batch=tag))
+                recorder.log_steps(run, result.history)
+                recorder.finish(run, result.status, result.message, steps=result.steps,
+                                lr_multipliers=result.lr_multipliers)
+        for trial, row in zip(group, rows, strict=True):
+            journal.add(row)
+            job.notify({"phase": job.phase, "trial_id": trial.trial_key, "status": row["status"],
+                        "eval_loss": row["eval_loss"] if math.isfinite(row["eval_loss"]) else None})
+        return rows
+
     def _run(self, job: PhaseJob, trial: PlannedTrial, journal: _Journal) -> dict[str, Any]:
         """Train one trial, recording its MLflow run; its row (a trial that raises is `failed`)."""
         from workers.train import TrialConfig, train_trial
@@ -232,9 +291,7 @@ class InProcessRunner:
             row = trial_row(job.spec, trial, TrialStatus.FAILED, {}, message)
             recorder.finish(run, TrialStatus.FAILED, run_status="FAILED", tags={"failure": message})
         else:
-            metrics = {"eval_loss": result.eval_loss, "best_eval_loss": result.best_eval_loss, "step": result.steps,
-                       "tokens": result.tokens, "wall_time_s": result.wall_time_s, "params": result.params}
-            row = trial_row(job.spec, trial, result.status, metrics, result.message)
+            row = trial_row(job.spec, trial, result.status, result_metrics(result), result.message)
             recorder.log_steps(run, result.history)
             recorder.finish(run, result.status, result.message, steps=result.steps,
                             lr_multipliers=result.lr_multipliers)
