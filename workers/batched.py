@@ -240,7 +240,7 @@ def train_batch(configs: Sequence[TrialConfig | dict[str, Any]], progress: Membe
         result = _result(status, loop["eval_loss"][i] if status == TrialStatus.COMPLETED else math.nan,
                          loop["best"][i], loop["train_loss"][i], step, loop["tokens"], share_start, infos[i],
                          loop["history"][i], message)
-        results[i], loop["ended"][i] = result, dict(vars(result))
+        results[i], loop["ended"][i] = result, dict(vars(result), status=str(result.status))  # checkpointable
 
     for step in range(first_step, first.steps + 1):
         live = [r is None for r in results]
@@ -349,4 +349,4 @@ def _stream_losses(members: Members, diverted, device: torch.device) -> list[flo
 
 
 def _ended(saved: dict[str, Any] | None) -> TrialResult | None:
-    return None if saved is None else TrialResult(**saved)
+    return None if saved is None else TrialResult(**{**saved, "status": TrialStatus(saved["status"])})

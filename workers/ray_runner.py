@@ -39,6 +39,7 @@ from ray import tune  # noqa: E402
 from ray.tune.schedulers import ASHAScheduler  # noqa: E402
 
 from analysis.table import TrialStatus  # noqa: E402
+from studies.members import auto_members, batches  # noqa: E402
 from studies.phases.tune import asha_rungs  # noqa: E402
 from studies.plan import PlannedTrial  # noqa: E402
 from studies.spec import StudySpec  # noqa: E402
@@ -47,6 +48,7 @@ from workers.runner import (  # noqa: E402
     GROUP_MULT,
     PhaseJob,
     TrialRecorder,
+    batch_tag,
     optuna_space,
     trial_frame,
     trial_row,
@@ -150,6 +152,8 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
     Tune's snapshot of the whole experiment, so a short trial makes none and a long one one per interval."""
     entered = time.time()  # with `left`: the trainable's own span (the orchestration benchmark splits the overhead)
     spec = StudySpec.model_validate(spec_dict)
+    if batch_of(config) is not None:
+        return _batch_trainable(config, spec, cpus)
     trial = planned_trial(spec, phase, config, tune.get_context().get_trial_id())
     cfg = TrialConfig.model_validate(trial.trial_config(spec))
     torch.set_num_threads(max(1, int(cpus)))
@@ -184,6 +188,70 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
     earlier = [r for r in kept if r["step"] < last["step"]]
     tune.report({**last, **final, **resumed, "step": result.steps, OBJECTIVE: objective, BATCH_KEY: json.dumps(earlier),
                  "trainable_entered": entered, "trainable_left": time.time()})
+
+
+MEMBER_ROWS = "member_rows"  # a batch's report: each member's evaluations since the last report, as JSON
+MEMBER_FINALS = "member_finals"  # a batch's final report: each member's final result, as JSON
+
+
+def batch_of(config: dict[str, Any]) -> list[PlannedTrial] | None:
+    """The members of a batched Tune trial (`{"trial": {"members": [...], "batch": tag}}`); None for one trial."""
+    trial = config.get("trial")
+    if not isinstance(trial, dict) or "members" not in trial:
+        return None
+    return [PlannedTrial.from_dict(m) for m in trial["members"]]
+
+
+def _batch_trainable(config: dict[str, Any], spec: StudySpec, cpus: float) -> None:
+    """One Tune trial that trains a batch's members as one batched model (`workers.batched.train_batch`): its
+    reports carry each member's rows (`MEMBER_ROWS`), its checkpoints the whole batch's state, its final report
+    each member's result (`MEMBER_FINALS`); `MlflowTrials` writes one run per member."""
+    from workers.batched import train_batch
+
+    members = batch_of(config) or []
+    cfgs = [TrialConfig.model_validate(m.trial_config(spec)) for m in members]
+    torch.set_num_threads(max(1, int(cpus)))
+    resume = _checkpointed_state()
+    where = {"resumed_from": resume["step"]} if resume else {}
+    where["node_id"] = ray.get_runtime_context().get_node_id()
+    due = CheckpointClock(spec.resources.max_retries, spec.resources.checkpoint_every_s)
+    report_now = ReportClock([])
+    kept: dict[str, list[dict[str, Any]]] = {m.trial_key: [] for m in members}
+
+    def checkpoint(rows: dict[int, dict[str, Any]], state: dict[str, Any]) -> None:
+        for i, row in rows.items():
+            kept[members[i].trial_key].append(dict(row))
+        step = state["step"]
+        save = due()
+        if not (report_now(step) or save):
+            return
+        losses = [r["eval_loss"] for r in rows.values()]
+        result = {"step": step, **where, OBJECTIVE: min(losses, default=cfgs[0].max_loss),
+                  MEMBER_ROWS: json.dumps(kept)}
+        for rows_of in kept.values():
+            rows_of.clear()
+        if not save:
+            tune.report(result)
+            return
+        with tempfile.TemporaryDirectory(prefix="ptctl-ckpt-") as folder:
+            torch.save(state, Path(folder) / STATE_FILE)
+            tune.report(result, checkpoint=tune.Checkpoint.from_directory(folder))
+
+    def progress(i: int, row: dict[str, Any]) -> None:
+        if "eval_loss" not in row:  # logged steps between evaluations ride with the next report
+            kept[members[i].trial_key].append(dict(row))
+
+    results = train_batch(cfgs, progress=progress, checkpoint=checkpoint, resume=resume)
+    finals = {}
+    for member, result in zip(members, results, strict=True):
+        last = [r for r in result.history if r["step"] == result.steps]
+        if last and last[-1] not in kept[member.trial_key]:
+            kept[member.trial_key].append(last[-1])
+        finals[member.trial_key] = {**{k: getattr(result, k) for k in FINAL_KEYS}, "status": str(result.status),
+                                    **{f"{GROUP_MULT}{g}": v for g, v in result.lr_multipliers.items()}}
+    done = [f["eval_loss"] for f in finals.values() if f["status"] == TrialStatus.COMPLETED]
+    tune.report({"step": max(r.steps for r in results), **where, OBJECTIVE: min(done, default=cfgs[0].max_loss),
+                 MEMBER_ROWS: json.dumps(kept), MEMBER_FINALS: json.dumps(finals, default=str)})
 
 
 def _checkpointed_state() -> dict[str, Any] | None:
@@ -279,14 +347,28 @@ class MlflowTrials(tune.Callback):
                                            self.instance, self.tags)
         return self._recorder
 
-    def _run(self, trial) -> str:
-        if trial.trial_id not in self._runs:
+    def _run(self, trial, member: PlannedTrial | None = None) -> str:
+        """The run of a Tune trial, or of one member of a batched Tune trial."""
+        key = trial.trial_id if member is None else f"{trial.trial_id}:{member.trial_key}"
+        if key not in self._runs:
             recorder = self.recorder
-            planned = planned_trial(recorder.spec, self.phase, trial.config, trial.trial_id)
-            run = recorder.start(planned, _trial_number(trial), ray_trial_id=trial.trial_id)
-            self._logged[trial.trial_id] = recorder.tracker.last_step(run, "train_loss")
-            self._runs[trial.trial_id] = run
-        return self._runs[trial.trial_id]
+            if member is None:
+                planned = planned_trial(recorder.spec, self.phase, trial.config, trial.trial_id)
+                run = recorder.start(planned, _trial_number(trial), ray_trial_id=trial.trial_id)
+            else:
+                members = batch_of(trial.config) or []
+                tag = batch_tag(trial.config["trial"]["batch"], len(members))
+                run = recorder.start(member, None, ray_trial_id=trial.trial_id, batch=tag)
+            self._logged[key] = recorder.tracker.last_step(run, "train_loss")
+            self._runs[key] = run
+        return self._runs[key]
+
+    def _runs_of(self, trial) -> list[tuple[str, PlannedTrial | None]]:
+        """(run key, member) of each run a Tune trial writes: itself, or each member of its batch."""
+        members = batch_of(trial.config)
+        if members is None:
+            return [(trial.trial_id, None)]
+        return [(f"{trial.trial_id}:{m.trial_key}", m) for m in members]
 
     def on_step_begin(self, iteration, trials, **info) -> None:
         """Once: a restored experiment's trials that had finished before count as done (progress bars), and each
@@ -296,64 +378,83 @@ class MlflowTrials(tune.Callback):
         self._stepped = True
         for trial in trials:
             if trial.status == "TERMINATED":
-                last = trial.last_result or {}
-                status = last.get("status", TrialStatus.STOPPED)
+                last = dict(trial.last_result or {})
                 if "step" in last:  # the run finds the steps it already holds and logs only later ones
-                    self._later(self._result, _TrialRef(trial), dict(last))
-                self._later(self._finish, _TrialRef(trial), status, dict(last), "FINISHED", {})
-                if self.notify is not None:
-                    self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": status,
-                                 "eval_loss": last.get("eval_loss"), "restored": True})
+                    self._later(self._result, _TrialRef(trial), last)
+                for member, status, final in self._finals(trial, last):
+                    self._later(self._finish, _TrialRef(trial), status, final, "FINISHED", {}, member)
+                    if self.notify is not None:
+                        self.notify({"phase": self.phase, "trial_id": member.trial_key if member else trial.trial_id,
+                                     "status": status, "eval_loss": final.get("eval_loss"), "restored": True})
+
+    def _finals(self, trial, last: dict[str, Any]) -> list[tuple[PlannedTrial | None, str, dict[str, Any]]]:
+        """(member, status, final result) of each run of a finished Tune trial (a batch: each member's)."""
+        members = batch_of(trial.config)
+        if members is None:
+            return [(None, last.get("status", TrialStatus.STOPPED), last)]
+        finals = json.loads(last.get(MEMBER_FINALS) or "{}")
+        return [(m, finals.get(m.trial_key, {}).get("status", TrialStatus.STOPPED), finals.get(m.trial_key, {}))
+                for m in members]
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
-        self._later(self._run, _TrialRef(trial))
+        for _, member in self._runs_of(trial):
+            self._later(self._run, _TrialRef(trial), member)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         self._later(self._result, _TrialRef(trial), dict(result))
 
     def _result(self, trial: _TrialRef, result: dict[str, Any]) -> None:
-        run = self._run(trial)
-        where = {"resumed_from_step": result.get("resumed_from"), "node_id": result.get("node_id")}
-        changed = {k: v for k, v in where.items() if v and self._tagged.get((trial.trial_id, k)) != v}
-        if changed:  # a restarted trial: the checkpoint it resumed from and the node it runs on now
-            self.recorder.tracker.set_tags(run, changed)
-            self._tagged.update({(trial.trial_id, k): v for k, v in changed.items()})
-        rows: list[dict[str, Any]] = []  # a restart's repeats of steps the run has are dropped
-        for each in [*json.loads(result.get(BATCH_KEY) or "[]"), result]:
-            if each["step"] > max(self._logged.get(trial.trial_id, 0), rows[-1]["step"] if rows else 0):
-                rows.append(each)
-        if rows:
-            self.recorder.log_steps(run, rows)
-            self._logged[trial.trial_id] = rows[-1]["step"]
+        members = json.loads(result.get(MEMBER_ROWS) or "null")
+        for key, member in self._runs_of(trial):
+            run = self._run(trial, member)
+            where = {"resumed_from_step": result.get("resumed_from"), "node_id": result.get("node_id")}
+            changed = {k: v for k, v in where.items() if v and self._tagged.get((key, k)) != v}
+            if changed:  # a restarted trial: the checkpoint it resumed from and the node it runs on now
+                self.recorder.tracker.set_tags(run, changed)
+                self._tagged.update({(key, k): v for k, v in changed.items()})
+            reported = [*json.loads(result.get(BATCH_KEY) or "[]"), result] if member is None else \
+                (members or {}).get(member.trial_key, [])
+            rows: list[dict[str, Any]] = []  # a restart's repeats of steps the run has are dropped
+            for each in reported:
+                if each["step"] > max(self._logged.get(key, 0), rows[-1]["step"] if rows else 0):
+                    rows.append(each)
+            if rows:
+                self.recorder.log_steps(run, rows)
+                self._logged[key] = rows[-1]["step"]
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         """The trial's worker failed and Tune restarts it (from its last checkpoint): the run stays `running`."""
         tags = {"retries": trial.num_failures, "last_failure": _trial_error(trial)}
-        self._later(lambda ref: self.recorder.tracker.set_tags(self._run(ref), tags), _TrialRef(trial))
+        for _, member in self._runs_of(trial):
+            self._later(lambda ref, m: self.recorder.tracker.set_tags(self._run(ref, m), tags), _TrialRef(trial),
+                        member)
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        last = trial.last_result or {}
-        status = last.get("status", TrialStatus.STOPPED)  # no status: stopped by ASHA
-        self._end(trial, status, dict(last), "FINISHED", {})
+        for member, status, final in self._finals(trial, dict(trial.last_result or {})):  # no status: ASHA stopped
+            self._end(trial, status, final, "FINISHED", {}, member)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        """Retries used up (or none allowed): the trial is failed, with the cause of its last failure."""
+        """Retries used up (or none allowed): the trial is failed (each member of a batch), with the cause of its
+        last failure."""
         why = {"failure": _trial_error(trial), "retries": trial.num_failures}
-        self._end(trial, TrialStatus.FAILED, {}, "FAILED", why)
+        for _, member in self._runs_of(trial):
+            self._end(trial, TrialStatus.FAILED, {}, "FAILED", why, member)
 
     def _finish(self, trial: _TrialRef, status: str, last: dict[str, Any], run_status: str,
-                tags: dict[str, Any]) -> None:
+                tags: dict[str, Any], member: PlannedTrial | None = None) -> None:
         """How far the trial trained (an early-stopped trial's budget used), its per-group lr multipliers and its
         end."""
         mults = {k.removeprefix(GROUP_MULT): v for k, v in last.items() if k.startswith(GROUP_MULT)}
-        self.recorder.finish(self._run(trial), status, last.get("message"), steps=last.get("step"),
+        steps = last.get("step", last.get("steps"))
+        self.recorder.finish(self._run(trial, member), status, last.get("message"), steps=steps,
                              lr_multipliers=mults, run_status=run_status, tags=tags)
 
-    def _end(self, trial, status: str, last: dict[str, Any], run_status: str, tags: dict[str, Any]) -> None:
-        self._later(self._finish, _TrialRef(trial), status, last, run_status, tags)
+    def _end(self, trial, status: str, last: dict[str, Any], run_status: str, tags: dict[str, Any],
+             member: PlannedTrial | None = None) -> None:
+        self._later(self._finish, _TrialRef(trial), status, last, run_status, tags, member)
         if self.notify is not None:
-            self.notify({"phase": self.phase, "trial_id": trial.trial_id, "status": status,
-                         "eval_loss": last.get("eval_loss")})
+            self.notify({"phase": self.phase, "trial_id": member.trial_key if member else trial.trial_id,
+                         "status": status, "eval_loss": last.get("eval_loss")})
 
 
 class RayRunner:
@@ -363,8 +464,30 @@ class RayRunner:
         callback = MlflowTrials(job.spec, job.study_id, job.phase, job.phase_run, job.tracker.uri, job.tags,
                                 instance=job.instance)
         callback.notify = job.notify
-        planned = None if job.planned is None else [t.as_dict() for t in job.planned]
+        planned = None if job.planned is None else _grid(job.spec, job.phase, job.planned)
         return run_phase(job.spec, job.phase, job.storage, callback, planned, experiment=job.experiment)
+
+
+def _grid(spec: StudySpec, phase: str, planned: list[PlannedTrial]) -> list[dict[str, Any]]:
+    """A grid phase's Tune trials: each planned trial alone (`as_dict`), or batches of them (`{"members": [...],
+    "batch": "i/n"}`) when `resources.batch_members` (auto: the cluster's GPUs and trial slots) makes any."""
+    ensure_ray()
+    res, total = spec.resources, ray.cluster_resources()
+    gpus = _phase_gpus(spec, phase)
+    slots = int(total.get("GPU", 0) // gpus) if gpus else int(total.get("CPU", 1) // res.cpus_per_trial)
+    k = auto_members(spec, planned, slots=max(slots, 1), memory_bytes=None, gpu=gpus > 0)
+    groups = batches(spec, planned, k)
+    return [group[0].as_dict() if len(group) == 1 else
+            {"members": [t.as_dict() for t in group], "batch": f"{i + 1}/{len(groups)}"}
+            for i, group in enumerate(groups)]
+
+
+def _phase_gpus(spec: StudySpec, phase: str) -> float:
+    """GPUs per trial of `phase`: tune's `gpus_per_trial`, the others' `transfer_gpus` (None: 1 if any GPU)."""
+    res = spec.resources
+    if phase == "tune":
+        return res.gpus_per_trial
+    return res.transfer_gpus if res.transfer_gpus is not None else (1.0 if has_gpus() else 0.0)
 
 
 def study_trainable(spec: StudySpec, phase: str, experiment: str, gpus: float) -> Callable[..., Any]:
@@ -399,8 +522,7 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
     ensure_ray()
     root = storage_root(spec, storage)
     res = spec.resources
-    gpus = res.gpus_per_trial if phase == "tune" else (
-        res.transfer_gpus if res.transfer_gpus is not None else (1.0 if has_gpus() else 0.0))
+    gpus = _phase_gpus(spec, phase)
     check_gpus(phase, gpus, ray.cluster_resources().get("GPU", 0))
     trainable = study_trainable(spec, phase, experiment, gpus)
     path = f"{root}/{experiment}"
@@ -507,6 +629,10 @@ def trial_table(spec: StudySpec, phase: str, grid) -> pd.DataFrame:
     rows = []
     for result in grid:
         m = result.metrics or {}
+        members = batch_of(result.config)
+        if members is not None:
+            rows += _member_rows(spec, result, members)
+            continue
         trial_id = m.get("trial_id") or Path(result.path).name
         planned = planned_trial(spec, phase, result.config, trial_id)
         status = m.get("status") or (TrialStatus.FAILED if result.error else TrialStatus.STOPPED)
@@ -514,3 +640,20 @@ def trial_table(spec: StudySpec, phase: str, grid) -> pd.DataFrame:
         rows.append(trial_row(spec, planned, status, {**m, "wall_time_s": m.get("wall_time_s", m.get("time_total_s"))},
                               message))
     return trial_frame(rows)
+
+
+def _member_rows(spec: StudySpec, result, members: list[PlannedTrial]) -> list[dict[str, Any]]:
+    """The table rows of a batched Tune trial's members: each one's final result, or `failed` with the batch's
+    error."""
+    finals = json.loads((result.metrics or {}).get(MEMBER_FINALS) or "{}")
+    tag = batch_tag(result.config["trial"]["batch"], len(members))
+    rows = []
+    for member in members:
+        final = finals.get(member.trial_key)
+        if final is None:
+            message = failure_cause(str(result.error)) if result.error else "the batch ended without its result"
+            rows.append(trial_row(spec, member, TrialStatus.FAILED, {}, message, batch=tag))
+        else:
+            rows.append(trial_row(spec, member, final["status"], {**final, "step": final["steps"]},
+                                  final.get("message") or "", batch=tag))
+    return rows

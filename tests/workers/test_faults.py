@@ -160,3 +160,69 @@ def test_an_mlflow_outage_mid_phase_delays_logging_and_loses_no_run(study_data_d
             if server.poll() is None:
                 os.killpg(server.pid, signal.SIGTERM)
                 server.wait(30)
+
+
+def _batched_spec() -> StudySpec:
+    data = load_catalog("tiny").as_dict()
+    data["name"] = "tiny-batched-faults"
+    data["tune"] |= {"num_trials": 1, "asha": {"enabled": False}}
+    data["train"] |= {"steps": STEPS, "eval_every": EVERY, "log_every": EVERY, "uniform_margin": None}
+    data["verify"] |= {"n_samples": 4, "centre_seeds": 1, "tolerance": 0.004, "steps": STEPS}  # centre: transfer's run
+    data["resources"] |= {"checkpoint_every_s": 0, "batch_members": 8}
+    return StudySpec.model_validate(data)
+
+
+def _kill_batch_once_trained(client, experiment, data_dir, killed, stop):
+    """SIGKILL the trial workers once a verify member's run holds two evaluations (the batch has a checkpoint)."""
+    while not stop.is_set():
+        found = client.get_experiment_by_name(experiment)
+        runs = client.search_runs([found.experiment_id], "tags.kind = 'trial' and tags.status = 'running' and "
+                                  "tags.phase = 'verify'") if found else []
+        for run in runs:
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+            if steps and max(steps) >= 2 * EVERY:
+                killed["at"], killed["pids"] = max(steps), ray_work(data_dir)
+                for pid in killed["pids"]:
+                    os.kill(pid, signal.SIGKILL)
+                return
+        time.sleep(0.1)
+
+
+def test_a_killed_batch_worker_is_retried_from_its_checkpoint_and_no_member_is_lost_or_logged_twice(
+        study_data_dir):
+    """Verify's 4 samples train as one batched Tune trial; its worker is SIGKILLed mid-batch: the batch restarts
+    from its checkpoint, each member keeps its one run (the batch tag beside the solo tags) and logs each step
+    once, and the trial table holds every member."""
+    from workers.driver import run_study
+
+    spec = _batched_spec()
+    client = MlflowClient(f"sqlite:///{study_data_dir / 'mlflow.db'}")
+    killed, stop = {}, threading.Event()
+    killer = threading.Thread(target=_kill_batch_once_trained,
+                              args=(client, spec.experiment_name(), study_data_dir, killed, stop), daemon=True)
+    killer.start()
+    try:
+        state = run_study(spec, "batch-faults")
+    finally:
+        stop.set()
+        killer.join(30)
+    assert killed.get("pids"), f"no batch worker was killed (the batch finished first?): {killed}"
+    assert state.status == "succeeded"
+    table = pd.read_csv(study_data_dir / "studies" / "batch-faults" / "artifacts" / "verify_trials.csv")
+    samples = table[table.trial_id.str.startswith("verify-sample")]
+    assert len(samples) == 4 and set(samples.status) == {"completed"}
+    assert set(samples.batch) == {"1/1 (4 members)"}
+
+    found = client.get_experiment_by_name(spec.experiment_name())
+    runs = client.search_runs([found.experiment_id], "tags.kind = 'trial' and tags.study_id = 'batch-faults' and "
+                              "tags.phase = 'verify'")
+    members = [r for r in runs if r.data.tags["trial_key"].startswith("verify-sample")]
+    assert len(members) == len({r.data.tags["trial_key"] for r in members}) == 4  # the retry kept each one run
+    for run in members:
+        assert run.data.tags["batch"] == "1/1 (4 members)" and run.data.tags["status"] == "completed"
+        assert run.data.tags["retries"] == "1" and run.info.status == "FINISHED"
+        assert EVERY <= int(run.data.tags["resumed_from_step"]) <= killed["at"]  # from a checkpoint, not step 0
+        assert run.data.params["lr"] and run.data.metrics["steps_done"] == STEPS
+        for key in ("train_loss", "eval_loss"):
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+            assert sorted(steps) == list(range(EVERY, STEPS + 1, EVERY)), key  # each step once
