@@ -227,6 +227,24 @@ def _print_plan(spec) -> None:
                       f"({target:.3g} FLOPs); {checks} = {100 * plan.share(w):.1f} %")
     if not plan.targets:
         console.print("no transfer widths: no target run to compare with")
+    _print_batches(spec)
+
+
+def _print_batches(spec) -> None:
+    """How the grid phases' trials are packed into processes (`resources.batch_members`, `studies.members`)."""
+    from studies.cost import planned_trials
+    from studies.members import batches
+
+    k = spec.resources.batch_members
+    if k == "auto":
+        console.print("batches: resources.batch_members is auto: each trial alone on CPU; on GPUs as many members "
+                      "per batch as a GPU's memory holds, decided when each phase starts")
+        return
+    for phase, trials in planned_trials(spec).items():
+        sizes = [len(group) for group in batches(spec, trials, int(k))]
+        packed = ", ".join(str(n) for n in sizes)
+        console.print(f"batches: {phase}: {len(trials)} trials in {len(sizes)} process"
+                      f"{'es' if len(sizes) > 1 else ''} ({packed} members)")
 
 
 def _transfer_spec(args: argparse.Namespace) -> StudySpec:

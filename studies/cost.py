@@ -79,19 +79,23 @@ def _phase(spec: StudySpec, phase: str, runs: list[tuple[int, float]], full_step
                      sum(full_steps * batch * per_seq[w] for w, _ in runs), tuple(sorted(per_seq)))
 
 
+def planned_trials(spec: StudySpec) -> dict[str, list[PlannedTrial]]:
+    """The grid phases' planned trials, around the default hparams (what `ptctl study plan` shows)."""
+    centre = spec.space.defaults()
+    plans: dict[str, tuple[object, Callable[[StudySpec, dict[str, float]], list[PlannedTrial]]]] = {
+        "transfer": (spec.transfer, transfer_trials), "verify": (spec.verify, verify_trials),
+        "validate": (spec.validate_, validate_trials)}
+    return {phase: plan(spec, centre) for phase, (section, plan) in plans.items() if section is not None}
+
+
 def planned_runs(spec: StudySpec) -> dict[str, list[tuple[int, float]]]:
     """Per phase, (width, steps) of each planned trial (the phases' plans around the default hparams); tune's steps
     are ASHA's expectation."""
     t, full = spec.tune, spec.steps_for("tune")
     steps = asha_steps(full, asha_rungs(spec), t.asha.reduction_factor)
     runs: dict[str, list[tuple[int, float]]] = {"tune": [(t.base_width, steps)] * t.num_trials}
-    centre = spec.space.defaults()
-    plans: dict[str, tuple[object, Callable[[StudySpec, dict[str, float]], list[PlannedTrial]]]] = {
-        "transfer": (spec.transfer, transfer_trials), "verify": (spec.verify, verify_trials),
-        "validate": (spec.validate_, validate_trials)}
-    for phase, (section, plan) in plans.items():
-        if section is not None:
-            runs[phase] = [(trial.width, spec.steps_for(phase)) for trial in plan(spec, centre)]
+    for phase, trials in planned_trials(spec).items():
+        runs[phase] = [(trial.width, spec.steps_for(phase)) for trial in trials]
     return runs
 
 

@@ -95,3 +95,18 @@ def test_study_plan_of_a_compare_study_lists_its_runs():
         once = role == "tuned" or int(budget.replace(",", "")) == c.proxy_budget  # PT: tuned once, at the proxy
         assert int(trials) == (tune[family] if once else 0)
     assert f"tuned once at width {widths[spec.model.family]['proxy_width']}" in out
+
+
+def test_study_plan_prints_the_batches_each_grid_phase_will_run(tmp_path):
+    """With resources.batch_members = 16, cpu_demo's 59 verify samples (one seed) pack into 4 batches beside the
+    centre's two other seeds; its validate sweep packs per (parametrization, width, seed)."""
+    data = load_catalog("cpu_demo").as_dict()
+    data["resources"]["batch_members"] = 16
+    spec = tmp_path / "batched.yaml"
+    spec.write_text(json.dumps(data))
+    rc, out, heavy = _ptctl("study", "plan", str(spec))
+    assert rc == 0 and heavy == [], out
+    assert "batches: verify: 62 trials in 6 processes (15, 15, 15, 15, 1, 1 members)" in out
+    assert "batches: validate: 20 trials in 4 processes (5, 5, 5, 5 members)" in out
+    rc, out, _ = _ptctl("study", "plan", str(ROOT / "studies" / "catalog" / "cpu_demo.yaml"))
+    assert "batch_members is auto: each trial alone on CPU" in out
