@@ -169,25 +169,27 @@ class _AdamW:
 
     @torch.no_grad()
     def step(self, lrs: dict[str, torch.Tensor], live: torch.Tensor) -> None:
-        """One AdamW step; `lrs[group]` is the (K,) learning rate of each member's group."""
+        """One AdamW step in place; `lrs[group]` is the (K,) learning rate of each member's group. The members not
+        `live` get their parameters and moments back afterwards (few: only diverged ones)."""
         beta1, beta2 = self.betas
         self.steps += 1
         bias1, bias2_sqrt = 1 - beta1 ** self.steps, (1 - beta2 ** self.steps) ** 0.5
+        dead = (~live).nonzero().flatten()
         for name, p in self.m.params.items():
             if p.grad is None:
                 continue
             shape = (-1, *([1] * (p.dim() - 1)))
-            lr, keep = lrs[self.m.group[name]].view(shape), live.view(shape)
-            grad = torch.where(keep, p.grad, 0.0)
+            lr, grad = lrs[self.m.group[name]].view(shape), p.grad
             exp_avg, exp_avg_sq = self.exp_avg[name], self.exp_avg_sq[name]
-            new_param = p * (1 - lr * self.decay[name])
-            new_avg = exp_avg.lerp(grad, 1 - beta1)
-            new_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
-            denom = (new_sq.sqrt() / bias2_sqrt) + self.eps
-            new_param = new_param - (lr / bias1) * (new_avg / denom)
-            p.copy_(torch.where(keep, new_param, p))
-            exp_avg.copy_(torch.where(keep, new_avg, exp_avg))
-            exp_avg_sq.copy_(torch.where(keep, new_sq, exp_avg_sq))
+            kept = [t[dead].clone() for t in (p, exp_avg, exp_avg_sq)] if len(dead) else []
+            if self.decay[name]:
+                p.mul_(1 - lr * self.decay[name])
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(self.eps)
+            p.sub_((lr / bias1) * (exp_avg / denom))
+            for t, old in zip((p, exp_avg, exp_avg_sq), kept, strict=False):  # nothing kept: all live
+                t[dead] = old
             p.grad = None
 
 
