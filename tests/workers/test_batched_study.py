@@ -98,3 +98,37 @@ def _table(study_id, data):
 
 def _report(study_id, data):
     return (StudyFolder(study_id, data).artifacts / "report.md").read_text()
+
+
+def test_a_resumed_phase_re_forms_its_batches_from_the_members_not_finished(tmp_path, monkeypatch):
+    """The in-process runner's journal holds each finished member; run again, the phase trains only the others,
+    as one batch (the grouping is a function of the plan), and returns every row."""
+    import json
+
+    import workers.batched
+    from studies.phases.verify import verify_trials
+    from workers.runner import PhaseJob
+
+    _data_dir(tmp_path / "data", monkeypatch)
+    data = load_catalog("tiny").as_dict()
+    data["resources"]["batch_members"] = 8
+    from studies.spec import StudySpec
+
+    spec = StudySpec.model_validate(data)
+    planned = verify_trials(spec, spec.space.defaults())
+    job = PhaseJob(spec, "verify", planned, "s1", None, "s1/verify", NullTracker(), tmp_path / "ray", "s1.verify")
+    first = InProcessRunner().run_phase(job)
+    journal = tmp_path / "ray" / "s1.verify" / "trials.jsonl"
+    rows = [json.loads(line) for line in journal.read_text().splitlines()]
+    journal.write_text("".join(json.dumps(r) + "\n" for r in rows if r["trial_id"] not in
+                               ("verify-sample001", "verify-sample004")))
+    trained: list[list[str]] = []
+    real = workers.batched.train_batch
+    monkeypatch.setattr(workers.batched, "train_batch",
+                        lambda cfgs, **kw: trained.append([c.lr for c in cfgs]) or real(cfgs, **kw))
+    again = InProcessRunner().run_phase(job)
+    lrs = {t.trial_key: t.hparams["lr"] for t in planned}
+    assert trained == [[lrs["verify-sample001"], lrs["verify-sample004"]]]  # one batch of the two left
+    assert list(again.trial_id) == list(first.trial_id)
+    assert again.set_index("trial_id").loc["verify-sample000", "eval_loss"] == \
+        first.set_index("trial_id").loc["verify-sample000", "eval_loss"]
