@@ -36,6 +36,7 @@ import pandas as pd  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 from ray import tune  # noqa: E402
+from ray.tune.result import AUTO_RESULT_KEYS  # noqa: E402
 from ray.tune.schedulers import ASHAScheduler  # noqa: E402
 
 from analysis.table import TrialStatus  # noqa: E402
@@ -145,12 +146,18 @@ class ReportClock:
 BATCH_KEY = "earlier_rows"  # a report's evaluations before its own, as JSON (Tune's loggers skip a string)
 
 
-def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cpus: float) -> None:
+def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cpus: float,
+               finished: dict[str, dict[str, Any]] | None = None) -> None:
     """One Tune trial: train (from its last checkpoint when Tune restarts it), report each evaluation, then one final
     result with the status. An evaluation carries a checkpoint when retries are allowed and `checkpoint_every_s` of
     training passed since the last one: each checkpoint costs a save, a copy to storage and (with num_to_keep)
     Tune's snapshot of the whole experiment, so a short trial makes none and a long one one per interval."""
     entered = time.time()  # with `left`: the trainable's own span (the orchestration benchmark splits the overhead)
+    record = (finished or {}).get(content_key(config))
+    if record is not None:  # finished before its driver was lost: its results again, nothing trained
+        for result in record["results"]:
+            tune.report(result)
+        return
     spec = StudySpec.model_validate(spec_dict)
     if batch_of(config) is not None:
         return _batch_trainable(config, spec, cpus)
@@ -277,6 +284,46 @@ def _trial_error(trial) -> str:
     return failure_cause(Path(path).read_text(errors="replace") if path and Path(path).exists() else None)
 
 
+TUNE_KEYS = frozenset({*AUTO_RESULT_KEYS, "trial_id", "done", "experiment_tag", "should_checkpoint", "date"})
+
+
+def content_key(config: dict[str, Any]) -> str:
+    """A Tune trial's identity by what it trains: its config (a planned trial, a batch, or TPE's suggestion)."""
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+class FinishedTrials:
+    """The driver's ledger of a phase's finished Tune trials (`<experiment>.finished.jsonl` in the study folder),
+    appended and synced when a trial completes, before its run is written.
+
+    Tune saves its experiment state every few seconds, not when a trial completes: a driver killed just after a
+    trial finished restores an experiment that holds the trial as still running, or not at all (TPE then suggests
+    its configuration again, under a new trial id). Read back on restore, the ledger makes such a trial report its
+    recorded results again instead of training (`_trainable`), under its first trial id and number (`original`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """content key → {"trial_id", "number", "results"} of each finished trial."""
+        if not self.path.exists():
+            return {}
+        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+        records = []
+        for line in lines:
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut by the kill itself
+                records.append(json.loads(line))
+        return {r["content"]: r for r in records}
+
+    def add(self, config: dict[str, Any], trial_id: str, number: int | None, results: list[dict[str, Any]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"content": content_key(config), "trial_id": trial_id, "number": number, "results": results}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
 class _TrialRef:
     """What the deferred writes need of a Tune trial, read when Tune hands it over (the trial object changes)."""
 
@@ -314,10 +361,26 @@ class MlflowTrials(tune.Callback):
         self.notify: Callable[[dict[str, Any]], None] | None = None  # told of each finished trial
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
+        self.ledger: FinishedTrials | None = None  # set by `run_phase`
+        self._finished: dict[str, dict[str, Any]] = {}  # the ledger as the phase (re)started
+        self._reported: dict[str, list[dict[str, Any]]] = {}  # trial id → the results it reported so far
 
     def __getstate__(self) -> dict:  # Tune pickles callbacks with the experiment; clients stay behind
         return {**self.__dict__, "_tracker": None, "_recorder": None, "_runs": {}, "_logged": {}, "_tagged": {},
-                "_stepped": False, "notify": None, "_writer": None, "_pending": []}
+                "_stepped": False, "notify": None, "_writer": None, "_pending": [], "ledger": None, "_finished": {},
+                "_reported": {}}
+
+    def use_ledger(self, ledger: FinishedTrials) -> dict[str, dict[str, Any]]:
+        """Record finished trials in `ledger`; what it held already (the trainables replay those)."""
+        self.ledger, self._finished = ledger, ledger.read()
+        return self._finished
+
+    def original(self, trial) -> tuple[str, int | None]:
+        """The trial id and number a finished trial first had (`FinishedTrials`), else the trial's own."""
+        record = self._finished.get(content_key(trial.config))
+        if record is None:
+            return trial.trial_id, _trial_number(trial)
+        return record["trial_id"], record["number"]
 
     def _later(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run `fn(*args)` on the writer thread, after every write submitted before it."""
@@ -353,8 +416,9 @@ class MlflowTrials(tune.Callback):
         if key not in self._runs:
             recorder = self.recorder
             if member is None:
-                planned = planned_trial(recorder.spec, self.phase, trial.config, trial.trial_id)
-                run = recorder.start(planned, _trial_number(trial), ray_trial_id=trial.trial_id)
+                trial_id, number = self.original(trial)
+                planned = planned_trial(recorder.spec, self.phase, trial.config, trial_id)
+                run = recorder.start(planned, number, ray_trial_id=trial_id)
             else:
                 members = batch_of(trial.config) or []
                 tag = batch_tag(trial.config["trial"]["batch"], len(members))
@@ -401,6 +465,7 @@ class MlflowTrials(tune.Callback):
             self._later(self._run, _TrialRef(trial), member)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        self._reported.setdefault(trial.trial_id, []).append({k: v for k, v in result.items() if k not in TUNE_KEYS})
         self._later(self._result, _TrialRef(trial), dict(result))
 
     def _result(self, trial: _TrialRef, result: dict[str, Any]) -> None:
@@ -430,6 +495,9 @@ class MlflowTrials(tune.Callback):
                         member)
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        if self.ledger is not None:  # durable before anything else: a finished trial never trains again
+            trial_id, number = self.original(trial)
+            self.ledger.add(trial.config, trial_id, number, self._reported.pop(trial.trial_id, []))
         for member, status, final in self._finals(trial, dict(trial.last_result or {})):  # no status: ASHA stopped
             self._end(trial, status, final, "FINISHED", {}, member)
 
@@ -490,7 +558,8 @@ def _phase_gpus(spec: StudySpec, phase: str) -> float:
     return res.transfer_gpus if res.transfer_gpus is not None else (1.0 if has_gpus() else 0.0)
 
 
-def study_trainable(spec: StudySpec, phase: str, experiment: str, gpus: float) -> Callable[..., Any]:
+def study_trainable(spec: StudySpec, phase: str, experiment: str, gpus: float,
+                    finished: dict[str, dict[str, Any]] | None = None) -> Callable[..., Any]:
     """`_trainable` with this study's spec and phase, registered with Ray Tune under a name of its own.
 
     Tune registers a trainable in a registry shared by the whole Ray job, under the function's name, and the
@@ -500,7 +569,8 @@ def study_trainable(spec: StudySpec, phase: str, experiment: str, gpus: float) -
     names it instead; a restore registers the same name again."""
     res = spec.resources
     trainable = tune.with_resources(
-        tune.with_parameters(_trainable, spec_dict=spec.as_dict(), phase=phase, cpus=res.cpus_per_trial),
+        tune.with_parameters(_trainable, spec_dict=spec.as_dict(), phase=phase, cpus=res.cpus_per_trial,
+                             finished=finished or {}),
         {"cpu": res.cpus_per_trial, "gpu": gpus})
     trainable._name = f"ptctl.{experiment}"  # type: ignore[attr-defined]  # Tune's registry name (`_name` first)
     return trainable
@@ -524,7 +594,8 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
     res = spec.resources
     gpus = _phase_gpus(spec, phase)
     check_gpus(phase, gpus, ray.cluster_resources().get("GPU", 0))
-    trainable = study_trainable(spec, phase, experiment, gpus)
+    finished = callback.use_ledger(FinishedTrials(storage / f"{experiment}.finished.jsonl"))
+    trainable = study_trainable(spec, phase, experiment, gpus, finished)
     path = f"{root}/{experiment}"
     faults: dict[str, Any] = {
         "callbacks": [callback], "failure_config": tune.FailureConfig(max_failures=res.max_retries),
@@ -554,7 +625,7 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
         raise InfrastructureLost(f"Ray failed during the {phase} phase ({type(exc).__name__}: {exc}); "
                                  "re-run to resume it") from exc
     check_all_ran(phase, grid, spec.tune.num_trials if planned is None else len(planned))
-    return trial_table(spec, phase, grid)
+    return trial_table(spec, phase, grid, {k: r["trial_id"] for k, r in finished.items()})
 
 
 CHATTER = ("ray.tune", "ray.train", "ray.air", "tensorboardX")  # Tune's loggers and the TensorBoard writer under it
@@ -624,8 +695,9 @@ def _tune_config(spec: StudySpec, phase: str) -> tune.TuneConfig:
                            num_samples=t.num_trials, max_concurrent_trials=t.max_concurrent, reuse_actors=True)
 
 
-def trial_table(spec: StudySpec, phase: str, grid) -> pd.DataFrame:
-    """The tidy trial table (see `analysis`) of a finished Tune experiment, one row per trial."""
+def trial_table(spec: StudySpec, phase: str, grid, originals: dict[str, str] | None = None) -> pd.DataFrame:
+    """The tidy trial table (see `analysis`) of a finished Tune experiment, one row per trial; a trial that replayed
+    a finished one (`FinishedTrials`) under a new id gets the id it first had (`originals`: content key → id)."""
     rows = []
     for result in grid:
         m = result.metrics or {}
@@ -633,13 +705,13 @@ def trial_table(spec: StudySpec, phase: str, grid) -> pd.DataFrame:
         if members is not None:
             rows += _member_rows(spec, result, members)
             continue
-        trial_id = m.get("trial_id") or Path(result.path).name
+        trial_id = (originals or {}).get(content_key(result.config)) or m.get("trial_id") or Path(result.path).name
         planned = planned_trial(spec, phase, result.config, trial_id)
         status = m.get("status") or (TrialStatus.FAILED if result.error else TrialStatus.STOPPED)
         message = failure_cause(str(result.error)) if result.error else m.get("message") or ""
         rows.append(trial_row(spec, planned, status, {**m, "wall_time_s": m.get("wall_time_s", m.get("time_total_s"))},
                               message))
-    return trial_frame(rows)
+    return trial_frame(list({row["trial_id"]: row for row in rows}.values()))  # a replayed trial once
 
 
 def _member_rows(spec: StudySpec, result, members: list[PlannedTrial]) -> list[dict[str, Any]]:
