@@ -116,6 +116,13 @@ class Members:
         fn = self.train_loss if train else self.eval_loss
         return fn(self.params, self.buffers, self.hp, batch)
 
+    @torch.no_grad()
+    def retire(self, i: int) -> None:
+        """Member i diverged: its slice is zeroed (it trains no further; finite zeros keep the batched arithmetic
+        of the others as fast as before, where inf and NaN operands would slow every kernel)."""
+        for t in self.params.values():
+            t[i] = 0.0
+
     def load(self, state: dict[str, Any]) -> None:
         with torch.no_grad():
             for name, t in state["params"].items():
@@ -236,6 +243,7 @@ def train_batch(configs: Sequence[TrialConfig | dict[str, Any]], progress: Membe
     start = time.perf_counter() - loop["wall_time_s"]
     usage_start = (time.perf_counter(), time.process_time())
     results: list[TrialResult | None] = [_ended(e) for e in loop["ended"]]
+    retiring: list[int] = []  # members that diverged this step: zeroed once its backward and update are done
 
     def end(i: int, status: str, step: int, message: str = "") -> None:
         share_start = time.perf_counter() - (time.perf_counter() - start) / k  # its share of the batch's time
@@ -243,6 +251,8 @@ def train_batch(configs: Sequence[TrialConfig | dict[str, Any]], progress: Membe
                          loop["best"][i], loop["train_loss"][i], step, loop["tokens"], share_start, infos[i],
                          loop["history"][i], message)
         results[i], loop["ended"][i] = result, dict(vars(result), status=str(result.status))  # checkpointable
+        if status == TrialStatus.DIVERGED:
+            retiring.append(i)
 
     for step in range(first_step, first.steps + 1):
         live = [r is None for r in results]
@@ -274,6 +284,8 @@ def train_batch(configs: Sequence[TrialConfig | dict[str, Any]], progress: Membe
         if first.grad_clip > 0:
             opt.clip(first.grad_clip, keep)
         opt.step(lrs, keep)
+        while retiring:
+            members.retire(retiring.pop())
 
         evaluated = step % first.eval_every == 0 or step == first.steps
         if evaluated:
@@ -303,6 +315,8 @@ def train_batch(configs: Sequence[TrialConfig | dict[str, Any]], progress: Membe
                     loop["plateau_scale"][i] *= cfgs[i].plateau_factor
                     loop["stale"][i] = 0
             diverted = batches.take_diverted()
+            while retiring:
+                members.retire(retiring.pop())
         if evaluated or step % first.log_every == 0:
             elapsed = time.perf_counter() - start
             system = _system(*usage_start)

@@ -104,7 +104,7 @@ def test_with_dropout_members_draw_independent_masks():
 
 
 def test_a_batch_resumed_from_its_checkpoint_ends_where_an_undisturbed_one_ends(float64):
-    cfgs = _configs("pt", {**PT, "parametrization": "mup"}, DATA, PT_MEMBERS, steps=30)
+    cfgs = _configs("pt", {**PT, "parametrization": "mup"}, DATA, PT_MEMBERS, steps=20)
     undisturbed = train_batch(cfgs)
     saved = {}
 
