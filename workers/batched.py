@@ -34,9 +34,19 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from analysis.constants import TrialStatus
 from studies.spec import TrialConfig
-from workers.models import build_model, objective_of
+from workers.models import build_model
 from workers.models.contract import LanguageModel
-from workers.train import TrainState, TrialResult, _blown_up, _result, _system, load_data, lr_factor, resolve_device
+from workers.train import (
+    TrainState,
+    TrialResult,
+    blown_up,
+    check_objective,
+    load_data,
+    lr_factor,
+    resolve_device,
+    system_usage,
+    trial_result,
+)
 
 MemberProgress = Callable[[int, dict[str, Any]], None]  # (member index, row) at every logged step
 BatchCheckpoint = Callable[[dict[int, dict[str, Any]], TrainState], None]  # (rows of the live members, state)
@@ -57,28 +67,23 @@ class Members:
     """The stacked models of one batch: parameters (K, ...) as leaves, the members' own modules as views."""
 
     def __init__(self, configs: Sequence[TrialConfig], vocab_size: int, device: torch.device) -> None:
-        self.configs = list(configs)
         self.models: list[LanguageModel] = []
-        for cfg in self.configs:  # each built exactly as a solo trial builds it (same seed → same init)
+        for cfg in configs:  # each built exactly as a solo trial builds it (same seed → same init)
             torch.manual_seed(cfg.seed)
             self.models.append(build_model(cfg.model, vocab_size=vocab_size, **cfg.model_hp).to(device))
         params, buffers = stack_module_state(self.models)
         self.params: dict[str, torch.Tensor] = params
         self.buffers: dict[str, torch.Tensor] = buffers
         base = self.models[0]
-        self.names = list(params)
         group_of = {id(p): g for g, ps in base.groups.items() for p in ps}
         self.group = {name: group_of[id(p)] for name, p in base.named_parameters()}
-        self.varying = _varying(self.models)
-        first = self.configs[0]
         # float64, as the Python floats of a solo trial's config: a product of hparams rounds once, to the model's dtype
         self.hp = {k: torch.tensor([float(getattr(m.cfg, k)) for m in self.models], device=device,
-                                   dtype=torch.float64) for k in self.varying}
+                                   dtype=torch.float64) for k in _varying(self.models)}
         self.base_cfg = base.cfg
         self._point_models_at_stack()
-        base.before_trial(first)
-        for model in self.models[1:]:
-            model.before_trial(first)
+        for model in self.models:
+            model.before_trial(configs[0])
         self.train_loss = self._member(_Loss(base))
         self.eval_loss = self._member(_Loss(base, eval_only=True))
 
@@ -208,10 +213,7 @@ def train_batch(configs: Sequence[TrialConfig | dict[str, Any]], progress: Membe
     still training and the whole batch's resumable state at every evaluation; `resume` continues from one."""
     cfgs = [c if isinstance(c, TrialConfig) else TrialConfig.model_validate(c) for c in configs]
     first = cfgs[0]
-    objective = objective_of(first.model)
-    if objective != first.data.objective:
-        raise ValueError(f"model {first.model!r} trains with objective {objective!r} but data.objective is "
-                         f"{first.data.objective!r}: set data.objective to {objective!r}")
+    check_objective(first)
     device = resolve_device(first.device)
     data = load_data(first.data)
     members = Members(cfgs, data.vocab_size, device)
@@ -247,7 +249,7 @@ def train_batch(configs: Sequence[TrialConfig | dict[str, Any]], progress: Membe
 
     def end(i: int, status: str, step: int, message: str = "") -> None:
         share_start = time.perf_counter() - (time.perf_counter() - start) / k  # its share of the batch's time
-        result = _result(status, loop["eval_loss"][i] if status == TrialStatus.COMPLETED else math.nan,
+        result = trial_result(status, loop["eval_loss"][i] if status == TrialStatus.COMPLETED else math.nan,
                          loop["best"][i], loop["train_loss"][i], step, loop["tokens"], share_start, infos[i],
                          loop["history"][i], message)
         results[i], loop["ended"][i] = result, dict(vars(result), status=str(result.status))  # checkpointable
@@ -304,7 +306,7 @@ def train_batch(configs: Sequence[TrialConfig | dict[str, Any]], progress: Membe
                     end(i, TrialStatus.DIVERGED, step, f"eval loss became {eval_loss} at step {step}")
                     live[i] = False
                     continue
-                blown = _blown_up(eval_loss, data.vocab_size, loop["start_loss"][i], cfgs[i].uniform_margin)
+                blown = blown_up(eval_loss, data.vocab_size, loop["start_loss"][i], cfgs[i].uniform_margin)
                 if blown:
                     end(i, TrialStatus.DIVERGED, step, f"eval loss {eval_loss:.4g} at step {step} is {blown}")
                     live[i] = False
@@ -319,7 +321,7 @@ def train_batch(configs: Sequence[TrialConfig | dict[str, Any]], progress: Membe
                 members.retire(retiring.pop())
         if evaluated or step % first.log_every == 0:
             elapsed = time.perf_counter() - start
-            system = _system(*usage_start)
+            system = system_usage(*usage_start)
             rows: dict[int, dict[str, Any]] = {}
             stream = _stream_losses(members, diverted, device) if evaluated and diverted else None
             for i in range(k):

@@ -110,14 +110,19 @@ def mean_loss(model: LanguageModel, batches: list[Batch], device: torch.device) 
     return total / max(count, 1)
 
 
-def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None = None,
-                checkpoint: Checkpoint | None = None, resume: TrainState | None = None) -> TrialResult:
-    """Train one trial; `checkpoint` gets (row, state) at every evaluation, `resume` continues from a state."""
-    cfg = config if isinstance(config, TrialConfig) else TrialConfig.model_validate(config)
+def check_objective(cfg: TrialConfig) -> None:
+    """The family's objective ("mlm" or "clm") must be the data's: a ValueError naming the fix otherwise."""
     objective = objective_of(cfg.model)
     if objective != cfg.data.objective:
         raise ValueError(f"model {cfg.model!r} trains with objective {objective!r} but data.objective is "
                          f"{cfg.data.objective!r}: set data.objective to {objective!r}")
+
+
+def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None = None,
+                checkpoint: Checkpoint | None = None, resume: TrainState | None = None) -> TrialResult:
+    """Train one trial; `checkpoint` gets (row, state) at every evaluation, `resume` continues from a state."""
+    cfg = config if isinstance(config, TrialConfig) else TrialConfig.model_validate(config)
+    check_objective(cfg)
     device = resolve_device(cfg.device)
     data = load_data(cfg.data)
     torch.manual_seed(cfg.seed)
@@ -170,7 +175,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
             start_loss = loss_value
         tokens += int(batch.attention_mask.sum())
         if not math.isfinite(loss_value) or loss_value > cfg.max_loss:
-            return _result(TrialStatus.DIVERGED, math.nan, best, loss_value, step, tokens, start, info, history,
+            return trial_result(TrialStatus.DIVERGED, math.nan, best, loss_value, step, tokens, start, info, history,
                            f"loss became {loss_value} at step {step}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -182,12 +187,12 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
         if evaluated:
             eval_loss = evaluate(model, data, cfg, device)
             if not math.isfinite(eval_loss) or eval_loss > cfg.max_loss:
-                return _result(TrialStatus.DIVERGED, math.nan, best, loss_value, step, tokens, start, info, history,
-                               f"eval loss became {eval_loss} at step {step}")
-            blown = _blown_up(eval_loss, data.vocab_size, start_loss, cfg.uniform_margin)
+                return trial_result(TrialStatus.DIVERGED, math.nan, best, loss_value, step, tokens, start, info,
+                                    history, f"eval loss became {eval_loss} at step {step}")
+            blown = blown_up(eval_loss, data.vocab_size, start_loss, cfg.uniform_margin)
             if blown:
-                return _result(TrialStatus.DIVERGED, math.nan, best, loss_value, step, tokens, start, info, history,
-                               f"eval loss {eval_loss:.4g} at step {step} is {blown}")
+                return trial_result(TrialStatus.DIVERGED, math.nan, best, loss_value, step, tokens, start, info,
+                                    history, f"eval loss {eval_loss:.4g} at step {step} is {blown}")
             stale = 0 if eval_loss < best else stale + 1
             best = min(best, eval_loss)
             if cfg.plateau_patience and stale >= cfg.plateau_patience:
@@ -197,7 +202,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
             row: dict[str, Any] = {"step": step, "train_loss": loss_value, "tokens": tokens,
                                    "tokens_per_s": tokens / elapsed}
             row.update({f"lr_{g['name']}": g["lr"] for g in opt.param_groups})
-            row.update(_system(*usage_start))
+            row.update(system_usage(*usage_start))
             if cfg.plateau_patience:
                 row["lr_scale"] = step_scale
             if evaluated:
@@ -215,10 +220,10 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
                                        best=best, eval_loss=eval_loss, train_loss=loss_value, tokens=tokens,
                                        stale=stale, plateau_scale=plateau_scale, start_loss=start_loss,
                                        wall_time_s=time.perf_counter() - start))
-    return _result(TrialStatus.COMPLETED, eval_loss, best, loss_value, cfg.steps, tokens, start, info, history)
+    return trial_result(TrialStatus.COMPLETED, eval_loss, best, loss_value, cfg.steps, tokens, start, info, history)
 
 
-def _blown_up(eval_loss: float, vocab_size: int, start_loss: float, margin: float | None) -> str:
+def blown_up(eval_loss: float, vocab_size: int, start_loss: float, margin: float | None) -> str:
     """Why `eval_loss` counts as diverged although finite ('' if it does not): worse than predicting every token
     uniformly (ln|V|), or than the untrained model when that started higher, by more than `margin` nats."""
     if margin is None:
@@ -247,7 +252,7 @@ def _stream_val(model: LanguageModel, batches, device: torch.device) -> dict[str
     return {"stream_val_loss": mean_loss(model, diverted, device)} if diverted else {}
 
 
-def _system(wall_start: float, cpu_start: float) -> dict[str, float]:
+def system_usage(wall_start: float, cpu_start: float) -> dict[str, float]:
     """The trial process's own use since the run began, without psutil: CPU utilisation (100 = one core busy,
     every torch thread counted) and the process's peak resident memory (a reused Ray actor's peak so far)."""
     wall = max(time.perf_counter() - wall_start, 1e-9)
@@ -255,7 +260,7 @@ def _system(wall_start: float, cpu_start: float) -> dict[str, float]:
             "system/peak_rss_megabytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def _result(status, eval_loss, best, train_loss, steps, tokens, start, model_info, history, message=""):
+def trial_result(status, eval_loss, best, train_loss, steps, tokens, start, model_info, history, message=""):
     wall = time.perf_counter() - start
     params, multipliers = model_info
     return TrialResult(status=status, eval_loss=eval_loss, best_eval_loss=best, train_loss=train_loss,
