@@ -176,7 +176,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
         tokens += int(batch.attention_mask.sum())
         if not math.isfinite(loss_value) or loss_value > cfg.max_loss:
             return trial_result(TrialStatus.DIVERGED, math.nan, best, loss_value, step, tokens, start, info, history,
-                           f"loss became {loss_value} at step {step}")
+                                f"loss became {loss_value} at step {step}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:
