@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,19 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
         key, value = item.split("=", 1)
         out[key.strip()] = yaml.safe_load(value)
     return out
+
+
+class _Families:
+    """The registered model families as argparse `choices`, read when a choice is checked or help is printed (so
+    building the parser imports no `studies`): the built-ins and the installed plugins' (`studies.family`)."""
+
+    def __iter__(self) -> Iterator[str]:
+        from studies.family import family_names
+
+        return iter(family_names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in list(self)
 
 
 def _widths(text: str) -> tuple[int, ...]:
@@ -330,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     c = sub.add_parser("coord-check", help="μP coordinate check: activation scale vs width")
-    c.add_argument("--model", default="pt", help="pt | bert | ut | tauformer")
+    c.add_argument("--model", default="pt", choices=_Families(), metavar="FAMILY",
+                   help="the model family: one of %(choices)s (installed plugins' included)")
     c.add_argument("--parametrization", choices=["mup", "standard"], default="mup")
     c.add_argument("--paradigm", choices=["channels", "rank"], default="channels", help="PT only")
     c.add_argument("--widths", default="32,64,128,256")

@@ -19,6 +19,9 @@ the URI with the service's rights, so a remote spec is held to the operator's se
   the workers from a directory that holds nothing else.)
 - tracking URI: omitted (the service's own) or equal, after normalisation, to the service's own or one
   listed in `PTCTL_TRACKING_URIS` (`*`: any).
+- model families (`model.family`, each compare baseline's): a spec names a family only by its registered name
+  (a built-in or an installed plugin's, `studies.family`; nothing in a spec imports a module or a path), and
+  only one of `PTCTL_FAMILIES` when the operator sets it (default: every registered family).
 
 The check runs at submit and again at resume (the roots may have narrowed, a link may have moved). The
 local CLI (`ptctl study run`, `ptctl transfer`) never calls it: a local user already has these rights.
@@ -72,6 +75,7 @@ class RemotePolicy:
         self.any_uri = "*" in settings.tracking_uris
         self.uris = {normalise_uri(u) for u in [settings.tracking_uri, *settings.tracking_uris] if u != "*"}
         self.storage = settings.storage
+        self.families = settings.families
 
     # ------------------------------------------------------------------ the spec
     def violations(self, spec: StudySpec) -> list[Violation]:
@@ -80,6 +84,7 @@ class RemotePolicy:
         if spec.compare is not None:
             models += [(("compare", "baselines", i, "model"), b.model) for i, b in enumerate(spec.compare.baselines)]
         for loc, model in models:
+            found.append(self._family(model.family, (*loc, "family")))
             path = getattr(model.arch, "laplacian_path", None)
             if path is not None:
                 where = (*loc, "arch", "laplacian_path")
@@ -104,6 +109,12 @@ class RemotePolicy:
                                   "the operator allows that with PTCTL_ALLOW_HF_HUB=true; or give a local file "
                                   f"under {self._roots()}")
         return None
+
+    def _family(self, family: str, loc: Loc) -> Violation | None:
+        if self.families is None or family in self.families:
+            return None
+        return Violation(loc, f"model family {family!r} is not one this service accepts: choose one of "
+                              f"PTCTL_FAMILIES={','.join(self.families)} (the operator's list)")
 
     def _tracking(self, uri: str | None) -> Violation | None:
         if not uri or self.any_uri or normalise_uri(uri) in self.uris:

@@ -18,6 +18,7 @@
 | `PTCTL_DATA_ROOTS` | the data dir | directories a remote spec may read data from (`os.pathsep`- or comma-separated) |
 | `PTCTL_ALLOW_HF_HUB` | false | let a remote spec name a Hugging Face hub dataset (the workers download it) |
 | `PTCTL_TRACKING_URIS` | none | tracking URIs a remote spec may choose besides the service's own (`*`: any) |
+| `PTCTL_FAMILIES` | all installed | the model families a remote spec may name (comma-separated, e.g. `pt,bert`) |
 
 Secrets (`PTCTL_API_TOKENS`) are `SecretStr`: they never appear in a repr, a log line or a response;
 their format is checked by `tokens()` (not by a validator, whose error would echo the raw value).
@@ -66,6 +67,8 @@ class Settings(BaseSettings):
     allow_hf_hub: bool = False
     tracking_uris: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="tracking URIs remote specs may choose besides the service's own")
+    families: Annotated[list[str] | None, NoDecode] = Field(
+        None, description="the model families remote specs may name; None: every registered one (plugins included)")
     storage: str | None = Field(None, description="Tune's storage for every study (resources.storage): a path every "
                                 "Ray node mounts or an S3 URI; a remote spec may name only this one")
 
@@ -88,6 +91,14 @@ class Settings(BaseSettings):
     def _split_uris(cls, value: object) -> object:
         """`uri1,uri2` (commas only: ':' is part of a URI)."""
         return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
+
+    @field_validator("families", mode="before")
+    @classmethod
+    def _split_families(cls, value: object) -> object:
+        """`pt,bert`; empty: every family."""
+        if not isinstance(value, str):
+            return value
+        return [f.strip() for f in value.split(",") if f.strip()] or None
 
     @field_validator("ray_address", "mlflow_tracking_uri", "database_url", "api_tokens", mode="before")
     @classmethod

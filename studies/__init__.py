@@ -15,7 +15,7 @@ from studies.families.encoder import BASELINE_HPARAMS, BaselineSpace
 from studies.families.pt import HPARAMS, INFORMATION_WEIGHTS, PTArch, SearchSpace
 from studies.families.tauformer import TAU_HPARAMS, TauArch, TauSpace
 from studies.families.ut import UTArch
-from studies.family import FAMILIES, Family, family_names, get_family, register
+from studies.family import FAMILIES, Family, family_names, get_family, load_plugins, register
 from studies.space import Range
 from studies.spec import (
     CATALOG_DIR,
@@ -86,6 +86,7 @@ __all__ = [
     "catalog_names",
     "family_names",
     "get_family",
+    "load_plugins",
     "register",
     "catalog_path",
     "forward_flops",
@@ -95,3 +96,5 @@ __all__ = [
     "width_error",
     "width_for_budget",
 ]
+
+load_plugins()  # the installed plugins' families, after the built-ins (`studies.family`)

@@ -13,19 +13,41 @@ here; `family_names()` is the list every error message and schema offers.
 Adding a family that needs no new training hook: its model file (a `workers.models.contract.LanguageModel`) and
 one `register` call (its arch, config and space classes beside it). The built-in families are one module each
 under `studies/families/`, which registers them when `studies` is imported.
+
+Families from installed packages (plugins): a distribution that declares an entry point in the group
+`ptctl.families` adds a family. `import studies` registers them once per process, after the built-ins (so every
+schema, error message and lookup built later sees them, the Ray workers' included: they import `studies` too),
+in the order of their entry point names. The entry point is named after the family and its object is a `Family`,
+or a function of no arguments that returns one:
+
+    [project.entry-points."ptctl.families"]
+    tinygpt = "tinygpt_plugin:FAMILY"
+
+A plugin whose load raises, whose object is no `Family`, whose family is malformed, named unlike its entry point,
+named like a built-in family or like another plugin's is skipped, with one logged warning naming its
+distribution and the fix; the other families are untouched. Registrations a plugin's module makes itself while it
+is imported are undone: the entry point's object is the plugin's one family. A spec names a plugin's family only
+by its registered name (nothing in a spec imports a module); the service can narrow the families it accepts
+(`PTCTL_FAMILIES`, `service.policy`).
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel
 
 from studies.space import Space
 
 Objective = Literal["mlm", "clm"]
+ENTRY_POINT_GROUP = "ptctl.families"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a family name: spec values, file names, MLflow tags
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,7 +92,95 @@ def family_names() -> list[str]:
 
 
 def get_family(name: str) -> Family:
-    """The family registered as `name`; a `ValueError` listing the registered ones if none is."""
+    """The family registered as `name`; a `ValueError` listing the registered ones if none is (or, for a plugin's
+    family that failed to load, naming its distribution)."""
     if name not in FAMILIES:
+        if name in BROKEN:
+            raise ValueError(f"model family {name!r} comes from the plugin distribution {BROKEN[name]}, which failed "
+                             f"to load (the warning logged when ptctl started says why): fix or reinstall it, or "
+                             f"choose one of {family_names()}")
         raise ValueError(f"unknown model family {name!r}: choose one of {family_names()}")
     return FAMILIES[name]
+
+
+# ----------------------------------------------------------------------------- plugins
+PLUGINS: dict[str, str] = {}  # a plugin's family name -> its distribution ("name version")
+BROKEN: dict[str, str] = {}  # the entry point name of a plugin skipped -> its distribution
+_loaded = False
+
+
+def load_plugins() -> None:
+    """Register the families of the installed plugins (module docstring), once per process: `studies` calls it
+    after registering the built-ins."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    found = entry_points(group=ENTRY_POINT_GROUP)
+    for ep in sorted(found, key=lambda e: (e.name, _distribution(e))):
+        problem = _load(ep)
+        if problem is not None:
+            BROKEN.setdefault(ep.name, _distribution(ep))
+            log.warning("%s", problem)
+
+
+def _distribution(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return f"{dist.name} {dist.version}" if dist is not None else "(unknown distribution)"
+
+
+def _load(ep: EntryPoint) -> str | None:
+    """Register the family of entry point `ep`; why it was skipped (None: registered)."""
+    dist = _distribution(ep)
+    uninstall = f"pip uninstall {dist.split()[0]}"
+    where = f"ptctl plugin {ep.name!r} (entry point {ep.value!r} in group {ENTRY_POINT_GROUP!r} of distribution {dist})"
+    before = dict(FAMILIES)
+    try:
+        obj = ep.load()
+        family = obj() if callable(obj) and not isinstance(obj, (Family, type)) else obj
+    except Exception as exc:  # a plugin's bug must not take the other families down
+        return (f"{where} was skipped: loading it raised {type(exc).__name__}: {exc}. Fix the plugin (its module and "
+                f"what it imports must import cleanly), or remove it: {uninstall}")
+    finally:  # what the module registered itself is undone: the entry point's object is its family
+        FAMILIES.clear()
+        FAMILIES.update(before)
+    if not isinstance(family, Family):
+        what = f"the class {family.__name__}" if isinstance(family, type) else f"a {type(family).__name__}"
+        return (f"{where} was skipped: it gave {what}, not a studies.family.Family. Point "
+                "the entry point at a Family (e.g. `FAMILY = Family(name=..., arch=..., config=..., space=..., "
+                f"model='module:Class')`) or at a function of no arguments returning one; or remove it: {uninstall}")
+    problem = _malformed(family)
+    if problem is not None:
+        return f"{where} was skipped: {problem}; or remove it: {uninstall}"
+    if family.name != ep.name:
+        return (f"{where} was skipped: its family is named {family.name!r}, not {ep.name!r}. Name the entry point "
+                f"after its family: {family.name} = \"{ep.value}\"")
+    if family.name in FAMILIES:
+        owner = f"the plugin distribution {PLUGINS[family.name]}" if family.name in PLUGINS else "a built-in family"
+        return (f"{where} was skipped: family {family.name!r} is already {owner}'s, and a plugin may not replace a "
+                f"registered family. Rename the plugin's family (and its entry point), or remove it: {uninstall}")
+    register(family)
+    PLUGINS[family.name] = dist
+    return None
+
+
+def _malformed(family: Family) -> str | None:
+    """What is wrong with a plugin's `Family`, with the fix (None: nothing found)."""
+    from studies.arch import ModelSize  # `studies.arch` imports this module lazily; loaded by the time plugins are
+
+    if not NAME.fullmatch(family.name):
+        return f"its name {family.name!r} is not a plain name: use letters, digits, '_', '.' and '-'"
+    if not (isinstance(family.arch, type) and issubclass(family.arch, BaseModel)
+            and callable(getattr(family.arch, "width_steps", None))):
+        return "Family.arch must be a pydantic model class with width_steps(base_width): subclass studies.arch.Arch"
+    if not (isinstance(family.config, type) and issubclass(family.config, family.arch)
+            and issubclass(family.config, ModelSize)):
+        return ("Family.config must be a class of its arch and studies.arch.ModelSize, e.g. "
+                "class MyConfig(MyArch, ModelSize) with the hparams as fields")
+    if not (isinstance(family.space, type) and issubclass(family.space, Space)):
+        return "Family.space must be a studies.space.Space subclass (its HPARAMS and a Range per hparam)"
+    if not (isinstance(family.model, type) or (isinstance(family.model, str) and ":" in family.model)):
+        return "Family.model must be the nn.Module's \"module:Class\" path (or the class itself)"
+    if family.objective not in get_args(Objective):
+        return f"Family.objective must be one of {list(get_args(Objective))}, not {family.objective!r}"
+    return None

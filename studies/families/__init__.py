@@ -1,6 +1,7 @@
 """The built-in model families, one module each: its arch, its model config, its search space, its counts and its
 `studies.family.register` call. Importing this package registers them, in the order imported below (the order
-every list of families shows). A new family is a module here, a line below and its model under `workers/models/`.
+every list of families shows; installed plugins' families follow, `studies.family.load_plugins`). A new built-in
+family is a module here, a line below and its model under `workers/models/`.
 """
 
 # the registration order, not sorted:

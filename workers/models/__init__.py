@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import importlib
 
-from studies.family import Family, get_family
+from studies.family import BROKEN, ENTRY_POINT_GROUP, Family, get_family
 from workers.errors import ConfigError
 from workers.models.contract import LanguageModel
 
 
 def family(name: str) -> Family:
-    """The registration of family `name`; a `ConfigError` listing the registered ones if there is none."""
+    """The registration of family `name`; a `ConfigError` listing the registered ones if there is none, and saying
+    that a plugin's family needs its package here (a Ray worker registers the plugins installed on its node)."""
     try:
         return get_family(name)
     except ValueError as err:
-        raise ConfigError(str(err)) from None
+        hint = "" if name in BROKEN else (
+            f"; if {name!r} is a plugin's family, the package that provides it (its {ENTRY_POINT_GROUP!r} entry "
+            "point) must be installed in this Python environment: on a Ray cluster, on every node")
+        raise ConfigError(f"{err}{hint}") from None
 
 
 def model_class(name: str) -> type[LanguageModel]:
