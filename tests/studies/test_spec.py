@@ -120,8 +120,23 @@ def test_content_hash_is_sha256_of_the_sorted_compact_json():
     data["resources"].pop("max_retries")  # how faults are handled and where checkpoints go, not what is computed
     data["resources"].pop("checkpoint_every_s")
     data["resources"].pop("storage")
+    data["resources"].pop("batch_members")  # how trials are packed into processes
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     assert spec.content_hash() == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_batch_members_keeps_the_study_id_and_takes_auto_or_a_positive_integer():
+    spec = StudySpec.model_validate(MINIMAL)
+    assert spec.resources.batch_members == "auto"
+    for members in (1, 16):
+        data = spec.as_dict()
+        data["resources"]["batch_members"] = members
+        assert StudySpec.model_validate(data).content_hash() == spec.content_hash()
+    for bad in (0, -2, "many"):
+        data = spec.as_dict()
+        data["resources"]["batch_members"] = bad
+        with pytest.raises(ValueError, match="batch_members"):
+            StudySpec.model_validate(data)
 
 
 def test_max_retries_has_a_bounded_default_and_keeps_the_study_id():
