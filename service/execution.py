@@ -163,7 +163,8 @@ class RayExecutor:
         """Create the study's (idle) driver actor; `launch` sets it running. Raises `DriverRunning`."""
         self.connect()
         env = {"PTCTL_DATA_DIR": str(self.settings.data_dir), "MLFLOW_TRACKING_URI": self.settings.tracking_uri,
-               **{k: os.environ[k] for k in ("PTCTL_ARTIFACT_ROOT", "PTCTL_STORAGE") if os.environ.get(k)}}
+               **{k: os.environ[k] for k in ("PTCTL_ARTIFACT_ROOT", "PTCTL_STORAGE", "PTCTL_NO_NODE_S")
+                  if os.environ.get(k)}}
         # on this node: the driver writes the study folder the API reads, and worker nodes need not share its disk
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         options = dict(name=actor_name(study_id), namespace=NAMESPACE, lifetime="detached",

@@ -12,6 +12,7 @@
 | `PTCTL_RAY_NUM_CPUS` | all cores | CPUs of the embedded Ray head |
 | `PTCTL_RECONCILE_S` | 10 | seconds between checks that running studies still have a live driver |
 | `PTCTL_RAY_LOST_S` | 60 | a `RAY_ADDRESS` cluster unreachable this long is lost: its studies become `interrupted` |
+| `PTCTL_NO_NODE_S` | 60 | no live Ray node fits a phase's trials this long: the study is `interrupted`; 0: wait |
 | `PTCTL_ARTIFACT_ROOT` | `<data dir>/mlartifacts` | MLflow artifacts of experiments on a database store (no server) |
 | `RAY_ADDRESS` | none | join this Ray cluster instead of starting the embedded head |
 | `MLFLOW_TRACKING_URI` | `sqlite:///<data dir>/mlflow.db` | where studies log |

@@ -45,6 +45,7 @@ from studies.phases.tune import asha_rungs  # noqa: E402
 from studies.plan import PlannedTrial  # noqa: E402
 from studies.spec import StudySpec  # noqa: E402
 from workers.errors import InfrastructureLost, Interrupted, StudyFailed  # noqa: E402
+from workers.node_watch import NodeWatch  # noqa: E402
 from workers.runner import (  # noqa: E402
     GROUP_MULT,
     PhaseJob,
@@ -598,7 +599,8 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
     trainable = study_trainable(spec, phase, experiment, gpus, finished)
     path = f"{root}/{experiment}"
     faults: dict[str, Any] = {
-        "callbacks": [callback], "failure_config": tune.FailureConfig(max_failures=res.max_retries),
+        "callbacks": [callback, NodeWatch(phase, res.cpus_per_trial, gpus)],  # no node for the trials: interrupted
+        "failure_config": tune.FailureConfig(max_failures=res.max_retries),
         "checkpoint_config": tune.CheckpointConfig(num_to_keep=1)}  # the latest one is all a restart needs
     try:
         if tune.Tuner.can_restore(path):
