@@ -3,7 +3,8 @@
 A head with no CPUs for trials and two worker nodes, each a separate `ray start --address ...` with its own temp
 dir and its own custom resource, started in a mount namespace of its own (`unshare -m`) where the data directory
 is an empty tmpfs: what a trial needs must reach it through Ray, not the disk. `ptctl study run` joins the
-cluster through `RAY_ADDRESS`.
+cluster through `RAY_ADDRESS`. The tests that kill worker nodes (kill -9 of a node's process group) take `whole`,
+which first starts again any node a test before them killed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,7 @@ class Cluster:
     workers: dict[str, str]  # custom resource → the worker node's id
     head: str  # the head node's id
     processes: dict[str, subprocess.Popen]  # custom resource → its `ray start --block` (a process group)
+    join: Callable[[str], subprocess.Popen]  # start the worker node of this custom resource (again)
 
 
 def _free_port() -> int:
@@ -95,13 +97,15 @@ def cluster(tmp_path_factory, s3) -> Iterator[tuple[Cluster, Path]]:
                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)]
     address = f"127.0.0.1:{port}"
     time.sleep(5)
-    for name in WORKERS:  # the data directory is an empty tmpfs in the worker node's mount namespace
+
+    def join(name: str) -> subprocess.Popen:  # the data directory is an empty tmpfs in the node's mount namespace
         gpus = 1 if name == "node_a" else 0  # node_a says it has a GPU: placement only, trials train on CPU
-        join = (f"mount -t tmpfs tmpfs {data} && exec ray start --block --address={address} --num-cpus=1 "
-                f"--num-gpus={gpus} --resources='{{\"{name}\": 1}}' --temp-dir={root / name}")
-        procs.append(subprocess.Popen(["unshare", "-m", "sh", "-c", join], env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.STDOUT, start_new_session=True))
-    nodes = dict(zip(WORKERS, procs[1:], strict=True))
+        command = (f"mount -t tmpfs tmpfs {data} && exec ray start --block --address={address} --num-cpus=1 "
+                   f"--num-gpus={gpus} --resources='{{\"{name}\": 1}}' --temp-dir={root / name}")
+        return subprocess.Popen(["unshare", "-m", "sh", "-c", command], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+    nodes = {name: join(name) for name in WORKERS}
     client = {**env, "RAY_ADDRESS": address}
     deadline, ids = time.monotonic() + 180, {}
     while time.monotonic() < deadline and set(ids) != {"head", *WORKERS}:
@@ -110,8 +114,9 @@ def cluster(tmp_path_factory, s3) -> Iterator[tuple[Cluster, Path]]:
     try:
         assert set(ids) == {"head", *WORKERS}, f"the cluster did not come up: {ids}"
         yield Cluster(address, {k: client[k] for k in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", *s3)},
-                      {k: v for k, v in ids.items() if k != "head"}, ids["head"], nodes), data
+                      {k: v for k, v in ids.items() if k != "head"}, ids["head"], nodes, join), data
     finally:
+        procs += nodes.values()  # as they are now: a test may have started a node again
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -122,6 +127,36 @@ def cluster(tmp_path_factory, s3) -> Iterator[tuple[Cluster, Path]]:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _kill(c: Cluster, *names: str) -> None:
+    """kill -9 of each named worker node: its `ray start`, raylet and workers (one process group)."""
+    for name in names:
+        os.killpg(c.processes[name].pid, signal.SIGKILL)
+        c.processes[name].wait()
+
+
+def _restart(c: Cluster, *names: str) -> None:
+    """Start the named (lost) worker nodes again and wait until each is live; their new ids in `c.workers`."""
+    old = {name: c.workers[name] for name in names}
+    for name in names:
+        c.processes[name] = c.join(name)
+    deadline, ids = time.monotonic() + 180, {}
+    while time.monotonic() < deadline and not all(ids.get(n, old[n]) != old[n] for n in names):
+        time.sleep(2)
+        ids = _node_ids({**os.environ, **c.env})
+    assert all(ids.get(n, old[n]) != old[n] for n in names), f"{names} did not join again: {ids}"
+    c.workers.update({n: ids[n] for n in names})
+
+
+@pytest.fixture
+def whole(cluster) -> tuple[Cluster, Path]:
+    """The module's cluster with both worker nodes live: those a test before killed are started again."""
+    c, _ = cluster
+    lost = [name for name, proc in c.processes.items() if proc.poll() is not None]
+    if lost:
+        _restart(c, *lost)
+    return cluster
 
 
 def _spec(tmp_path: Path, name: str, seed: int = 0, **resources: float) -> Path:
@@ -224,31 +259,108 @@ def _trial_runs(uri: str) -> list:
     return client.search_runs(experiments, "tags.kind = 'trial'") if experiments else []
 
 
-def test_a_worker_node_lost_mid_trial_is_survived_from_its_checkpoint_in_s3(cluster, tmp_path):
-    """kill -9 of one worker node (its raylet and workers) while its trial trains: the trial restarts on the other
-    node from its last checkpoint in S3, the study succeeds, and each trial has one run. (Last in this module: the
-    cluster has one worker node left.)"""
-    c, data = cluster
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    path = _spec(tmp_path, "mn-lost", seed=3, checkpoint_every_s=0, max_retries=2, storage="s3://ptctl/studies")
+def _logged_once(uri: str, runs: list) -> bool:
+    """Each run's train_loss history holds each step once (a restarted trial logged no step twice)."""
+    from mlflow import MlflowClient
+
+    steps = [[m.step for m in MlflowClient(uri).get_metric_history(r.info.run_id, "train_loss")] for r in runs]
+    return all(s and len(s) == len(set(s)) for s in steps)
+
+
+def _long(path: Path, **phases: dict) -> Path:
+    """The spec at `path` with evaluations (and checkpoints) every 20 steps, no ASHA, and `phases`' updates."""
     spec = yaml.safe_load(path.read_text())
-    spec["train"].update(steps=300, eval_every=20, log_every=20)
+    spec["train"].update(eval_every=20, log_every=20)
     spec["tune"]["asha"]["enabled"] = False
+    for phase, update in phases.items():
+        spec[phase] = {**(spec[phase] or {}), **update}
     path.write_text(yaml.safe_dump(spec))
-    env = {**os.environ, "PTCTL_DATA_DIR": str(data), "MLFLOW_TRACKING_URI": uri, "COLUMNS": "200", **c.env}
-    run = subprocess.Popen([sys.executable, "-m", "service.cli", "study", "run", str(path)], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    doomed, deadline = c.workers["node_b"], time.monotonic() + 300
-    while time.monotonic() < deadline and run.poll() is None:  # until node_b's trial has reported a checkpoint
-        on_b = [r for r in _trial_runs(uri) if r.data.tags.get("node_id") == doomed]
-        if on_b and "train_loss" in on_b[0].data.metrics:
-            break
+    return path
+
+
+def _start(path: Path, data: Path, uri: str, c: Cluster, **env: str) -> subprocess.Popen:
+    """`ptctl study run` of `path` on the cluster, in the background; the tracking store's tables made first (two
+    processes creating them at once collide: `_until_reported` reads the store while the study starts)."""
+    _trial_runs(uri)
+    full = {**os.environ, "PTCTL_DATA_DIR": str(data), "MLFLOW_TRACKING_URI": uri, "COLUMNS": "200", **c.env, **env}
+    return subprocess.Popen([sys.executable, "-m", "service.cli", "study", "run", str(path)], env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _until_reported(run: subprocess.Popen, uri: str, phase: str, nodes: set[str]) -> None:
+    """Wait until a trial of `phase` on each of `nodes` has logged a step (and so saved a checkpoint)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and run.poll() is None:
+        reported = {r.data.tags.get("node_id") for r in _trial_runs(uri)
+                    if r.data.tags.get("phase") == phase and "train_loss" in r.data.metrics}
+        if nodes <= reported:
+            return
         time.sleep(1)
-    assert run.poll() is None, "the study ended before node_b's trial reported"
-    os.killpg(c.processes["node_b"].pid, signal.SIGKILL)
+    pytest.fail(f"the study ended or stalled before its {phase} trials on {nodes} reported")
+
+
+def test_a_worker_node_lost_mid_trial_is_survived_from_its_checkpoint_in_s3(whole, tmp_path):
+    """kill -9 of one worker node (its raylet and workers) while its trial trains: the trial restarts on the other
+    node from its last checkpoint in S3, the study succeeds, and each trial has one run that logged each step once."""
+    c, data = whole
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    path = _long(_spec(tmp_path, "mn-lost", seed=3, checkpoint_every_s=0, max_retries=2, storage="s3://ptctl/studies"),
+                 tune={"steps": 300})
+    run = _start(path, data, uri, c)
+    _until_reported(run, uri, "tune", {c.workers["node_b"]})
+    _kill(c, "node_b")
     out, _ = run.communicate(timeout=900)
     assert run.returncode == 0, out[-3000:]
     runs = _trial_runs(uri)
     assert len(runs) == 2 and {r.data.tags["status"] for r in runs} == {"completed"}, out[-2000:]
+    assert _logged_once(uri, runs)
     moved = next(r for r in runs if r.data.tags.get("retries"))
     assert moved.data.tags["node_id"] == c.workers["node_a"] and int(moved.data.tags["resumed_from_step"]) >= 20
+
+
+def test_a_worker_node_lost_mid_verify_is_survived_from_its_checkpoint_in_s3(whole, tmp_path):
+    """The same kill -9 during the verify phase (one verify trial per node): node_b's verify trial restarts on
+    node_a from its last checkpoint in S3; the study succeeds, each verify trial with one run that logged each step
+    once."""
+    c, data = whole
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    path = _long(_spec(tmp_path, "mn-verify", seed=6, checkpoint_every_s=0, max_retries=2, transfer_gpus=0,
+                       storage="s3://ptctl/studies"),
+                 verify={"width": 16, "n_samples": 1, "centre_seeds": 1, "tolerance": 0.004, "steps": 300})
+    run = _start(path, data, uri, c)
+    _until_reported(run, uri, "verify", {c.workers["node_b"]})
+    _kill(c, "node_b")
+    out, _ = run.communicate(timeout=900)
+    assert run.returncode == 0, out[-3000:]
+    verify = [r for r in _trial_runs(uri) if r.data.tags["phase"] == "verify"]
+    assert len(verify) == 2 and {r.data.tags["status"] for r in verify} == {"completed"}, out[-2000:]
+    assert _logged_once(uri, verify)
+    moved = next(r for r in verify if r.data.tags.get("retries"))
+    assert moved.data.tags["node_id"] == c.workers["node_a"] and int(moved.data.tags["resumed_from_step"]) >= 20
+
+
+def test_every_worker_node_lost_interrupts_the_study_and_resumes_when_nodes_are_back(whole, tmp_path):
+    """kill -9 of both worker nodes mid-tune: after PTCTL_NO_NODE_S with no node for its trials the study ends
+    `interrupted`, naming the cause and the fix; with the nodes started again, re-running it resumes both trials
+    from their checkpoints in S3 and succeeds, each trial one run that logged each step once."""
+    c, data = whole
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    path = _long(_spec(tmp_path, "mn-none", seed=7, checkpoint_every_s=0, max_retries=2, storage="s3://ptctl/studies"),
+                 tune={"steps": 400})
+    run = _start(path, data, uri, c, PTCTL_NO_NODE_S="5")
+    _until_reported(run, uri, "tune", set(c.workers.values()))
+    _kill(c, *WORKERS)
+    out, _ = run.communicate(timeout=600)
+    error = next((line for line in out.splitlines() if line.startswith("error:")), out[-3000:])
+    assert run.returncode == 1 and "(tune phase) interrupted" in error, error
+    assert "no live node that can run the tune phase's trials (1 CPU each)" in error and "ray start" in error, error
+    study = next(p for p in (data / "studies").glob("mn-none-*"))
+    assert json.loads((study / "state.json").read_text())["status"] == "interrupted"
+    _restart(c, *WORKERS)
+    done = _start(path, data, uri, c)
+    out, _ = done.communicate(timeout=900)
+    assert done.returncode == 0, out[-3000:]
+    runs = _trial_runs(uri)
+    assert len(runs) == 2 and {r.data.tags["status"] for r in runs} == {"completed"}, out[-2000:]
+    moved = [r for r in runs if r.data.tags.get("retries")]  # those not finished before the kill (all, most times)
+    assert moved and all(int(r.data.tags["resumed_from_step"]) >= 20 for r in moved) and _logged_once(uri, runs)
