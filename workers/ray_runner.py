@@ -45,6 +45,7 @@ from studies.phases.tune import asha_rungs  # noqa: E402
 from studies.plan import PlannedTrial  # noqa: E402
 from studies.spec import StudySpec  # noqa: E402
 from workers.errors import InfrastructureLost, Interrupted, StudyFailed  # noqa: E402
+from workers.models import family  # noqa: E402
 from workers.node_watch import NodeWatch  # noqa: E402
 from workers.runner import (  # noqa: E402
     GROUP_MULT,
@@ -159,6 +160,7 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
         for result in record["results"]:
             tune.report(result)
         return
+    family(spec_dict["model"]["family"])  # a plugin's family missing on this node: named, with the fix
     spec = StudySpec.model_validate(spec_dict)
     if batch_of(config) is not None:
         return _batch_trainable(config, spec, cpus)

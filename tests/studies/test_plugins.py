@@ -213,3 +213,4 @@ def test_the_allow_list_reads_a_comma_separated_variable(monkeypatch, tmp_path):
     assert Settings(data_dir=tmp_path).families == ["pt", "bert"]
     monkeypatch.setenv("PTCTL_FAMILIES", "")
     assert Settings(data_dir=tmp_path).families is None
+
