@@ -24,6 +24,7 @@ Bounds on the spec (defaults: generous for a 1-GPU box up to a cluster, finite e
 | `PTCTL_MAX_PARAMS` | 10¹¹ | compare.budgets[*], compare.proxy_budget (parameter counts) |
 | `PTCTL_MAX_GPUS` | 8 | resources.gpus_per_trial, transfer_gpus |
 | `PTCTL_MAX_CPUS` | 256 | resources.cpus_per_trial |
+| `PTCTL_MAX_MEMBERS` | 64 | resources.batch_members (trials trained as one batched model in one process) |
 | `PTCTL_MAX_LIST` | 64 | the length of every list (widths, lrs, budgets, baselines, space.frozen, ...) |
 
 Limits on a request (answered before any spec is read, or while it is):
@@ -70,6 +71,7 @@ FIELDS: dict[str, str] = {
     **dict.fromkeys(("budgets", "proxy_budget"), "params"),
     **dict.fromkeys(("gpus_per_trial", "transfer_gpus"), "gpus"),
     "cpus_per_trial": "cpus",
+    "batch_members": "members",
 }
 
 
@@ -96,6 +98,7 @@ class Limits(BaseSettings):
     params: float = Field(1e11, gt=0)
     gpus: float = Field(8, ge=0)
     cpus: float = Field(256, gt=0)
+    members: int = Field(64, gt=0)
     list: int = Field(64, gt=0)
     header_bytes: int = Field(16384, ge=1024)
     nodes: int = Field(10_000, gt=0)

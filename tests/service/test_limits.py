@@ -73,6 +73,7 @@ def _errors(response) -> list[dict]:
     (TINY, ("data", "vocab_size"), 10**12, "PTCTL_MAX_VOCAB"),
     (TINY, ("resources", "gpus_per_trial"), 10**6, "PTCTL_MAX_GPUS"),
     (TINY, ("resources", "cpus_per_trial"), 10**6, "PTCTL_MAX_CPUS"),
+    (TINY, ("resources", "batch_members"), 10**6, "PTCTL_MAX_MEMBERS"),
     (TINY, ("train", "batch_size"), 10**9, "PTCTL_MAX_BATCH"),
     (TINY, ("tune", "seed"), 2**64, "PTCTL_MAX_SEED"),
     (TINY, ("model", "arch", "n_iter"), 10**6, "PTCTL_MAX_LAYERS"),
