@@ -4,7 +4,7 @@ and a node that (re)joins in time resets it. (With real nodes: tests/service/tes
 import pytest
 
 from workers.errors import InfrastructureLost
-from workers.node_watch import NO_NODE_S, NodeWatch, fits, no_node_wait_s
+from workers.ray_runner import NO_NODE_S, NodeWatch, fits, no_node_wait_s
 
 HEAD = {"Alive": True, "Resources": {"node:__internal_head__": 1.0}}  # a head with no CPUs for trials
 WORKER = {"Alive": True, "Resources": {"CPU": 1.0}}
