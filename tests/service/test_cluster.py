@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -194,6 +195,66 @@ def test_trial_storage_no_worker_can_reach_is_named_with_its_fix(cluster, tmp_pa
     assert done.returncode == 1 and error.startswith("error:"), done.stdout[-3000:]
     assert "(2 failed of 2)" in error and "a Ray node cannot reach the study's storage" in error, error
     assert "PTCTL_DATA_DIR" in error and "space.lr" not in error and "max_loss" not in error, error
+
+
+def _certified_spec(tmp_path: Path, name: str, **resources: Any) -> Path:
+    """tiny with a transfer and a verify phase, and nothing that depends on timing: TPE one trial at a time (its
+    suggestions see every result in the same order), ASHA off."""
+    data = yaml.safe_load((CATALOG_DIR / "tiny.yaml").read_text())
+    data["name"] = "mn-same"
+    data["tune"].update(num_trials=2, max_concurrent=1, seed=3, asha={"enabled": False})
+    data["verify"].update(n_samples=3, centre_seeds=2)
+    data["resources"].update(resources)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _study_outcome(data: Path, uri: str) -> dict[str, Any]:
+    """What a reader takes from a finished study: its trials (tune's by hparams: Tune names them afresh), their
+    losses, the certificate, the trial runs' names and the study run's artifacts."""
+    import pandas as pd
+    from mlflow import MlflowClient
+
+    folder = next((data / "studies").glob("mn-same-*"))
+    trials = pd.read_csv(folder / "artifacts" / "trials.csv")
+    rows = sorted((r.phase, r.trial_id if r.phase != "tune" else f"lr={r.lr:.12g}", r.status, round(r.eval_loss, 5))
+                  for r in trials.itertuples())
+    cert = json.loads((folder / "artifacts" / "certificate.json").read_text())
+    client = MlflowClient(uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments)  # the tracking store holds this study alone
+    study = next(r for r in runs if r.data.tags.get("kind") == "study")
+    names = sorted(r.info.run_name for r in runs if r.data.tags.get("kind") == "trial")
+    return {"trials": rows, "certificate": {k: cert[k] for k in ("verdict", "n_better", "centre_rank", "n_samples")},
+            "trial runs": names, "artifacts": sorted(a.path for a in client.list_artifacts(study.info.run_id)),
+            "study": folder.name}
+
+
+def test_a_study_on_the_cluster_is_the_same_study_as_on_one_node(cluster, tmp_path):
+    """The same spec on the cluster — trials on the worker nodes, Tune's state and checkpoints in S3, MLflow a
+    server that stores the artifacts — and on one local Ray node with MLflow on SQLite: the same study id, the same
+    trials with the same eval losses (to 1e-5), the same certificate, the same trial runs and study artifacts."""
+    from tests.workers.test_faults import _mlflow_server
+
+    c, data = cluster
+    port = _free_port()
+    server = _mlflow_server(tmp_path, port)
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        spread = _certified_spec(tmp_path, "cluster", checkpoint_every_s=0, storage="s3://ptctl/same")
+        done = ptctl(["study", "run", str(spread)], data, uri, **c.env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        on_cluster = _study_outcome(data, uri)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+    alone = data_dir(tmp_path, "one-node")
+    done = ptctl(["study", "run", str(_certified_spec(tmp_path, "alone", checkpoint_every_s=0))], alone)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    on_one_node = _study_outcome(alone, f"sqlite:///{alone / 'mlflow.db'}")
+    assert on_cluster == on_one_node
+    assert (tmp_path / "artifacts").exists()  # the server stored the artifacts, not the driver's folder alone
 
 
 def test_checkpoints_in_s3_let_trials_on_nodes_without_a_shared_disk_finish(cluster, tmp_path):
