@@ -1,6 +1,7 @@
 """Shared fixtures: an isolated data directory per test session that reuses the downloaded corpus."""
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,3 +36,16 @@ def ray_session():
 
     yield
     ray.shutdown()
+
+
+@contextmanager
+def float64_default():
+    """torch's default dtype float64 inside the block (models built there are float64), restored after."""
+    import torch
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)

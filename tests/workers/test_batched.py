@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from studies.spec import DataSpec
+from tests.conftest import float64_default
 from workers.batched import train_batch
 from workers.train import TrialConfig, train_trial
 
@@ -36,12 +37,8 @@ def _configs(model, hp, data, members, **kw):
 
 @pytest.fixture
 def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
+    with float64_default():
         yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 def _assert_equal(cfgs, rel):

@@ -23,11 +23,11 @@ from uniform and a wrong bucket, scale or transpose changes the logits by much m
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import pytest
 import torch
 
+from tests.conftest import float64_default
 from workers.models import build_model
 
 VOCAB, WIDTH, CHANNELS, RANK, N_ITER, BATCH, LENGTH = 20, 6, 2, 3, 3, 2, 7
@@ -250,17 +250,6 @@ def make_batch(seed: int = 0, pad: int = 2) -> tuple[torch.Tensor, torch.Tensor]
     if pad:
         mask[1, LENGTH - pad :] = False  # second sequence shorter
     return ids, mask
-
-
-@contextmanager
-def float64_default():
-    """Synchronous mode builds its uniform H with the default dtype (see test_sync_keeps_dtype)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 def max_abs_diff(model_out: torch.Tensor, ref: list, mask: torch.Tensor) -> float:
