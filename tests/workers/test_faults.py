@@ -36,11 +36,13 @@ def _spec() -> StudySpec:
 
 
 # ray_work finds the trial workers: run_study runs in this process here, so no driver actor is among them
-def _kill_once_trained(client: MlflowClient, experiment: str, data_dir: Path, killed: dict, stop: threading.Event):
-    """SIGKILL the trial worker once a running trial's run holds two evaluations (so a checkpoint exists)."""
+def _kill_once_trained(client: MlflowClient, experiment: str, data_dir: Path, killed: dict, stop: threading.Event,
+                       where: str = ""):
+    """SIGKILL the trial workers once a running trial's run (`where`: more of its tags) holds two evaluations (so
+    a checkpoint exists)."""
     while not stop.is_set():
         found = client.get_experiment_by_name(experiment)
-        runs = client.search_runs([found.experiment_id], "tags.kind = 'trial' and tags.status = 'running'") \
+        runs = client.search_runs([found.experiment_id], f"tags.kind = 'trial' and tags.status = 'running'{where}") \
             if found else []
         for run in runs:
             steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
@@ -52,20 +54,26 @@ def _kill_once_trained(client: MlflowClient, experiment: str, data_dir: Path, ki
         time.sleep(0.1)
 
 
-def test_killed_trial_worker_is_retried_from_its_checkpoint(study_data_dir):
+def _run_killed_once(spec: StudySpec, study_id: str, data_dir: Path, client: MlflowClient, where: str = ""):
+    """Run the study in this process while `_kill_once_trained` watches it; its final state and what was killed."""
     from workers.driver import run_study
 
-    spec = _spec()
-    client = MlflowClient(f"sqlite:///{study_data_dir / 'mlflow.db'}")
     killed, stop = {}, threading.Event()
     killer = threading.Thread(target=_kill_once_trained,
-                              args=(client, spec.experiment_name(), study_data_dir, killed, stop), daemon=True)
+                              args=(client, spec.experiment_name(), data_dir, killed, stop, where), daemon=True)
     killer.start()
     try:
-        state = run_study(spec, "faults")
+        state = run_study(spec, study_id)
     finally:
         stop.set()
         killer.join(30)
+    return state, killed
+
+
+def test_killed_trial_worker_is_retried_from_its_checkpoint(study_data_dir):
+    spec = _spec()
+    client = MlflowClient(f"sqlite:///{study_data_dir / 'mlflow.db'}")
+    state, killed = _run_killed_once(spec, "faults", study_data_dir, client)
     assert killed.get("pids"), f"no trial worker was killed (trial finished first?): {killed}"
     assert state.status == "succeeded"
 
@@ -172,40 +180,14 @@ def _batched_spec() -> StudySpec:
     return StudySpec.model_validate(data)
 
 
-def _kill_batch_once_trained(client, experiment, data_dir, killed, stop):
-    """SIGKILL the trial workers once a verify member's run holds two evaluations (the batch has a checkpoint)."""
-    while not stop.is_set():
-        found = client.get_experiment_by_name(experiment)
-        runs = client.search_runs([found.experiment_id], "tags.kind = 'trial' and tags.status = 'running' and "
-                                  "tags.phase = 'verify'") if found else []
-        for run in runs:
-            steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
-            if steps and max(steps) >= 2 * EVERY:
-                killed["at"], killed["pids"] = max(steps), ray_work(data_dir)
-                for pid in killed["pids"]:
-                    os.kill(pid, signal.SIGKILL)
-                return
-        time.sleep(0.1)
-
-
 def test_a_killed_batch_worker_is_retried_from_its_checkpoint_and_no_member_is_lost_or_logged_twice(
         study_data_dir):
     """Verify's 4 samples train as one batched Tune trial; its worker is SIGKILLed mid-batch: the batch restarts
     from its checkpoint, each member keeps its one run (the batch tag beside the solo tags) and logs each step
     once, and the trial table holds every member."""
-    from workers.driver import run_study
-
     spec = _batched_spec()
     client = MlflowClient(f"sqlite:///{study_data_dir / 'mlflow.db'}")
-    killed, stop = {}, threading.Event()
-    killer = threading.Thread(target=_kill_batch_once_trained,
-                              args=(client, spec.experiment_name(), study_data_dir, killed, stop), daemon=True)
-    killer.start()
-    try:
-        state = run_study(spec, "batch-faults")
-    finally:
-        stop.set()
-        killer.join(30)
+    state, killed = _run_killed_once(spec, "batch-faults", study_data_dir, client, " and tags.phase = 'verify'")
     assert killed.get("pids"), f"no batch worker was killed (the batch finished first?): {killed}"
     assert state.status == "succeeded"
     table = pd.read_csv(study_data_dir / "studies" / "batch-faults" / "artifacts" / "verify_trials.csv")
