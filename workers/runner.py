@@ -272,10 +272,8 @@ class InProcessRunner:
                 recorder.log_steps(run, result.history)
                 recorder.finish(run, result.status, result.message, steps=result.steps,
                                 lr_multipliers=result.lr_multipliers)
-        for trial, row in zip(group, rows, strict=True):
-            journal.add(row)
-            job.notify({"phase": job.phase, "trial_id": trial.trial_key, "status": row["status"],
-                        "eval_loss": row["eval_loss"] if math.isfinite(row["eval_loss"]) else None})
+        for row in rows:
+            _finished(job, row, journal)
         return rows
 
     def _run(self, job: PhaseJob, trial: PlannedTrial, journal: _Journal) -> dict[str, Any]:
@@ -295,7 +293,12 @@ class InProcessRunner:
             recorder.log_steps(run, result.history)
             recorder.finish(run, result.status, result.message, steps=result.steps,
                             lr_multipliers=result.lr_multipliers)
-        journal.add(row)
-        job.notify({"phase": job.phase, "trial_id": trial.trial_key, "status": row["status"],
-                    "eval_loss": row["eval_loss"] if math.isfinite(row["eval_loss"]) else None})
+        _finished(job, row, journal)
         return row
+
+
+def _finished(job: PhaseJob, row: dict[str, Any], journal: _Journal) -> None:
+    """A trial trained in process is done: its row into the journal, the driver told."""
+    journal.add(row)
+    job.notify({"phase": job.phase, "trial_id": row["trial_id"], "status": row["status"],
+                "eval_loss": row["eval_loss"] if math.isfinite(row["eval_loss"]) else None})
