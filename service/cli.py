@@ -105,7 +105,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_coord_check(args: argparse.Namespace) -> int:
     from analysis.coord import plot_coord
-    from workers.coord_check import coord_check
+    from workers.coord_check import built, coord_check
+    from workers.models import family
     from workers.paths import data_dir
 
     widths = _widths(args.widths)
@@ -135,6 +136,14 @@ def cmd_coord_check(args: argparse.Namespace) -> int:
             cells.append(f"[red]{cell}[/]" if (name, row.step) in bad else cell)
         table.add_row(name, *cells)
     console.print(table)
+    if family(args.model).mup is not None:  # a mup model: each parameter's infshape at the widest width
+        widest = built(args.model, args.parametrization, (max(widths),), {"base_width": min(widths), **hp})
+        shapes = Table(title=f"mup infshapes at width {max(widths)}: size (base size) of each width dimension")
+        shapes.add_column("parameter")
+        shapes.add_column("infshape")
+        for name, text in widest[max(widths)].infshapes().items():  # type: ignore[operator]
+            shapes.add_row(name, text)
+        console.print(shapes)
     console.print(f"[{'green' if verdict.passed else 'red'}]{verdict.verdict}[/]")
     console.print(f"wrote {out / (stem + '.csv')} and {out / (stem + '.png')}")
     return {"pass": 0, "fail": 1, "inconclusive": 3}[verdict.status]
@@ -216,10 +225,23 @@ def _print_compare_plan(spec) -> None:
 
 def _print_plan(spec) -> None:
     """The planned trials, steps and FLOPs per phase, and their share of one training run at each target width."""
-    from studies.cost import CHECK_PHASES, plan_cost
+    from studies.cost import CHECK_PHASES, plan_cost, planned_runs
+    from studies.family import get_family
 
     if spec.compare is not None:
         _print_compare_plan(spec)
+        return
+    if get_family(spec.model.family).forward_flops is None:
+        table = Table(title=f"plan of {spec.name}")
+        for col in ("phase", "trials", "widths", "steps"):
+            table.add_column(col, justify="left" if col in ("phase", "widths") else "right")
+        for phase, runs in planned_runs(spec).items():
+            table.add_row(phase, str(len(runs)), ",".join(str(w) for w in sorted({w for w, _ in runs})),
+                          f"{sum(s for _, s in runs):,.0f}")
+        console.print(table)
+        console.print(f"{spec.model.family} registers no FLOP counts (studies.family.Family.forward_flops): no FLOPs "
+                      "or shares of a target run to show")
+        _print_batches(spec)
         return
     plan = plan_cost(spec)
     widest = max(plan.targets, default=None)

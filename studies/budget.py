@@ -38,8 +38,9 @@ def _counted(family: str) -> Family:
     """`family`'s registration, which must carry its counts."""
     entry = get_family(family)
     if entry.param_count is None or entry.forward_flops is None:
-        counted = [name for name, f in FAMILIES.items() if f.param_count is not None]
-        raise ValueError(f"unknown model family {family!r}: choose one of {counted}")
+        counted = [name for name, f in FAMILIES.items() if f.param_count is not None and f.forward_flops is not None]
+        raise ValueError(f"model family {family!r} registers no parameter and FLOP counts (Family.param_count, "
+                         f"Family.forward_flops): choose one of {counted}, or add the counts to its registration")
     return entry
 
 

@@ -29,6 +29,12 @@ distribution and the fix; the other families are untouched. Registrations a plug
 is imported are undone: the entry point's object is the plugin's one family. A spec names a plugin's family only
 by its registered name (nothing in a spec imports a module); the service can narrow the families it accepts
 (`PTCTL_FAMILIES`, `service.policy`).
+
+A model built with mup needs no model class of its own: `from_mup(name, "module:make_model", Arch, Space)` makes its
+family. `make_model(width, vocab_size, **arch, **hparams)` returns an `nn.Module` whose readout is mup's
+`MuReadout` (or `MuSharedReadout`) and whose forward maps token ids (B, T) to logits (B, T, V);
+`workers.models.mup_model.MupModel` builds it with `mup.set_base_shapes` and trains it with `mup.MuAdamW` (module
+docstring there).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, create_model
 
 from studies.space import Space
 
@@ -70,11 +76,43 @@ class Family:
     param_count: Callable[..., int] | None = None  # (arch, width, vocab_size, base_width) -> parameters
     forward_flops: Callable[..., dict[str, float]] | None = None  # (arch, width, vocab, seq_len, n_dec, base_width)
     width_multiples: bool = False  # the budget solver steps by `width_step` (PT) instead of every integer
+    mup: MupRecipe | None = None  # a `from_mup` family: how its model is built and trained (trained alone, unbatched)
 
     @property
     def comparable(self) -> bool:
         """Whether a compare study takes this family: an MLM family with parameter and FLOP counts."""
         return self.objective == "mlm" and self.param_count is not None and self.forward_flops is not None
+
+
+@dataclass(frozen=True)
+class MupRecipe:
+    """How `workers.models.mup_model.MupModel` builds and trains the model of a `from_mup` family."""
+
+    factory: str  # "module:function": make_model(width, vocab_size, **arch, **hparams) -> nn.Module
+    hparams: tuple[str, ...]  # the space's hparams the factory takes (all but lr)
+    optimizer: Literal["adamw", "sgd"] = "adamw"  # mup.MuAdamW, or mup.MuSGD (momentum: train.betas[0])
+    init: str | None = "mup_init"  # the model's method called after set_base_shapes (absent or None: none)
+
+
+def from_mup(name: str, factory: str, arch: type[BaseModel], space: type[Space], *, objective: Objective = "clm",
+             optimizer: Literal["adamw", "sgd"] = "adamw", init: str | None = "mup_init",
+             coord_hp: dict[str, Any] | None = None, param_count: Callable[..., int] | None = None,
+             forward_flops: Callable[..., dict[str, float]] | None = None) -> Family:
+    """The `Family` of a model built with mup (module docstring). Its config is `arch` plus `ModelSize` plus one
+    float field per hparam of `space` but lr (the space's default as the field's); `coord_hp` is the coordinate
+    check's small arch; without `param_count` and `forward_flops` it cannot join a compare study."""
+    from studies.arch import ModelSize  # `studies.arch` imports this module lazily
+
+    hparams = tuple(h for h in space.HPARAMS if h != "lr")
+    centre = space()
+    fields: dict[str, Any] = {
+        h: (float, Field(getattr(centre, h).default, description=space.model_fields[h].description)) for h in hparams}
+    config: type[BaseModel] = create_model(f"{arch.__name__}Config", __base__=(arch, ModelSize),
+                                           __module__=arch.__module__, **fields)
+    recipe = MupRecipe(factory, hparams, optimizer, init)
+    return Family(name, arch, config, space, "workers.models.mup_model:MupModel", objective=objective,
+                  readout="logits", coord_hp=dict(coord_hp or {}), param_count=param_count,
+                  forward_flops=forward_flops, mup=recipe)
 
 
 FAMILIES: dict[str, Family] = {}

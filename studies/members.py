@@ -37,7 +37,10 @@ def member_key(config: dict[str, Any]) -> str:
 
 
 def batches(spec: StudySpec, trials: Sequence[PlannedTrial], k: int) -> list[list[PlannedTrial]]:
-    """The planned trials as batches of at most `k` members each (module docstring); `k` = 1: one per trial."""
+    """The planned trials as batches of at most `k` members each (module docstring); `k` = 1: one per trial, as
+    always for a `from_mup` family (mup reads a width from each parameter, which a stacked one does not carry)."""
+    if get_family(spec.model.family).mup is not None:
+        k = 1
     groups: dict[str, list[PlannedTrial]] = {}
     for trial in trials:
         groups.setdefault(member_key(trial.trial_config(spec)), []).append(trial)

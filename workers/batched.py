@@ -222,7 +222,8 @@ def train_batch(configs: Sequence[TrialConfig | dict[str, Any]], progress: Membe
     opt = _AdamW(members, first.betas, first.weight_decay)
     params = sum(p.numel() for p in members.models[0].parameters())
     groups = list(dict.fromkeys(members.group.values()))  # the groups that hold parameters, in the model's order
-    infos = [(params, {g: c.lr * mults[g] / c.lr for g in groups}) for c in cfgs]
+    infos = [(params, {g: c.lr * mults[g] / c.lr for g in groups}, members.models[i].run_params())
+             for i, c in enumerate(cfgs)]
     batches = data.train_batches(first.batch_size, seed=first.seed)
     eval_batches = data.eval_batches(first.batch_size)[: first.eval_batches]
     probe = data.eval_batches(first.batch_size)[0]

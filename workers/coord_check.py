@@ -24,6 +24,8 @@ from studies.spec import DataSpec, TrialConfig
 from workers.errors import ConfigError
 from workers.models import build_model, family
 from workers.models.common import token_loss
+from workers.models.contract import LanguageModel
+from workers.models.mup_model import mup_problems
 from workers.train import load_data, make_optimizer
 
 # The small model per family is registered with it (`studies.family.Family.coord_hp`, with the reasons).
@@ -50,10 +52,7 @@ def coord_data(
     Seeds are `base_seed … base_seed + seeds − 1`; seed s draws the model and the batches, so
     every width sees the same data for one seed and the seeds are independent replicates.
     """
-    entry = family(model)
-    hp = {**entry.coord_hp, **(model_hp or {})}
-    hp.setdefault("base_width", min(widths))
-    data = data.model_copy(update={"objective": entry.objective})  # TauGPT: causal LM batches
+    hp, data = _setup(model, widths, model_hp, data)
     cfg = TrialConfig(model=model, data=data, lr=lr, batch_size=batch_size, weight_decay=0.0, grad_clip=0.0)
     mlm = load_data(data)
     rows = []
@@ -82,6 +81,27 @@ def coord_data(
     return df if per_seed else df.groupby(["parametrization", "width", "step", "name"], as_index=False)["rms"].mean()
 
 
+def _setup(model: str, widths: tuple[int, ...], model_hp: dict | None, data: DataSpec) -> tuple[dict, DataSpec]:
+    """The check's model hparams (the family's small model, `model_hp` over it, the base the smallest width) and
+    its data (the family's objective)."""
+    entry = family(model)
+    hp = {**entry.coord_hp, **(model_hp or {})}
+    hp.setdefault("base_width", min(widths))
+    return hp, data.model_copy(update={"objective": entry.objective})  # TauGPT: causal LM batches
+
+
+def built(model: str, parametrization: str, widths: tuple[int, ...],
+          model_hp: dict | None = None) -> dict[int, LanguageModel]:
+    """The check's model at each width, as `coord_data` builds it for its first seed (0)."""
+    hp, data = _setup(model, widths, model_hp, DEFAULT_DATA)
+    vocab = load_data(data).vocab_size
+    out = {}
+    for width in widths:
+        torch.manual_seed(0)
+        out[width] = build_model(model, vocab_size=vocab, width=width, parametrization=parametrization, **hp)
+    return out
+
+
 def check_lr(base_width: int) -> float:
     """The check's default learning rate at base width d0: lr·d0 = CHECK_LR_TIMES_BASE."""
     return CHECK_LR_TIMES_BASE / base_width
@@ -102,12 +122,19 @@ def coord_check(
 
     Returns the per-seed rms table, the slopes with their seed intervals, the verdict on steps
     1 … steps−1, and the learning rate used (`check_lr` of the base width unless `lr` is given).
+    Under μP a model that uses mup is first checked as built (`workers.models.mup_model.mup_problems`): a
+    parameter without an infshape or a hidden weight whose init does not scale with width is a `ConfigError`
+    naming it and the fix, before any step.
     """
     if not 2 <= seeds <= max_seeds:
         raise ConfigError(f"seeds={seeds}, max_seeds={max_seeds}: need 2 <= seeds <= max_seeds (an interval needs 2)")
     if steps < 2:
         raise ConfigError(f"steps={steps}: need at least 2 (step 0 is init, steps 1… are judged)")
     hp, entry = dict(model_hp or {}), family(model)
+    if parametrization == "mup":  # a model built with mup: what mup's shapes and the init show before training
+        problems = mup_problems(built(model, parametrization, widths, hp))
+        if problems:
+            raise ConfigError(f"the coordinate check of {model!r} fails before training:\n  " + "\n  ".join(problems))
     lr = check_lr(hp.get("base_width", min(widths))) if lr is None else lr
     may_vanish = entry.coord_may_vanish({**entry.coord_hp, **hp})  # what μP lets shrink in the family's model
     frames: list[pd.DataFrame] = []

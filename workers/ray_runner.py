@@ -48,6 +48,7 @@ from workers.errors import InfrastructureLost, Interrupted, StudyFailed  # noqa:
 from workers.models import family  # noqa: E402
 from workers.runner import (  # noqa: E402
     GROUP_MULT,
+    RUN_PARAM,
     PhaseJob,
     TrialRecorder,
     batch_tag,
@@ -277,6 +278,7 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
     last = result.history[-1] if result.history else {"step": result.steps}
     final = {k: getattr(result, k) for k in FINAL_KEYS}
     final.update({f"{GROUP_MULT}{group}": mult for group, mult in result.lr_multipliers.items()})
+    final.update({f"{RUN_PARAM}{name}": value for name, value in result.run_params.items()})
     objective = result.eval_loss if result.status == TrialStatus.COMPLETED else cfg.max_loss
     earlier = [r for r in kept if r["step"] < last["step"]]
     tune.report({**last, **final, **resumed, "step": result.steps, OBJECTIVE: objective, BATCH_KEY: json.dumps(earlier),
@@ -341,7 +343,8 @@ def _batch_trainable(config: dict[str, Any], spec: StudySpec, cpus: float) -> No
         if last and last[-1] not in kept[member.trial_key]:
             kept[member.trial_key].append(last[-1])
         finals[member.trial_key] = {**{k: getattr(result, k) for k in FINAL_KEYS}, "status": str(result.status),
-                                    **{f"{GROUP_MULT}{g}": v for g, v in result.lr_multipliers.items()}}
+                                    **{f"{GROUP_MULT}{g}": v for g, v in result.lr_multipliers.items()},
+                                    **{f"{RUN_PARAM}{n}": v for n, v in result.run_params.items()}}
     done = [f["eval_loss"] for f in finals.values() if f["status"] == TrialStatus.COMPLETED]
     tune.report({"step": max(r.steps for r in results), **where, OBJECTIVE: min(done, default=cfgs[0].max_loss),
                  MEMBER_ROWS: json.dumps(kept), MEMBER_FINALS: json.dumps(finals, default=str)})
@@ -599,9 +602,10 @@ class MlflowTrials(tune.Callback):
         """How far the trial trained (an early-stopped trial's budget used), its per-group lr multipliers and its
         end."""
         mults = {k.removeprefix(GROUP_MULT): v for k, v in last.items() if k.startswith(GROUP_MULT)}
+        model = {k.removeprefix(RUN_PARAM): v for k, v in last.items() if k.startswith(RUN_PARAM)}
         steps = last.get("step", last.get("steps"))
         self.recorder.finish(self._run(trial, member), status, last.get("message"), steps=steps,
-                             lr_multipliers=mults, run_status=run_status, tags=tags)
+                             lr_multipliers=mults, run_status=run_status, tags=tags, run_params=model)
 
     def _end(self, trial, status: str, last: dict[str, Any], run_status: str, tags: dict[str, Any],
              member: PlannedTrial | None = None) -> None:

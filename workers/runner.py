@@ -41,6 +41,7 @@ def metric_prefixes() -> tuple[str, ...]:
     """The per-step metrics a trial logs: every family's, and those its family registers (TauGPT: `tau.`)."""
     return METRIC_PREFIXES + tuple(p for f in FAMILIES.values() for p in f.metric_prefixes)
 GROUP_MULT = "group_lr_mult."  # final-result prefix of the per-group lr multipliers (μP), logged as `lr_mult.*` params
+RUN_PARAM = "run_param."  # final-result prefix of the model's own run params (a mup family's `infshape.*`)
 
 
 def flag_tags(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
@@ -126,12 +127,14 @@ class TrialRecorder:
 
     def finish(self, run: str, status: str, message: str | None = None, *, steps: int | None = None,
                lr_multipliers: Mapping[str, float] | None = None, run_status: str = "FINISHED",
-               tags: Mapping[str, Any] | None = None) -> None:
-        """End the run: how far it trained (`steps_done`), its lr multipliers, its status and why it ended so."""
+               tags: Mapping[str, Any] | None = None, run_params: Mapping[str, str] | None = None) -> None:
+        """End the run: how far it trained (`steps_done`), its lr multipliers and the model's run params, its
+        status and why it ended so."""
         if steps is not None:
             self.tracker.log_metrics(run, [{"step": int(steps), "steps_done": int(steps)}])
-        if lr_multipliers:
-            self.tracker.log_params(run, {f"lr_mult.{k}": v for k, v in lr_multipliers.items()})
+        if lr_multipliers or run_params:
+            self.tracker.log_params(run, {**{f"lr_mult.{k}": v for k, v in (lr_multipliers or {}).items()},
+                                          **(run_params or {})})
         self.tracker.set_tags(run, {"status": status, **end_tags(status, message), **(tags or {})})
         self.tracker.finish(run, run_status)
 
@@ -271,7 +274,7 @@ class InProcessRunner:
                                       batch=tag))
                 recorder.log_steps(run, result.history)
                 recorder.finish(run, result.status, result.message, steps=result.steps,
-                                lr_multipliers=result.lr_multipliers)
+                                lr_multipliers=result.lr_multipliers, run_params=result.run_params)
         for row in rows:
             _finished(job, row, journal)
         return rows
@@ -292,7 +295,7 @@ class InProcessRunner:
             row = trial_row(job.spec, trial, result.status, result_metrics(result), result.message)
             recorder.log_steps(run, result.history)
             recorder.finish(run, result.status, result.message, steps=result.steps,
-                            lr_multipliers=result.lr_multipliers)
+                            lr_multipliers=result.lr_multipliers, run_params=result.run_params)
         _finished(job, row, journal)
         return row
 

@@ -52,6 +52,7 @@ class TrialResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     message: str = ""
     lr_multipliers: dict[str, float] = field(default_factory=dict)  # per parameter group: its lr / the base lr
+    run_params: dict[str, str] = field(default_factory=dict)  # the model's `run_params()` (a mup family's infshapes)
 
 
 @functools.lru_cache(maxsize=4)
@@ -66,8 +67,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_optimizer(model: LanguageModel, cfg: TrialConfig) -> torch.optim.AdamW:
-    """AdamW with one group per parameter group; μP enters through `model.lr_multipliers()`."""
+def make_optimizer(model: LanguageModel, cfg: TrialConfig) -> torch.optim.Optimizer:
+    """The model's own optimiser when it has one (a mup family's MuAdamW), else AdamW with one group per parameter
+    group; μP enters through `model.lr_multipliers()`."""
+    own = model.make_optimizer(cfg.lr, cfg.weight_decay, cfg.betas)
+    if own is not None:
+        return own
     mult = model.lr_multipliers()
     groups = [
         {
@@ -130,7 +135,7 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None 
     params = sum(p.numel() for p in model.parameters())
     opt = make_optimizer(model, cfg)
     base_lrs = [g["lr"] for g in opt.param_groups]
-    info = (params, {g["name"]: g["lr"] / cfg.lr for g in opt.param_groups})  # the result's model facts
+    info = (params, {g["name"]: g["lr"] / cfg.lr for g in opt.param_groups}, model.run_params())  # model facts
     batches = data.train_batches(cfg.batch_size, seed=cfg.seed)
     probe = data.eval_batches(cfg.batch_size)[0]  # `eval_metrics`' batch: fixed, so comparable over steps
     monitored: list[dict[str, float]] = []  # what `eval_metrics` returned so far, with the step
@@ -262,7 +267,8 @@ def system_usage(wall_start: float, cpu_start: float) -> dict[str, float]:
 
 def trial_result(status, eval_loss, best, train_loss, steps, tokens, start, model_info, history, message=""):
     wall = time.perf_counter() - start
-    params, multipliers = model_info
+    params, multipliers, run_params = model_info
     return TrialResult(status=status, eval_loss=eval_loss, best_eval_loss=best, train_loss=train_loss,
                        steps=steps, tokens=tokens, wall_time_s=wall, tokens_per_s=tokens / max(wall, 1e-9),
-                       params=params, history=history, message=message, lr_multipliers=multipliers)
+                       params=params, history=history, message=message, lr_multipliers=multipliers,
+                       run_params=run_params)

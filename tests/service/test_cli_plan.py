@@ -110,3 +110,13 @@ def test_study_plan_prints_the_batches_each_grid_phase_will_run(tmp_path):
     assert "batches: validate: 20 trials in 4 processes (5, 5, 5, 5 members)" in out
     rc, out, _ = _ptctl("study", "plan", str(ROOT / "studies" / "catalog" / "cpu_demo.yaml"))
     assert "batch_members is auto: each trial alone on CPU" in out
+
+
+def test_study_plan_of_a_family_without_flop_counts_lists_trials_and_steps():
+    """TauGPT registers no FLOP counts: the plan still lists each phase's trials, widths and steps, and says why
+    there are no FLOPs (it used to end in a traceback calling the family unknown)."""
+    rc, out, _ = _ptctl("study", "plan", str(ROOT / "studies" / "catalog" / "tau_cpu.yaml"))
+    assert rc == 0, out
+    assert "Traceback" not in out and "unknown model family" not in out
+    assert re.search(r"tune\W+12\W+32\W+600\b", out), out  # 12 trials at width 32, ASHA's expected 600 steps
+    assert "tauformer registers no FLOP counts" in out, out

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,9 @@ from studies import load_catalog
 from studies.family import ENTRY_POINT_GROUP
 
 REPO = Path(__file__).parents[2]
+BUILT_IN = ["pt", "bert", "ut", "tauformer"]
+INSTALLED = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))  # the example's (`make install`)
+WITH_TINY = BUILT_IN + sorted([*INSTALLED, "tinygpt"])  # plugins register in entry point name order
 
 TINYGPT = """
     import dataclasses
@@ -113,12 +117,12 @@ def test_an_installed_plugin_family_appears_everywhere_the_built_ins_do(site, tm
         }}))
     """, PTCTL_FAMILIES="pt,bert")
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["names"] == ["pt", "bert", "ut", "tauformer", "tinygpt"]
-    assert got["plugins"] == {"tinygpt": "tinygpt-plugin 0.1"}
+    assert got["names"] == WITH_TINY
+    assert got["plugins"]["tinygpt"] == "tinygpt-plugin 0.1" and set(got["plugins"]) == {*INSTALLED, "tinygpt"}
     assert got["family"] == got["from_yaml"] == "tinygpt"
-    assert "choose one of ['pt', 'bert', 'ut', 'tauformer', 'tinygpt']" in got["unknown"]
+    assert f"choose one of {WITH_TINY}" in got["unknown"]
     assert got["chosen"] == "tinygpt"  # ptctl coord-check --model tinygpt
-    assert "one of pt, bert, ut, tauformer, tinygpt" in " ".join(got["help"].split())
+    assert f"one of {', '.join(WITH_TINY)}" in " ".join(got["help"].split())
     assert got["variants"] == got["names"]  # the request schema: one variant per family
     assert got["model_class"] == "TauGPT"  # the workers build it from the registration
     assert got["accepted"] == 201 and got["pt_status"] == 201
@@ -169,7 +173,7 @@ def test_broken_plugins_are_skipped_with_one_warning_each(site):
         }))
     """)
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["names"] == ["pt", "bert", "ut", "tauformer", "tinygpt"]  # the good plugin too
+    assert got["names"] == WITH_TINY  # the good plugin too
     assert got["tiny"] == "pt"
     assert (got["pt"], got["bert"]) == ("studies.families.pt", "studies.families.bert")
     warnings = [line for line in out.stderr.splitlines() if line.startswith("ptctl plugin")]

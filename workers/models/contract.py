@@ -57,6 +57,17 @@ class LanguageModel(nn.Module):
             return tokens, {"token_loss": tokens.detach()}
         return tokens + aux.to(tokens.device), {"token_loss": tokens.detach(), "aux_loss": aux.detach()}
 
+    def make_optimizer(self, lr: float, weight_decay: float,
+                       betas: tuple[float, float]) -> torch.optim.Optimizer | None:
+        """The model's own optimiser at base lr `lr` (None: ptctl's AdamW over `groups` with `lr_multipliers`;
+        a mup family: mup's MuAdamW). Each group carries a "name"."""
+        return None
+
+    def run_params(self) -> dict[str, str]:
+        """Facts about the built model logged as its trial run's params (a mup family: each parameter's
+        infshape)."""
+        return {}
+
     # ------------------------------------------------------------------ hooks (no-ops by default)
     def before_trial(self, config: Any) -> None:
         """Called once with the trial's `TrialConfig` before training."""
