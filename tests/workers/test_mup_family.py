@@ -216,3 +216,33 @@ def test_fixing_the_init_clears_the_finding(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert "PROBLEMS []" in done.stdout, done.stdout
+
+
+def test_a_study_records_each_trials_infshapes_and_mups_learning_rates(tmp_path, monkeypatch):
+    """Through the driver (in process): every trial run carries mup's groups (`lr_mult.*`) and each parameter's
+    infshape (`infshape.*`) as params, and the study ends as any other."""
+    from studies import StudySpec, load_catalog
+    from tests.workers.test_batched_study import Recorder, _data_dir
+    from workers.driver import run_study
+    from workers.runner import InProcessRunner
+
+    _data_dir(tmp_path / "data", monkeypatch)
+    data = load_catalog("tiny_tau").as_dict()
+    data["model"] = {"family": "nanogpt", "parametrization": "mup", "arch": {"n_layers": 1, "n_heads": 2,
+                                                                            "max_len": 32}}
+    data["tune"]["num_trials"] = 2
+    data["verify"]["n_samples"] = 2
+    data.pop("space")
+    tracker = Recorder()
+    state = run_study(StudySpec.model_validate(data), "nanogpt-tiny", runner=InProcessRunner(), tracker=tracker)
+    assert state.status == "succeeded", state
+    names = {n for n, _ in build_model("nanogpt", vocab_size=50, width=32, base_width=16, parametrization="mup",
+                                       n_layers=1, n_heads=2, max_len=32).net.named_parameters()}
+    runs = {r["key"]: r["params"] for r in tracker.trials.values()
+            if r["key"] != "verify-centre-s0"}  # the transfer run reused: recorded, not trained again
+    assert {key.split("-")[0] for key in runs} == {"tune", "transfer", "verify"}, sorted(runs)
+    for key, params in runs.items():
+        assert {k.removeprefix("infshape.") for k in params if k.startswith("infshape.")} == names, key
+        width = 16 if key.startswith("tune") else 32
+        assert params["infshape.blocks.0.attn.proj.weight"] == f"{width} (base 16) × {width} (base 16)", key
+        assert float(params["lr_mult.matrix"]) == 16 / width and float(params["lr_mult.vector"]) == 1.0, key
