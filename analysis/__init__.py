@@ -44,7 +44,8 @@ and ``rms`` its root-mean-square at that step (rows repeated over seeds are aver
 
 Modules: ``certificate`` (the verify phase's local-optimality certificate), ``distance``
 (relative distance from the centre), ``neighbours`` (where an uncertified centre's better neighbours
-lie), ``transfer`` (per-width summary, lr drift), ``coord``
+lie), ``transfer`` (per-width summary, lr drift), ``regret`` (what transfer
+cost against the validate sweep's optimum), ``coord``
 (coordinate-check slopes, verdict, plot), ``plots`` (the study's figures), ``compare`` (families at
 equal parameter budgets: table and figure), ``report`` (Markdown, and HTML with the figures inline),
 ``constants`` (the vocabulary and the sample-size rule, importable without numpy). Names are loaded from
@@ -67,6 +68,7 @@ _HOME = {
     **dict.fromkeys(("NeighbourAdvice", "neighbour_advice"), "neighbours"),
     **dict.fromkeys(("plot_mutransfer", "plot_transfer", "plot_tune_history", "plot_verify"), "plots"),
     **dict.fromkeys(("markdown_table", "render_report", "report_html"), "report"),
+    **dict.fromkeys(("Regret", "regret_line", "transfer_regret"), "regret"),
     **dict.fromkeys(("LRDrift", "LROptimum", "lr_curves", "lr_drift", "lr_optima", "transfer_table"), "transfer"),
 }
 
@@ -78,6 +80,7 @@ if TYPE_CHECKING:
     from analysis.distance import relative_distance
     from analysis.neighbours import NeighbourAdvice, neighbour_advice
     from analysis.plots import plot_mutransfer, plot_transfer, plot_tune_history, plot_verify
+    from analysis.regret import Regret, regret_line, transfer_regret
     from analysis.report import markdown_table, render_report, report_html
     from analysis.transfer import LRDrift, LROptimum, lr_curves, lr_drift, lr_optima, transfer_table
 
@@ -105,6 +108,7 @@ __all__ = [
     "LRDrift",
     "LROptimum",
     "NeighbourAdvice",
+    "Regret",
     "certify",
     "compare_table",
     "confidence",
@@ -122,9 +126,11 @@ __all__ = [
     "plot_transfer",
     "plot_tune_history",
     "plot_verify",
+    "regret_line",
     "relative_distance",
     "render_report",
     "report_html",
+    "transfer_regret",
     "transfer_table",
     "upper_bound",
     "verify_losses",

@@ -27,8 +27,8 @@ from pydantic import BaseModel
 from analysis.constants import check_probabilities, min_samples
 from analysis.table import TrialStatus, judged_loss, phase_rows, require_columns
 
-__all__ = ["Certificate", "certify", "confidence", "min_samples", "noise_better_rate", "noise_explains", "noise_lead",
-           "noise_sd", "upper_bound", "verify_losses"]
+__all__ = ["Certificate", "certify", "confidence", "lead_text", "min_samples", "noise_better_rate", "noise_explains",
+           "noise_lead", "noise_sd", "upper_bound", "verify_losses"]
 
 Tolerance = Literal["seed_spread", "seed_noise"] | float
 
@@ -119,6 +119,9 @@ class Certificate(BaseModel):
     noise_better_rate: float | None = None  # q: chance a sample as good as the centre counts as better
     noise_better_expected: float | None = None  # N·q
     noise_explains: bool | None = None  # k within Binomial(N, q)'s (1-alpha) quantile, the best lead within noise's
+    # The best finite sample's lead over the centre (the paper: "≤ 0.4 % better"); None when every sample diverged
+    best_lead: float | None = None  # centre_loss - best_sample_loss in nats; positive = the best sample beat the centre
+    best_lead_pct: float | None = None  # 100 · best_lead / centre_loss
 
 
 def verify_losses(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -217,6 +220,8 @@ def certify(
         noise_better_rate=rate,
         noise_better_expected=None if rate is None else n * rate,
         noise_explains=noise_explains(k, n, rate, alpha, lead),
+        best_lead=None if best is None else centre_loss - best,
+        best_lead_pct=None if best is None else 100 * (centre_loss - best) / centre_loss,
     )
     return cert.model_copy(update={"verdict": _verdict(cert)})
 
@@ -225,12 +230,24 @@ def _pct(x: float) -> str:
     return f"{100 * x:g}%"
 
 
+def lead_text(c: Certificate) -> str | None:
+    """The best sample's lead over the centre in nats and % of the centre's loss (the paper's "best perturbed
+    sample ≤ 0.4 % better than the centre"), or the centre's lead over every sample; None without a finite one."""
+    if c.best_lead is None or c.best_lead_pct is None:
+        return None
+    if c.best_lead > 0:
+        return f"the best sample is {c.best_lead:.3g} nats ({c.best_lead_pct:.2g} %) better than the centre"
+    return f"the centre beats every sample, the best by {-c.best_lead:.3g} nats ({-c.best_lead_pct:.2g} %)"
+
+
 def _verdict(c: Certificate) -> str:
     p, conf = _pct(c.p), _pct(1 - c.alpha)
     counts = f"{c.n_better} of {c.n_samples} samples beat it by more than {c.tolerance:.4g}"
     if c.n_diverged:
         counts += f"; {c.n_diverged} diverged, counted as worse"
     bound = f"one-sided upper bound on the better fraction {c.upper_bound:.4f}"
+    lead = lead_text(c)
+    bound += f"; {lead}" if lead else ""
     if c.certified:
         return f"centre is in the top {p} of its neighbourhood with confidence {conf} ({counts}; {bound})"
     noise = "" if c.noise_better_expected is None else (

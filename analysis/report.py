@@ -17,6 +17,7 @@ import pandas as pd
 from analysis.certificate import Certificate
 from analysis.compare import compare_table
 from analysis.neighbours import NeighbourAdvice
+from analysis.regret import Regret, regret_line
 from analysis.table import HPARAMS, PHASES, STATUSES, judged_loss, loss_spread, phase_rows
 from analysis.transfer import LRDrift, transfer_table
 
@@ -58,6 +59,7 @@ def render_report(
     hparams: Sequence[str] = HPARAMS,
     cost: Mapping[str, Any] | None = None,
     advice: NeighbourAdvice | None = None,
+    regret: Sequence[Regret] = (),
 ) -> str:
     """Render a study's Markdown report.
 
@@ -74,6 +76,8 @@ def render_report(
         hparams: the hparam columns shown beside the best tune trials.
         cost: `studies.cost.measured_cost`'s account (rows per phase, targets per width), shown under "cost".
         advice: where an uncertified centre's better neighbours lie (`analysis.neighbour_advice`).
+        regret: the validate phase's transfer regret (`analysis.transfer_regret`): one bold line per swept hparam
+            ("what did transfer cost") and a table, first in the validate section.
     """
     study_id = study.get("id", study.get("study_id"))
     title = f"# Study {study.get('name', 'unnamed')}" + (f" (`{study_id}`)" if study_id else "")
@@ -89,6 +93,8 @@ def render_report(
             sections["verify"].append(f"**where the better neighbours lie:** {advice.text}")
     if lr_drift is not None:
         sections["validate"] = [_validate_section(d) for d in (lr_drift, *hparam_drift)]
+    if regret:
+        sections["validate"] = [_regret_section(regret), *sections.get("validate", [])]
     if "compare" in tables:
         sections["compare"] = [_compare_section(tables["compare"])]
     headline = []
@@ -190,6 +196,17 @@ def _validate_section(drift: LRDrift) -> str:
     optima = pd.DataFrame([o.model_dump() for o in drift.optima])
     status = "pass" if drift.passed else "fail"
     return f"**{status}**: {drift.verdict}\n\n{markdown_table(drifts)}\n\n{markdown_table(optima)}"
+
+
+def _regret_section(regret: Sequence[Regret]) -> str:
+    """What transfer cost: one bold line per swept hparam, then every (hparam, parametrization, width) regret."""
+    lines = [f"**{line}**" for h in dict.fromkeys(r.hparam for r in regret) if (line := regret_line(regret, h))]
+    rows = pd.DataFrame([{"hparam": r.hparam, "parametrization": r.parametrization, "width": r.width,
+                          "transferred": r.transferred, "optimum": r.optimum, "optimum_loss": r.optimum_loss,
+                          "regret (nats)": r.regret, "regret %": r.regret_pct,
+                          "95 % CI (nats)": f"[{r.ci[0]:+.3g}, {r.ci[1]:+.3g}]" if r.ci else "—",
+                          "seeds": r.n_seeds, "note": r.note or "—"} for r in regret])
+    return "\n\n".join([*lines, markdown_table(rows)])
 
 
 def batches_line(tables: Mapping[str, pd.DataFrame]) -> str | None:

@@ -113,15 +113,20 @@ def interpolate_optimum(log2_lrs: np.ndarray, losses: np.ndarray, best: int) -> 
     The grid point itself when it sits on the grid's edge, a neighbour diverged (no finite loss) or the three
     points are not convex; the vertex is kept between the two neighbours.
     """
-    if best == 0 or best == len(log2_lrs) - 1:
+    coeffs = parabola(log2_lrs, losses, best)
+    if coeffs is None:
         return float(log2_lrs[best])
-    x, y = log2_lrs[best - 1 : best + 2], losses[best - 1 : best + 2]
-    if not np.isfinite(y).all():
-        return float(log2_lrs[best])
-    a, b, _ = np.polyfit(x, y, 2)
-    if a <= 0:
-        return float(log2_lrs[best])
-    return float(np.clip(-b / (2 * a), x[0], x[2]))
+    a, b, _ = coeffs
+    return float(np.clip(-b / (2 * a), log2_lrs[best - 1], log2_lrs[best + 1]))
+
+
+def parabola(x: np.ndarray, y: np.ndarray, best: int) -> np.ndarray | None:
+    """The coefficients (a, b, c) of the parabola through point `best` and its two neighbours; None when `best` is
+    on the grid's edge, a neighbour diverged (no finite loss) or the three points are not convex (a <= 0)."""
+    if best == 0 or best == len(x) - 1 or not np.isfinite(y[best - 1 : best + 2]).all():
+        return None
+    coeffs = np.polyfit(x[best - 1 : best + 2], y[best - 1 : best + 2], 2)
+    return coeffs if coeffs[0] > 0 else None
 
 
 def lr_optima(curves: pd.DataFrame, hparam: str = "lr") -> list[LROptimum]:

@@ -1,7 +1,8 @@
 """The end-of-study summary the CLI prints: the story of a study in the terminal, for any subset of phases.
 
 In order: the transferred hparams (tune's winner), the loss per width (the tuned base width, then each
-transfer width), the lr-drift verdict per parametrization (validate; optima interpolated in log lr), the
+transfer width), the lr-drift verdict per parametrization (validate; optima interpolated in log lr) and what
+transfer cost against the sweep's optimum (the transfer regret), the
 certificate (verify) and where its better neighbours lie, the families per budget (compare), then the report,
 its figures and the MLflow runs table. A section whose phase did not run (or left no table) is left out;
 nothing here trains or logs.
@@ -14,11 +15,13 @@ from dataclasses import dataclass
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from analysis import Certificate, LRDrift, neighbour_advice
 from analysis.table import loss_spread
 from studies.phases import CompareResult, StudyState, TuneResult, ValidateResult, VerifyResult
+from studies.phases.validate import regret_lines
 from studies.spec import StudySpec
 from workers.folder import StudyFolder
 
@@ -55,6 +58,8 @@ def print_summary(console: Console, view: StudyView) -> None:
     validate = state.result("validate", ValidateResult)
     for drift in validate.drifts().values() if validate else ():
         _drift_section(console, drift)
+    for line in regret_lines(validate) if validate else ():
+        console.print(f"[bold]{escape(line)}[/]", soft_wrap=True)
     verify = state.result("verify", VerifyResult)
     if verify is not None and verify.certificate is not None:
         _certificate_section(console, view, verify.certificate, tune)

@@ -412,7 +412,7 @@ class StudyDriver:
         text = render_report(study=study, tables=tables, certificate=certificate,
                              lr_drift=validate.lr_drift if validate else None, plots=plots, hparams=spec.space.HPARAMS,
                              hparam_drift=list(validate.hparam_drift.values()) if validate else [],
-                             advice=advice, cost=cost)
+                             advice=advice, cost=cost, regret=validate.regret if validate else ())
         path = folder.report
         path.write_text(text)
         # report.md beside its figures, which it links by file name; report.html with them inline, for MLflow's

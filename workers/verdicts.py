@@ -11,7 +11,10 @@ resumed study logs the same verdicts.
 | verify | `verify_width` | `upper_bound`, `n_better`, `centre_rank`, `n_samples`, `centre_loss` | `certified` |
 | validate | | `<hparam>_drift.<parametrization>` (lr and each of validate.hparams) | `<hparam>_drift_passed` |
 
-verify also logs `noise_better_expected` when the centre's seed noise is known (two or more seeds, a spread).
+verify also logs `noise_better_expected` when the centre's seed noise is known (two or more seeds, a spread), and
+`best_lead` / `best_lead_pct`, the best sample's lead over the centre. validate also logs
+`regret.<hparam>.<parametrization>.w<W>` and `regret_pct...`: what the transferred value cost at each swept width
+transferred to (`analysis.regret`).
 Each also has a sentence: the winner, the loss per width, the certificate, the drift verdict.
 
 The study run carries all of them; its description is every sentence followed by the spec's description.
@@ -29,6 +32,7 @@ from pathlib import Path
 
 from studies.phases import PHASES, StudyState, Verdict
 from studies.phases.tune import lr_text
+from studies.phases.validate import regret_widths
 from studies.spec import StudySpec
 
 
@@ -52,7 +56,7 @@ def verdict_columns(spec: StudySpec) -> list[str]:
     tags: list[str] = []
     if "verify" in phases:
         tags.append("certified")
-        metrics += ["upper_bound", "n_better", "centre_rank"]
+        metrics += ["upper_bound", "n_better", "centre_rank", "best_lead_pct"]
     if "tune" in phases:
         params += [*(f"best.{h}" for h in spec.space.searched()), "base_width"]
         metrics.append("best_eval_loss")
@@ -63,6 +67,7 @@ def verdict_columns(spec: StudySpec) -> list[str]:
         for h in ("lr", *spec.validate_.hparams):
             metrics += [f"{h}_drift.{p}" for p in spec.validate_.parametrizations]
             tags.append(f"{h}_drift_passed")
+        metrics += [f"regret_pct.lr.{p}.w{w}" for w in regret_widths(spec) for p in spec.validate_.parametrizations]
     if "tune" in phases:
         metrics.append("steps_done")
     return [*(f"{group}.`{name}`" for group, names in (("tags", tags), ("metrics", metrics), ("params", params))

@@ -106,6 +106,8 @@ class Verify(Phase):
                                    "centre_loss": c.centre_loss}
         if c.noise_better_expected is not None:  # None: one centre seed
             metrics["noise_better_expected"] = c.noise_better_expected
+        if c.best_lead is not None:  # None: every sample diverged (or a certificate from before the field)
+            metrics.update(best_lead=c.best_lead, best_lead_pct=c.best_lead_pct)
         return Verdict({"verify_width": spec.verify_width()}, [metrics], {"certified": str(bool(c.certified)).lower()},
                        sentence=f"Certificate: {c.verdict}.")
 

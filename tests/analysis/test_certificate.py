@@ -371,3 +371,15 @@ def test_advice_says_the_noise_is_unknown_with_one_centre_seed():
     table = verify_table([2.0], [1.9] + [2.1] * 58)
     text = neighbour_advice(table, {"lr": 1.0}, ["lr"], 0.008).text
     assert "the seed noise is unknown" in text and "verify.centre_seeds" in text and ADVICE in text
+
+
+def test_the_best_samples_lead_over_the_centre_in_nats_and_percent():
+    """The paper's "best perturbed sample ≤ 0.4 % better than the centre": centre mean 2.005, best sample 1.997."""
+    cert = certify(verify_table([2.0, 2.01], [1.997, 2.2, 2.3]))
+    assert cert.best_lead == pytest.approx(0.008) and cert.best_lead_pct == pytest.approx(100 * 0.008 / 2.005)
+    assert "the best sample is 0.008 nats (0.4 %) better than the centre" in cert.verdict
+    ahead = certify(verify_table([2.0, 2.01], [2.105, 2.2]))  # the centre leads the best sample by 0.1
+    assert ahead.best_lead == pytest.approx(-0.1) and ahead.best_lead_pct == pytest.approx(-100 * 0.1 / 2.005)
+    assert "the centre beats every sample, the best by 0.1 nats (5 %)" in ahead.verdict
+    diverged = certify(verify_table([2.0, 2.01], ["diverged"] * 3))
+    assert diverged.best_lead is None and "better than the centre" not in diverged.verdict

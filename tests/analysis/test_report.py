@@ -142,3 +142,18 @@ def test_report_shows_the_noise_expectation_and_blames_noise_for_it():
     assert "| noise_explains | yes |" in verify
     assert "where the better neighbours lie:** 15 of 59 samples beat the centre, but ≈11.4 of 59" in verify
     assert "verify.tolerance" in verify and "tune.num_trials" not in verify
+
+
+def test_report_answers_what_transfer_cost_in_one_line():
+    from analysis.regret import regret_line, transfer_regret
+
+    sweep = sweep_table(paper_like_optimum)
+    regret = transfer_regret(sweep, {"lr": 2.0**-8.5}, [64, 128], proxy_width=64)
+    md = render_report(study=STUDY, tables={}, certificate=None, lr_drift=lr_drift(sweep), plots={}, regret=regret)
+    validate = md.split("## validate")[1]
+    line = regret_line(regret)
+    assert line is not None and f"**{line}**" in validate.splitlines()
+    assert line.startswith("Transfer regret in lr at width 64: mup +0.0125 nats") and "at width 128: mup" in line
+    assert "| lr | standard | 128 |" in validate and validate.index("Transfer regret") < validate.index("**pass**")
+    unchanged = render_report(study=STUDY, tables={}, certificate=None, lr_drift=lr_drift(sweep), plots={})
+    assert "Transfer regret" not in unchanged

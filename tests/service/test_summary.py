@@ -138,3 +138,18 @@ def test_cli_summary_of_a_tune_validate_study(tmp_path, monkeypatch):
     text = console.export_text()
     assert "-1.00" in text and "#/experiments/" in text
     json.dumps(text)
+
+
+def test_the_summary_states_the_transfer_regret_in_one_line(tmp_path):
+    from analysis.regret import transfer_regret
+
+    sweep = sweep_table(paper_like_optimum)
+    regret = transfer_regret(sweep, {"lr": 2.0**-8.5}, [128], proxy_width=64)
+    state = {"status": "done", "lr_drift": lr_drift(sweep).model_dump(),
+             "regret": [r.model_dump(mode="json") for r in regret]}
+    view = _study(tmp_path, _spec(transfer={"widths": [128]}, verify=None,
+                                  validate={"widths": [64, 128], "lrs": [0.001, 0.01, 0.1]}),
+                  {"tune": TUNE, "validate": state}, {"tune": trials([{"eval_loss": 5.1}]), "validate": sweep})
+    lines = [line for line in _printed(view).splitlines() if "Transfer regret" in line]
+    assert len(lines) == 1
+    assert "at width 128: mup +0.0125 nats (+0.54 %) [95 % CI +0.0125, +0.0125], standard +0.05 nats" in lines[0]

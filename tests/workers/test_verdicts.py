@@ -75,3 +75,18 @@ def test_verdict_columns_name_every_verdict_the_runs_carry():
     assert {c for c in columns if c.startswith(("params.`best.", "tags.`cert", "metrics.`upper"))} <= logged
     tiny = verdict_columns(load_catalog("tiny"))  # no validate phase: no drift column
     assert not [c for c in tiny if "drift" in c] and "tags.`certified`" in tiny
+
+
+def test_the_validate_verdict_carries_the_transfer_regret():
+    from analysis import transfer_regret
+    from studies.phases.validate import regret_widths
+
+    assert regret_widths(SPEC) == [32, 128]  # validate.widths in transfer.widths, and the swept base width
+    sweep = sweep_table(paper_like_optimum)
+    regret = transfer_regret(sweep, {"lr": 2.0**-8.5}, [128], proxy_width=64)
+    validate = phase_verdict(SPEC, "validate", {"lr_drift": lr_drift(sweep).model_dump(),
+                                                "regret": [r.model_dump() for r in regret]})
+    metrics = validate.metrics[0]
+    assert round(metrics["regret.lr.mup.w128"], 6) == 0.0125 and round(metrics["regret.lr.standard.w128"], 6) == 0.05
+    assert "regret_pct.lr.mup.w128" in metrics and "Transfer regret in lr at width 128: mup" in validate.sentence
+    assert {"metrics.`regret_pct.lr.mup.w128`", "metrics.`best_lead_pct`"} <= set(verdict_columns(SPEC))

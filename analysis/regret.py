@@ -1,0 +1,181 @@
+"""Transfer regret: what carrying the tuned hparams to a wider width cost, measured on the validate sweep.
+
+At a swept width, the regret of a transferred value x_t of an hparam is L(x_t) − L*, the sweep's loss at x_t minus
+its optimum's, in nats and in % of L*. L* is the minimum of the parabola (in log2 of the hparam) through the best
+grid value and its two neighbours, the one `analysis.transfer.interpolate_optimum` takes the optimum from (the
+best grid loss where there is no such parabola). L(x_t) is the curve's loss at x_t: the grid loss when x_t is a
+grid value, else that parabola's value when x_t lies between the best value's neighbours, else the straight line
+between the two grid values around x_t (in log2). So the regret is 0 when x_t is the interpolated optimum, and
+never negative on one curve.
+
+Under the study's own parametrization x_t is the tuned centre's value. Under the other (`standard` beside `mup`)
+it is that parametrization's own interpolated optimum at the proxy width (the tune base width when swept, else
+the smallest swept width): what a user tuning at the proxy without μP would have carried, so its regret is what
+μP saved. The regret is computed on the seed-mean curve; its 95 % interval is the Student t-interval of every
+seed's own regret (each seed's curve at x_t minus that curve's own minimum; none with fewer than 2 seeds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel
+
+from analysis.transfer import lr_curves, parabola
+
+__all__ = ["Regret", "curve_loss_at", "curve_minimum", "regret_line", "transfer_regret"]
+
+
+class Regret(BaseModel):
+    """The regret of one transferred hparam value at one (parametrization, width) of the validate sweep."""
+
+    hparam: str
+    parametrization: str
+    width: int
+    transferred: float  # the value carried to this width
+    source: str  # where it came from: "the tuned centre", or "standard's own optimum at width 32"
+    optimum: float  # the sweep's interpolated optimum (a value of `hparam`)
+    optimum_loss: float  # L*: the seed-mean curve's minimum (the parabola's, else the best grid loss)
+    loss: float | None  # L(x_t) on the seed-mean curve; None: diverged there, or x_t outside the swept grid
+    regret: float | None  # L(x_t) − L* in nats
+    regret_pct: float | None  # 100 · regret / L*
+    ci: tuple[float, float] | None  # 95 % t-interval of the per-seed regrets in nats (None: fewer than 2 seeds)
+    n_seeds: int  # seeds whose own regret entered the interval
+    note: str = ""  # why a value is missing: "diverged at the transferred value", "outside the swept grid", ...
+
+
+def _curve(curve: pd.DataFrame, hparam: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """(log2 values, losses, position of the best) of one curve, sorted by value (ties: the smaller value)."""
+    curve = curve.sort_values(hparam)
+    x, y = np.log2(curve[hparam].to_numpy(dtype=float)), curve["eval_loss"].to_numpy(dtype=float)
+    return x, y, int(np.argmin(y))
+
+
+def curve_minimum(x: np.ndarray, y: np.ndarray, best: int) -> tuple[float, float]:
+    """(x*, L*): the vertex of the parabola through point `best` and its neighbours and its value there, or the
+    point itself where there is no such parabola (`analysis.transfer.parabola`)."""
+    coeffs = parabola(x, y, best)
+    if coeffs is None:
+        return float(x[best]), float(y[best])
+    a, b, _ = coeffs
+    vertex = float(np.clip(-b / (2 * a), x[best - 1], x[best + 1]))
+    return vertex, float(np.polyval(coeffs, vertex))
+
+
+def curve_loss_at(x: np.ndarray, y: np.ndarray, best: int, at: float) -> float | None:
+    """The curve's loss at log2 value `at` (module docstring): +inf where it diverged, None outside the grid."""
+    on_grid = np.flatnonzero(np.isclose(x, at, rtol=0, atol=1e-9))
+    if on_grid.size:
+        return float(y[on_grid[0]])
+    coeffs = parabola(x, y, best)
+    if coeffs is not None and x[best - 1] <= at <= x[best + 1]:
+        return float(np.polyval(coeffs, at))
+    if not x[0] < at < x[-1]:
+        return None
+    right = int(np.searchsorted(x, at))
+    pair = y[right - 1 : right + 1]
+    if not np.isfinite(pair).all():
+        return float("inf")
+    return float(np.interp(at, x[right - 1 : right + 1], pair))
+
+
+def _regret(curve: pd.DataFrame, hparam: str, at: float) -> tuple[float, float, float | None]:
+    """(log2 optimum, L*, L(at)) of one curve."""
+    x, y, best = _curve(curve, hparam)
+    vertex, minimum = curve_minimum(x, y, best)
+    return vertex, minimum, curve_loss_at(x, y, best, at)
+
+
+def _interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    if len(values) < 2:
+        return None
+    from scipy import stats  # here: SciPy's import is a second of every trial actor's start
+
+    mean, sem = float(np.mean(values)), float(np.std(values, ddof=1) / np.sqrt(len(values)))
+    half = float(stats.t.ppf(0.5 + level / 2, len(values) - 1)) * sem
+    return (mean - half, mean + half)
+
+
+def _one(table: pd.DataFrame, curves: pd.DataFrame, phase: str, hparam: str, param: str, width: int,
+         transferred: float, source: str) -> Regret:
+    at = float(np.log2(transferred))
+    curve = curves[(curves["parametrization"] == param) & (curves["width"] == width)]
+    vertex, minimum, loss = _regret(curve, hparam, at)
+    per_seed = lr_curves(table, phase, hparam, by_seed=True)
+    per_seed = per_seed[(per_seed["parametrization"] == param) & (per_seed["width"] == width)]
+    regrets = []
+    for _, seed_curve in per_seed.groupby("seed"):
+        if np.isfinite(seed_curve["eval_loss"]).any():
+            _, seed_min, seed_loss = _regret(seed_curve, hparam, at)
+            if seed_loss is not None and np.isfinite(seed_loss):
+                regrets.append(seed_loss - seed_min)
+    note = ("outside the swept grid: widen the sweep" if loss is None
+            else "diverged at the transferred value" if not np.isfinite(loss)
+            else "one seed: no interval" if len(regrets) < 2 else "")
+    regret = loss - minimum if loss is not None and np.isfinite(loss) else None
+    return Regret(hparam=hparam, parametrization=param, width=width, transferred=transferred, source=source,
+                  optimum=float(2.0**vertex), optimum_loss=minimum, loss=None if regret is None else loss,
+                  regret=regret, regret_pct=None if regret is None else 100 * regret / minimum,
+                  ci=_interval(regrets), n_seeds=len(regrets), note=note)
+
+
+def _swept(table: pd.DataFrame, phase: str) -> list[str]:
+    rows = table[table["phase"] == phase]
+    return sorted(rows["swept"].fillna("lr").unique(), key=lambda h: (h != "lr", h)) if "swept" in rows else ["lr"]
+
+
+def transfer_regret(table: pd.DataFrame, centre: Mapping[str, float], widths: Iterable[int], *,
+                    parametrization: str = "mup", proxy_width: int | None = None, phase: str = "validate",
+                    hparams: Sequence[str] | None = None) -> list[Regret]:
+    """The regret of the transferred hparams at each of `widths` the sweep covers (module docstring).
+
+    Args:
+        table: the trial table; its `phase` rows are the validate sweep.
+        centre: the tuned hparams (the transferred values under `parametrization`).
+        widths: the transferred widths (and the base width); those the sweep lacks are skipped.
+        parametrization: the study's own, whose transferred value is `centre`'s.
+        proxy_width: the width the others' own optimum is carried from (default: their smallest swept width);
+            their regret is stated at the wider widths only.
+        hparams: the swept hparams (default: every one the table sweeps, lr first).
+
+    Returns:
+        One `Regret` per (hparam, parametrization, width), in that order, widths increasing.
+    """
+    out: list[Regret] = []
+    wanted = sorted(set(widths))
+    for hparam in hparams or _swept(table, phase):
+        curves = lr_curves(table, phase, hparam)
+        for param in sorted(curves["parametrization"].unique(), key=lambda p: (p != parametrization, p)):
+            swept = sorted(curves.loc[curves["parametrization"] == param, "width"].unique())
+            if param == parametrization:
+                transferred, source, at = float(centre[hparam]), "the tuned centre", [w for w in wanted if w in swept]
+            else:
+                proxy = proxy_width if proxy_width is not None and proxy_width in swept else int(swept[0])
+                own = curves[(curves["parametrization"] == param) & (curves["width"] == proxy)]
+                transferred = float(2.0 ** curve_minimum(*_curve(own, hparam))[0])
+                source = f"{param}'s own optimum at width {proxy}"
+                at = [w for w in wanted if w in swept and w > proxy]
+            out += [_one(table, curves, phase, hparam, str(param), int(w), transferred, source) for w in at]
+    return out
+
+
+def _said(r: Regret) -> str:
+    if r.regret is None:
+        return f"{r.parametrization} — ({r.note})"
+    ci = f" [95 % CI {r.ci[0]:+.3g}, {r.ci[1]:+.3g}]" if r.ci else " (one seed: no interval)"
+    return f"{r.parametrization} {r.regret:+.3g} nats ({r.regret_pct:+.2g} %){ci}"
+
+
+def regret_line(regrets: Sequence[Regret], hparam: str = "lr") -> str | None:
+    """What transfer cost, in one line: per width, each parametrization's regret in `hparam` with its interval,
+    e.g. "Transfer regret in lr at width 128: mup +0.012 nats (+0.2 %) [95 % CI ...], standard +0.31 nats (+6 %)
+    [...]". None when no swept width was transferred to."""
+    chosen = [r for r in regrets if r.hparam == hparam]
+    if not chosen:
+        return None
+    widths = sorted({r.width for r in chosen})
+    parts = [f"at width {w}: " + ", ".join(_said(r) for r in chosen if r.width == w) for w in widths]
+    sources = "; ".join(dict.fromkeys(f"{r.parametrization} carries {r.source}" for r in chosen))
+    return f"Transfer regret in {hparam} {'; '.join(parts)} (vs the sweep's interpolated optimum; {sources})."
