@@ -67,13 +67,22 @@ STATE_FILE = "state.pt"  # a trial checkpoint: `workers.train`'s resumable state
 FINAL_KEYS = ("status", "eval_loss", "best_eval_loss", "steps", "tokens", "wall_time_s", "params", "message")
 
 
+# A trial actor's first work is importing torch, pandas, Ray Tune and this module: 1.5–2 s of each phase's start on a
+# quiet core (docs/LOG.md). A local Ray started here starts one worker per CPU at once with them imported, so the
+# first phase's trial actors start warm while the driver prepares the data. A cluster's nodes do the same with
+# `RAY_preload_python_modules=workers.ray_runner ray start ...` (README, "To use an existing cluster").
+WARM_MODULES = ["workers.ray_runner"]
+
+
 def ensure_ray() -> None:
-    """Join `RAY_ADDRESS` when set (e.g. `auto` or `ray://head:10001`), else start a private local Ray."""
+    """Join `RAY_ADDRESS` when set (e.g. `auto` or `ray://head:10001`), else start a private local Ray whose workers
+    start with `WARM_MODULES` imported."""
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS") or "local"
+        local = {"_system_config": {"preload_python_modules": WARM_MODULES, "enable_worker_prestart": True}}
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.WARNING, configure_logging=False)
+                     logging_level=logging.WARNING, configure_logging=False, **(local if address == "local" else {}))
         except (ConnectionError, ray.exceptions.RayError) as exc:
             raise InfrastructureLost(f"cannot reach Ray at RAY_ADDRESS={address!r} ({exc}); start the cluster "
                                      "or unset RAY_ADDRESS for a local Ray, then re-run to resume") from exc
