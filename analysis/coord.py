@@ -1,7 +1,9 @@
-"""The μP coordinate check as numbers: per-activation log-log slopes of rms against width, a verdict, a plot.
+"""The coordinate check as numbers: per-activation log-log slopes of rms against width (or depth), a verdict, a plot.
 
 Under μP every hidden activation's rms stays Θ(1) as width grows (slope ≈ 0 in log2-log2), and the
 output logits do not grow (slope ≤ 0 up to noise; they may shrink early with a zero-init readout).
+The same slopes and verdict judge a depth parametrization (CompleteP) with `axis="depth"`: the table's
+`depth` column is the x axis, and each slope is the change of log2(rms) per doubling of depth.
 """
 
 from __future__ import annotations
@@ -24,16 +26,20 @@ def _keys(df: pd.DataFrame) -> list[str]:
     return (["parametrization"] if "parametrization" in df.columns else []) + ["name", "step"]
 
 
-def _fit(group: pd.DataFrame) -> float:
-    """log2-log2 slope of one curve; NaN unless ≥ 2 widths and every rms is finite and positive."""
+AXES = ("width", "depth")  # what a coordinate check varies: the x column of its table
+
+
+def _fit(group: pd.DataFrame, axis: str = "width") -> float:
+    """log2-log2 slope of one curve; NaN unless ≥ 2 sizes on `axis` and every rms is finite and positive."""
     rms = group["rms"].to_numpy(dtype=float)
-    if group["width"].nunique() < 2 or not bool(np.all(np.isfinite(rms) & (rms > 0))):
+    if group[axis].nunique() < 2 or not bool(np.all(np.isfinite(rms) & (rms > 0))):
         return float("nan")
-    return float(np.polyfit(np.log2(group["width"]), np.log2(rms), 1)[0])
+    return float(np.polyfit(np.log2(group[axis]), np.log2(rms), 1)[0])
 
 
-def coord_slopes(df: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
-    """Slope of log2(rms) against log2(width) per (parametrization if present, name, step), with a seed interval.
+def coord_slopes(df: pd.DataFrame, confidence: float = 0.95, axis: str = "width") -> pd.DataFrame:
+    """Slope of log2(rms) against log2(`axis`: width, or depth) per (parametrization if present, name, step), with
+    a seed interval.
 
     With a `seed` column (the coordinate check's rows), each seed is one replicate: its own model at
     every width, trained on the seed's batches. A slope is fitted per seed; `slope` is their mean
@@ -45,22 +51,25 @@ def coord_slopes(df: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
     exactly zero readout, gets a NaN slope, which the verdict fails.
 
     Returns:
-        Columns `[parametrization,] name, step, slope, ci_low, ci_high, n_seeds, n_widths`.
+        Columns `[parametrization,] name, step, slope, ci_low, ci_high, n_seeds, n_widths` (`n_widths`: the sizes
+        on `axis` behind the slope); `attrs["axis"]` is `axis`.
     """
-    require_columns(df, ["width", "step", "name", "rms"], "coord_slopes")
-    if df["width"].nunique() < 2:
-        raise ValueError("coord_slopes needs at least two widths; run the coordinate check at several widths")
+    if axis not in AXES:
+        raise ValueError(f"axis={axis!r}: choose one of {list(AXES)}")
+    require_columns(df, [axis, "step", "name", "rms"], "coord_slopes")
+    if df[axis].nunique() < 2:
+        raise ValueError(f"coord_slopes needs at least two {axis}s; run the coordinate check at several {axis}s")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence={confidence}: must be in (0, 1), e.g. 0.95")
     keys = _keys(df)
     if "seed" in df.columns:
-        curves = df.groupby([*keys, "seed"], as_index=False)[["width", "rms"]]
-        per_seed = curves.apply(lambda g: pd.Series({"slope": _fit(g), "n_widths": g["width"].nunique()}))
+        curves = df.groupby([*keys, "seed"], as_index=False)[[axis, "rms"]]
+        per_seed = curves.apply(lambda g: pd.Series({"slope": _fit(g, axis), "n_widths": g[axis].nunique()}))
     else:
         # numpy's mean keeps a NaN from any repeat, so a repeat that blew up is not averaged away
-        means = df.groupby([*keys, "width"], as_index=False)["rms"].agg(lambda s: s.to_numpy(dtype=float).mean())
-        per_seed = means.groupby(keys, as_index=False)[["width", "rms"]].apply(
-            lambda g: pd.Series({"slope": _fit(g), "n_widths": g["width"].nunique()})
+        means = df.groupby([*keys, axis], as_index=False)["rms"].agg(lambda s: s.to_numpy(dtype=float).mean())
+        per_seed = means.groupby(keys, as_index=False)[[axis, "rms"]].apply(
+            lambda g: pd.Series({"slope": _fit(g, axis), "n_widths": g[axis].nunique()})
         )
     rows = []
     for key, group in per_seed.groupby(keys):
@@ -73,6 +82,7 @@ def coord_slopes(df: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
         rows.append((*key, mean, mean - half, mean + half, n, int(group["n_widths"].max())))
     out = pd.DataFrame(rows, columns=[*keys, "slope", "ci_low", "ci_high", "n_seeds", "n_widths"])
     out.attrs["confidence"] = confidence
+    out.attrs["axis"] = axis
     return out
 
 
@@ -87,7 +97,7 @@ class CoordOffence(BaseModel):
 
 
 class CoordVerdict(BaseModel):
-    """Does every activation keep its scale as width grows?
+    """Does every activation keep its scale as width (or depth: `axis`) grows?
 
     `status` is "pass", "fail" or "inconclusive" (no slope significantly outside its band, but some
     interval too wide to have caught a rule error: run more seeds); `passed` is status == "pass".
@@ -107,6 +117,7 @@ class CoordVerdict(BaseModel):
     status: str
     passed: bool
     verdict: str
+    axis: str = "width"  # what the slopes are against: width, or depth (per doubling of either)
 
 
 def coord_verdict(
@@ -192,6 +203,8 @@ def coord_verdict(
     n_seeds = int(judged["n_seeds"].min()) if "n_seeds" in judged.columns else 1
     conf = slopes.attrs.get("confidence")
     how = f"{n_seeds}-seed {conf:.0%} t-intervals" if has_ci and conf else "t-intervals" if has_ci else "point slopes"
+    axis = slopes.attrs.get("axis", "width")
+    over = "" if axis == "width" else f" over {axis}"  # the width check's sentences stay as they were
     if offending:
         status = "fail"
         worst = max(offending, key=lambda o: np.inf if o.slope is None else abs(o.slope))
@@ -199,7 +212,7 @@ def coord_verdict(
         if worst.ci is not None:
             shown += f" [{worst.ci[0]:+.3f}, {worst.ci[1]:+.3f}]"
         verdict = (
-            f"coordinate check fails: {len(offending)} of {len(judged)} slopes out of bounds "
+            f"coordinate check{over} fails: {len(offending)} of {len(judged)} slopes out of bounds "
             f"at steps {step_list} ({how}); "
             f"worst {worst.name} at step {worst.step}: slope {shown} (rule {worst.rule})"
         )
@@ -207,7 +220,7 @@ def coord_verdict(
         status = "inconclusive"
         w = weak.loc[half[weak.index].idxmax()]
         verdict = (
-            f"coordinate check inconclusive: no slope out of bounds at steps {step_list}, but {len(weak)} "
+            f"coordinate check{over} inconclusive: no slope out of bounds at steps {step_list}, but {len(weak)} "
             f"of {len(judged)} intervals ({how}) are wider than ±{rule_error - hidden_tol:g}, too wide to catch "
             f"a rule error (|slope| {rule_error:g}); widest {w['name']} at step {int(w['step'])}: "
             f"slope {w['slope']:+.3f} ± {half[w.name]:.3f}; run more seeds"
@@ -215,7 +228,7 @@ def coord_verdict(
     else:
         status = "pass"
         verdict = (
-            f"coordinate check passes: every hidden activation has |slope| <= {hidden_tol:g} and "
+            f"coordinate check{over} passes: every hidden activation has |slope| <= {hidden_tol:g} and "
             f"{output_name} slope <= {output_max:g} at steps {step_list} ({how})"
         )
         if may_vanish:
@@ -235,6 +248,7 @@ def coord_verdict(
         status=status,
         passed=status == "pass",
         verdict=verdict,
+        axis=axis,
     )
 
 
@@ -246,20 +260,20 @@ def _rule(name: str, output_name: str, output_max: float, hidden_tol: float, may
     return f"|slope| <= {hidden_tol:g}"
 
 
-def plot_coord(df: pd.DataFrame, path: str | Path) -> None:
+def plot_coord(df: pd.DataFrame, path: str | Path, axis: str = "width") -> None:
     """Coordinate-check plot in the style of `mup.plot_coord_data`, written as a PNG at `path`.
 
     One panel per step (one row of panels per parametrization when the column is present);
-    x = width on a log2 axis, y = rms on a log axis, one line per activation name, one legend.
+    x = `axis` (width, or depth) on a log2 axis, y = rms on a log axis, one line per activation name, one legend.
     """
-    require_columns(df, ["width", "step", "name", "rms"], "plot_coord")
+    require_columns(df, [axis, "step", "name", "rms"], "plot_coord")
     params = sorted(df["parametrization"].unique()) if "parametrization" in df.columns else [None]
     steps, names = sorted(df["step"].unique()), sorted(df["name"].unique())
     with figure(path, nrows=len(params), ncols=len(steps), panel=(3.6, 3.2)) as axes:
         for i, param in enumerate(params):
             rows = df if param is None else df[df["parametrization"] == param]
             for j, step in enumerate(steps):
-                _coord_panel(axes[i, j], rows[rows["step"] == step], names)
+                _coord_panel(axes[i, j], rows[rows["step"] == step], names, axis)
                 axes[i, j].set_title(f"{param} · step {step}" if param else f"step {step}")
         legend: dict[str, object] = {}
         for ax in axes.flat:
@@ -274,10 +288,10 @@ def plot_coord(df: pd.DataFrame, path: str | Path) -> None:
         )
 
 
-def _coord_panel(ax: Axes, rows: pd.DataFrame, names: list[str]) -> None:
-    """One step's panel: mean rms against width per activation, colours fixed by the name's position."""
+def _coord_panel(ax: Axes, rows: pd.DataFrame, names: list[str], axis: str = "width") -> None:
+    """One step's panel: mean rms against `axis` per activation, colours fixed by the name's position."""
     colours = matplotlib.colormaps["tab10"]
-    means = rows[rows["rms"] > 0].groupby(["name", "width"])["rms"].mean()
+    means = rows[rows["rms"] > 0].groupby(["name", axis])["rms"].mean()
     for k, name in enumerate(names):
         if name in means.index.get_level_values("name"):
             curve = means.loc[name]
@@ -285,5 +299,5 @@ def _coord_panel(ax: Axes, rows: pd.DataFrame, names: list[str]) -> None:
             ax.plot(curve.index, curve.to_numpy(), style, marker="o", ms=3, color=colours(k % 10), label=name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("width")
+    ax.set_xlabel(axis)
     ax.set_ylabel("rms")

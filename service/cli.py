@@ -61,13 +61,15 @@ class _Families:
         return name in list(self)
 
 
-def _widths(text: str) -> tuple[int, ...]:
+def _widths(text: str, flag: str = "--widths", least: int = 2, example: str = "32,64,128,256") -> tuple[int, ...]:
     try:
         widths = tuple(int(w) for w in text.split(","))
     except ValueError:
-        raise usage_error(f"--widths {text!r}: expected comma-separated integers, e.g. 32,64,128,256") from None
-    if len(widths) < 2 or min(widths) < 1:
-        raise usage_error(f"--widths {text!r}: give at least two positive widths, e.g. 32,64,128,256")
+        raise usage_error(f"{flag} {text!r}: expected comma-separated integers, e.g. {example}") from None
+    if len(widths) < least or min(widths) < 1:
+        what = "one positive width (a depth check varies depth at one width)" if least == 1 else \
+            f"at least {least} positive values"
+        raise usage_error(f"{flag} {text!r}: give {what}, e.g. {example}")
     return widths
 
 
@@ -109,22 +111,32 @@ def cmd_coord_check(args: argparse.Namespace) -> int:
     from workers.models import family
     from workers.paths import data_dir
 
-    widths = _widths(args.widths)
+    depths = _widths(args.depths, "--depths", example="2,4,8,16") if args.depths else None  # depth at one width
+    widths = _widths(args.widths, least=1, example="64") if depths and args.widths else \
+        _widths(args.widths or ("64" if depths else "32,64,128,256"), least=1 if depths else 2)
     pt = args.model == "pt"  # only PT has head-selection paradigms
     hp = {**({"paradigm": args.paradigm} if pt else {}), **_parse_set(args.set)}
+    if depths:
+        hp.setdefault("depth_parametrization", args.depth_parametrization or "completep")
+    elif args.depth_parametrization:
+        hp.setdefault("depth_parametrization", args.depth_parametrization)
     df, slopes, verdict, lr = coord_check(model=args.model, parametrization=args.parametrization, widths=widths,
                                           steps=args.steps, lr=args.lr, seeds=args.seeds,
                                           max_seeds=max(args.max_seeds, args.seeds), base_seed=args.seed,
-                                          model_hp=hp)
+                                          model_hp=hp, depths=depths)
     out = Path(args.out) if args.out else data_dir() / "coord_check"
     out.mkdir(parents=True, exist_ok=True)
     variant = f"{args.parametrization}_{args.paradigm}" if pt else args.parametrization
+    axis = "depth" if depths else "width"
+    if depths:
+        variant += f"_{hp['depth_parametrization']}_depth"
     stem = f"coord_{args.model}_{variant}"
     df.to_csv(out / f"{stem}.csv", index=False)
-    plot_coord(df, out / f"{stem}.png")
+    plot_coord(df, out / f"{stem}.png", axis=axis)
     n_seeds = int(df["seed"].nunique())
-    table = Table(title=f"log2-slope of rms vs width · {args.model} · {variant.replace('_', ' · ')} · lr {lr:.3g} · "
-                        f"{n_seeds} seeds (mean ± 95% t-interval half-width)")
+    at = f" at width {widths[0]}" if depths else ""
+    table = Table(title=f"log2-slope of rms vs {axis}{at} · {args.model} · {variant.replace('_', ' · ')} · "
+                        f"lr {lr:.3g} · {n_seeds} seeds (mean ± 95% t-interval half-width)")
     table.add_column("activation")
     for step in sorted(slopes.step.unique()):
         table.add_column(f"step {step}", justify="right")
@@ -370,7 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model family: one of %(choices)s (installed plugins' included)")
     c.add_argument("--parametrization", choices=["mup", "standard"], default="mup")
     c.add_argument("--paradigm", choices=["channels", "rank"], default="channels", help="PT only")
-    c.add_argument("--widths", default="32,64,128,256")
+    c.add_argument("--widths", default=None, help="default 32,64,128,256; with --depths one width, default 64")
+    c.add_argument("--depths", default=None, help="e.g. 2,4,8,16: vary depth (n_layers; UT: n_steps) at one width "
+                   "and judge the depth parametrization per doubling of depth")
+    c.add_argument("--depth-parametrization", choices=["none", "completep"], default=None,
+                   help="model.arch.depth_parametrization (default with --depths: completep; base_depth: the "
+                        "smallest depth)")
     c.add_argument("--steps", type=int, default=4, help="steps recorded; step 0 is init, 1.. are judged")
     c.add_argument("--lr", type=float, default=None,
                    help="base lr (default 0.32 / base width: 1e-2 at widths from 32, 2.5e-3 from 128)")

@@ -30,6 +30,7 @@ from pydantic import (
     SerializeAsAny,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import core_schema
@@ -46,6 +47,10 @@ if TYPE_CHECKING:  # the old names of the built-in families' classes (`__getattr
     from studies.families.ut import UTConfig as UTConfig
 
 Parametrization = Literal["mup", "standard"]
+DepthParametrization = Literal["none", "completep"]
+DEPTH_ALPHA: dict[str, float] = {"completep": 1.0}
+"""The residual-branch exponent α of each depth parametrization (CompleteP, Dey et al. 2025, arXiv 2505.01618,
+§3 and Table 1: α = 1; `none` scales nothing with depth)."""
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -75,6 +80,58 @@ class Arch(BaseModel):
     def mup_error(self, parametrization: str) -> str | None:
         """Why this arch cannot run under `parametrization` (None when it can)."""
         return None
+
+
+class DepthArch(Arch):
+    """An arch whose residual blocks can be scaled with depth (BERT, UT, TauGPT): `depth_parametrization` and
+    `base_depth`. The rules live in the model files (`workers/models/common.py: MuReadout.depth_*`, the blocks'
+    `branch` multiplier); `depth_field` names the arch's depth L (UT: its recurrent steps).
+
+    At `none` (the default) both fields are left out of the arch's dump, so every spec without them keeps its
+    content hash and its trials their config."""
+
+    depth_field: ClassVar[str] = "n_layers"
+    depth_parametrization: DepthParametrization = Field(
+        "none", description="'none' (blocks unscaled) or 'completep' (CompleteP, α = 1: each residual branch × "
+                            "base_depth/depth, with its per-block lr and Adam-ε rules)")
+    base_depth: PosInt | None = Field(
+        None, description="L0, the depth the hparams are tuned at (omitted: the arch's own depth, so depth_mult = 1)")
+
+    @model_validator(mode="after")
+    def _depth_rules(self) -> Self:
+        if self.depth_parametrization == "none" and self.base_depth is not None:
+            raise ValueError(f"model.arch.base_depth={self.base_depth} is set but model.arch.depth_parametrization "
+                             "is 'none', which scales nothing with depth: set depth_parametrization: completep, or "
+                             "drop base_depth")
+        if self.depth_parametrization != "none" and getattr(self, "norm", "pre") != "pre":
+            raise ValueError(f"model.arch.depth_parametrization={self.depth_parametrization!r} needs pre-LN blocks "
+                             "(CompleteP scales the residual branch x + F(LN(x))/L; a post-LN block renormalises the "
+                             "stream after every branch): set model.arch.norm: pre, or depth_parametrization: none")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump_depth_when_set(self, handler: Any) -> Any:
+        out = handler(self)
+        if isinstance(out, dict) and self.depth_parametrization == "none":
+            out.pop("depth_parametrization", None)
+            out.pop("base_depth", None)
+        return out
+
+    @property
+    def depth(self) -> int:
+        """L: the number of residual blocks applied (UT: steps of its one shared block)."""
+        value: int = getattr(self, self.depth_field)
+        return value
+
+    @property
+    def depth_mult(self) -> float:
+        """m_L = depth / base_depth (1 when base_depth is omitted)."""
+        return self.depth / (self.base_depth or self.depth)
+
+    @property
+    def depth_alpha(self) -> float:
+        """α of the depth parametrization (0 at `none`: every depth factor is 1)."""
+        return DEPTH_ALPHA.get(self.depth_parametrization, 0.0)
 
 
 def _scaled_size_advice(arch: BaseModel, where: str, width: int, base_width: int, name: str, step: int) -> str:

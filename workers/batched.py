@@ -35,7 +35,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from analysis.constants import TrialStatus
 from studies.spec import TrialConfig
 from workers.models import build_model
-from workers.models.contract import LanguageModel
+from workers.models.contract import ADAM_EPS, UNDECAYED, LanguageModel
 from workers.train import (
     TrainState,
     TrialResult,
@@ -152,9 +152,11 @@ class _AdamW:
     """torch.optim.AdamW's single-tensor arithmetic over stacked (K, ...) parameters, with a (K,) lr per group and
     a per-member gradient-norm clip; members not `live` keep their parameters and moments."""
 
-    def __init__(self, members: Members, betas: tuple[float, float], weight_decay: float, eps: float = 1e-8) -> None:
-        self.m, self.betas, self.eps = members, betas, eps
-        self.decay = {name: 0.0 if g == "bias" else weight_decay for name, g in members.group.items()}
+    def __init__(self, members: Members, betas: tuple[float, float], weight_decay: float) -> None:
+        self.m, self.betas = members, betas
+        self.decay = {name: 0.0 if g in UNDECAYED else weight_decay for name, g in members.group.items()}
+        eps = members.models[0].eps_multipliers()  # a depth parametrization's blocks (group left out: 1)
+        self.eps = {name: ADAM_EPS * eps.get(g, 1.0) for name, g in members.group.items()}
         self.exp_avg = {n: torch.zeros_like(p) for n, p in members.params.items()}
         self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in members.params.items()}
         self.steps = 0
@@ -198,7 +200,7 @@ class _AdamW:
                 p.mul_(1 - lr * self.decay[name])
             exp_avg.lerp_(grad, 1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(self.eps)
+            denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(self.eps[name])
             p.sub_((lr / bias1) * (exp_avg / denom))
             for t, old in zip((p, exp_avg, exp_avg_sq), kept, strict=False):  # nothing kept: all live
                 t[dead] = old

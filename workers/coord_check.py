@@ -12,14 +12,23 @@ width, lr·d0 = `CHECK_LR_TIMES_BASE`: under μP with Adam a hidden layer's upda
 output by ≈ fan_in · lr·d0/d = lr·d0 per step, so lr·d0, not lr, sets how hard the check drives
 the dynamics, and a check at widths 128–1024 (d0 = 128) at lr 1e-2 runs 4× hotter than one at
 32–256, at the edge of stability.
+
+With `depths` the check varies depth at one width instead (a depth parametrization, `model.arch.
+depth_parametrization`): the family's depth field (n_layers; UT: n_steps) takes each depth, base_depth is the
+smallest unless given, and the per-layer activations are compared by position, as `<name>.first` (layer 0) and
+`<name>.last` (the last layer; UT: the last step), so every depth has them. The table's `depth` column is the
+slopes' axis (`analysis.coord.coord_slopes(..., axis="depth")`): the same statistical verdict, per doubling of depth.
 """
 
 from __future__ import annotations
+
+import re
 
 import pandas as pd
 import torch
 
 from analysis.coord import CoordVerdict, coord_slopes, coord_verdict
+from studies.family import family_names
 from studies.spec import DataSpec, TrialConfig
 from workers.errors import ConfigError
 from workers.models import build_model, family
@@ -31,6 +40,49 @@ from workers.train import load_data, make_optimizer
 # The small model per family is registered with it (`studies.family.Family.coord_hp`, with the reasons).
 CHECK_LR_TIMES_BASE = 0.32  # the check's lr·d0: 1e-2 at base width 32, 2.5e-3 at 128
 DEFAULT_DATA = DataSpec(max_tokens=200_000, seq_len=32)
+
+
+# The residual stream over depth is judged one-sidedly (it must not grow): under CompleteP each block's share of it
+# is m_L^-1 by design, so `hidden.first` − embed shrinks as 1/L, and the blocks' random initial contributions add
+# up to O(L^-1/2) (L independent branches × 1/L), so the stream tends to the embedding plus what training adds
+# (docs/LOG.md: BERT's stream, whose branches start larger than its embedding, shrinks by −0.2 to −0.5 per
+# doubling at depths 2–16; TauGPT's, embedding-dominated, stays within ±0.05). The branch outputs and the
+# logits are judged as in the width check.
+DEPTH_MAY_VANISH = ("hidden.",)
+LAYER = re.compile(r"\.layer(\d+)$")  # a per-layer trace name's suffix
+
+
+def depth_field(model: str) -> str:
+    """The arch field a depth check varies (n_layers; UT: n_steps); a `ConfigError` for a family without a depth
+    parametrization."""
+    field = getattr(family(model).arch, "depth_field", None)
+    if not isinstance(field, str):
+        with_depth = [n for n in family_names() if isinstance(getattr(family(n).arch, "depth_field", None), str)]
+        raise ConfigError(f"model {model!r} has no depth parametrization (model.arch.depth_parametrization), so "
+                          f"--depths cannot judge it: choose one of {with_depth}")
+    return field
+
+
+def _by_position(name: str, depth: int) -> str | None:
+    """A per-layer trace name as `<name>.first` / `<name>.last` (None: a middle layer); other names unchanged."""
+    found = LAYER.search(name)
+    if found is None:
+        return name
+    layer = int(found.group(1))
+    stem = name[: found.start()]
+    return f"{stem}.last" if layer == depth - 1 else f"{stem}.first" if layer == 0 else None
+
+
+def _sizes(model: str, widths: tuple[int, ...], depths: tuple[int, ...] | None, hp: dict) -> list[tuple[int, dict]]:
+    """(width, model hparams) of each model the check builds: one per width, or with `depths` one per depth at
+    the one width (the depth field set, base_depth the smallest depth unless given)."""
+    if depths is None:
+        return [(w, hp) for w in widths]
+    if len(widths) != 1:
+        raise ConfigError(f"widths={list(widths)}: a depth check varies depth at one width; give one width")
+    field = depth_field(model)
+    base = {} if hp.get("depth_parametrization", "none") == "none" else {"base_depth": min(depths)}
+    return [(widths[0], {**base, **hp, field: depth}) for depth in depths]
 
 
 def coord_data(
@@ -45,9 +97,11 @@ def coord_data(
     data: DataSpec = DEFAULT_DATA,
     base_seed: int = 0,
     per_seed: bool = False,
+    depths: tuple[int, ...] | None = None,
 ) -> pd.DataFrame:
     """Rows (parametrization, width, step, name, rms) averaged over the seeds, or with `per_seed` one
-    row per seed (a `seed` column: what the seed intervals of `coord_slopes` need).
+    row per seed (a `seed` column: what the seed intervals of `coord_slopes` need). With `depths` (one width)
+    the rows have a `depth` column and the per-layer names by position (module docstring).
 
     Seeds are `base_seed … base_seed + seeds − 1`; seed s draws the model and the batches, so
     every width sees the same data for one seed and the seeds are independent replicates.
@@ -56,10 +110,13 @@ def coord_data(
     cfg = TrialConfig(model=model, data=data, lr=lr, batch_size=batch_size, weight_decay=0.0, grad_clip=0.0)
     mlm = load_data(data)
     rows = []
-    for width in widths:
+    field = depth_field(model) if depths is not None else None
+    for width, size_hp in _sizes(model, widths, depths, hp):
+        depth = size_hp[field] if field is not None else None
         for seed in range(base_seed, base_seed + seeds):
             torch.manual_seed(seed)
-            net = build_model(model, vocab_size=mlm.vocab_size, width=width, parametrization=parametrization, **hp)
+            net = build_model(model, vocab_size=mlm.vocab_size, width=width, parametrization=parametrization,
+                              **size_hp)
             opt = make_optimizer(net, cfg.model_copy(update={"seed": seed}))
             batches = mlm.train_batches(batch_size, seed=1000 + seed)  # same batches at every width
             for step in range(steps):
@@ -68,8 +125,10 @@ def coord_data(
                 trace: dict[str, torch.Tensor] = {}
                 logits = net(batch.input_ids, batch.attention_mask, trace=trace)
                 for name, act in trace.items():
-                    rms = float(act.detach().float().pow(2).mean().sqrt())
-                    rows.append((parametrization, width, seed, step, name, rms))
+                    shown = name if depth is None else _by_position(name, depth)
+                    if shown is not None:
+                        rms = float(act.detach().float().pow(2).mean().sqrt())
+                        rows.append((parametrization, width, depth, seed, step, shown, rms))
                 opt.zero_grad(set_to_none=True)
                 loss = token_loss(logits, batch.labels)
                 aux = net.aux_loss()  # the traced forward's aux terms, as `net.loss` adds them
@@ -77,8 +136,11 @@ def coord_data(
                     loss = loss + aux
                 loss.backward()
                 opt.step()
-    df = pd.DataFrame(rows, columns=["parametrization", "width", "seed", "step", "name", "rms"])
-    return df if per_seed else df.groupby(["parametrization", "width", "step", "name"], as_index=False)["rms"].mean()
+    df = pd.DataFrame(rows, columns=["parametrization", "width", "depth", "seed", "step", "name", "rms"])
+    if depths is None:
+        df = df.drop(columns="depth")
+    axis = ["width"] if depths is None else ["width", "depth"]
+    return df if per_seed else df.groupby(["parametrization", *axis, "step", "name"], as_index=False)["rms"].mean()
 
 
 def _setup(model: str, widths: tuple[int, ...], model_hp: dict | None, data: DataSpec) -> tuple[dict, DataSpec]:
@@ -117,8 +179,10 @@ def coord_check(
     max_seeds: int = 16,
     base_seed: int = 0,
     model_hp: dict | None = None,
+    depths: tuple[int, ...] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, CoordVerdict, float]:
-    """Run the check in batches of `seeds` seeds until the verdict is conclusive or `max_seeds` ran.
+    """Run the check in batches of `seeds` seeds until the verdict is conclusive or `max_seeds` ran; with `depths`,
+    over depth at the one width of `widths` (module docstring).
 
     Returns the per-seed rms table, the slopes with their seed intervals, the verdict on steps
     1 … steps−1, and the learning rate used (`check_lr` of the base width unless `lr` is given).
@@ -131,21 +195,27 @@ def coord_check(
     if steps < 2:
         raise ConfigError(f"steps={steps}: need at least 2 (step 0 is init, steps 1… are judged)")
     hp, entry = dict(model_hp or {}), family(model)
+    if depths is not None:
+        _sizes(model, widths, depths, hp)  # one width, a family with a depth field: its errors before any step
+        if len(set(depths)) < 2:
+            raise ConfigError(f"depths={list(depths)}: need at least two depths")
     if parametrization == "mup":  # a model built with mup: what mup's shapes and the init show before training
         problems = mup_problems(built(model, parametrization, widths, hp))
         if problems:
             raise ConfigError(f"the coordinate check of {model!r} fails before training:\n  " + "\n  ".join(problems))
     lr = check_lr(hp.get("base_width", min(widths))) if lr is None else lr
     may_vanish = entry.coord_may_vanish({**entry.coord_hp, **hp})  # what μP lets shrink in the family's model
+    if depths is not None:
+        may_vanish = (*may_vanish, *DEPTH_MAY_VANISH)
     frames: list[pd.DataFrame] = []
     ran = 0
     while True:
         batch = min(seeds, max_seeds - ran)
         frames.append(coord_data(model=model, parametrization=parametrization, widths=widths, steps=steps, lr=lr,
-                                 seeds=batch, model_hp=hp, base_seed=base_seed + ran, per_seed=True))
+                                 seeds=batch, model_hp=hp, base_seed=base_seed + ran, per_seed=True, depths=depths))
         ran += batch
         df = pd.concat(frames, ignore_index=True)
-        slopes = coord_slopes(df)
+        slopes = coord_slopes(df, axis="width" if depths is None else "depth")
         verdict = coord_verdict(slopes, steps=tuple(range(1, steps)), parametrization=parametrization,
                                 may_vanish=may_vanish, output_name=entry.readout)
         if verdict.status != "inconclusive" or ran >= max_seeds:

@@ -31,7 +31,7 @@ from analysis.constants import TrialStatus
 from studies.spec import DataSpec, TrialConfig
 from workers.data import Batch, MemoryData, PackedData, StreamData, prepare
 from workers.models import build_model, objective_of
-from workers.models.contract import LanguageModel
+from workers.models.contract import ADAM_EPS, UNDECAYED, LanguageModel
 
 Progress = Callable[[dict[str, Any]], None]
 TrainState = dict[str, Any]  # what `checkpoint` receives and `resume` takes; torch.save-able with weights_only
@@ -69,22 +69,23 @@ def resolve_device(name: str) -> torch.device:
 
 def make_optimizer(model: LanguageModel, cfg: TrialConfig) -> torch.optim.Optimizer:
     """The model's own optimiser when it has one (a mup family's MuAdamW), else AdamW with one group per parameter
-    group; μP enters through `model.lr_multipliers()`."""
+    group; μP enters through `model.lr_multipliers()`, a depth parametrization's ε through `model.eps_multipliers()`."""
     own = model.make_optimizer(cfg.lr, cfg.weight_decay, cfg.betas)
     if own is not None:
         return own
-    mult = model.lr_multipliers()
+    mult, eps = model.lr_multipliers(), model.eps_multipliers()
     groups = [
         {
             "params": params,
             "lr": cfg.lr * mult[name],
-            "weight_decay": 0.0 if name == "bias" else cfg.weight_decay,
+            "weight_decay": 0.0 if name in UNDECAYED else cfg.weight_decay,
+            "eps": ADAM_EPS * eps.get(name, 1.0),
             "name": name,
         }
         for name, params in model.groups.items()
         if params
     ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=ADAM_EPS)
 
 
 def lr_factor(step: int, cfg: TrialConfig) -> float:

@@ -8,16 +8,17 @@ from typing import ClassVar, Literal, Protocol
 
 from pydantic import Field
 
-from studies.arch import Arch, ModelSize, PosInt
+from studies.arch import DepthArch, ModelSize, PosInt
 from studies.space import Range, Space
 
 BASELINE_HPARAMS: tuple[str, ...] = ("lr", "init_std", "output_mult", "attn_mult")
 """The BERT and UT hparams: `lr` and the three multipliers of `workers/models/bert.py`."""
 
 
-class EncoderArch(Arch):
+class EncoderArch(DepthArch):
     """What BERT and UT share (`workers/models/bert.py`): heads of a fixed size, GELU FFN, LN placement, the
-    MLM head and mup's init options. Any width builds (heads = round(width / head_dim))."""
+    MLM head and mup's init options, and the depth parametrization (`DepthArch`). Any width builds (heads =
+    round(width / head_dim))."""
 
     head_dim: PosInt = Field(32, description="fixed head size; heads = round(width / head_dim), ∝ width")
     ffn_mult: PosInt = Field(4, description="FFN width = ffn_mult · width")

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from studies.arch import Arch, ModelSize, NonNegInt, PosInt
+from studies.arch import DepthArch, ModelSize, NonNegInt, PosInt
 from studies.family import Family, register
 from studies.space import Range, Space
 
@@ -15,8 +15,9 @@ TAU_HPARAMS: tuple[str, ...] = ("lr", "init_std", "output_mult", "temperature")
 """The TauGPT hparams: `lr`, the init std, the readout multiplier and the initial attention temperature."""
 
 
-class TauArch(Arch):
-    """TauGPT's fixed architecture. Width grows by heads at a fixed head_dim (Tauformer spec §7.1)."""
+class TauArch(DepthArch):
+    """TauGPT's fixed architecture. Width grows by heads at a fixed head_dim (Tauformer spec §7.1); the depth
+    parametrization (`DepthArch`) scales its blocks with n_layers."""
 
     n_layers: PosInt = Field(2, description="Transformer blocks")
     head_dim: PosInt = Field(32, description="D, fixed: also the Laplacian's size; heads = width / head_dim")

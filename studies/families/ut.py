@@ -3,7 +3,7 @@ its registration (its search space and the encoder's shared parts: `studies.fami
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -21,7 +21,11 @@ from studies.family import Family, register
 
 
 class UTArch(EncoderArch):
-    """The Universal Transformer's fixed architecture."""
+    """The Universal Transformer's fixed architecture. Its depth L is `n_steps`, the applications of its one
+    shared block: the depth parametrization (`DepthArch`) scales each application's branch by base_depth/n_steps
+    (`workers/models/universal.py` says why L is the steps, not the one block)."""
+
+    depth_field: ClassVar[str] = "n_steps"
 
     n_steps: PosInt = Field(4, description="T, applications of the one shared layer (ACT's maximum)")
     timing: Literal["sinusoidal", "learned"] = Field(

@@ -19,6 +19,12 @@ blocks, and `tests/workers/test_baselines.py` checks the grouping against mup's 
   bias   (biases, LayerNorm gains and shifts)                        0 / 1                 lr × 1
   attention logits  attn_mult · q·k / head_dim   (standard: attn_mult · q·k / √head_dim)
 
+Depth (`depth_parametrization: completep`, pre-LN only), inside `# --- depth ---` blocks: each layer's two
+residual branches × m_L^-α (`Layer.branch`); the layers' matrices and vectors move to the groups block / block_bias,
+whose Adam lr and ε take CompleteP's depth factors (Dey et al. 2025, arXiv 2505.01618, Table 1; the rules and
+their code: `workers/models/common.py`'s docstring). The embeddings, the final LayerNorm and the MLM head stay in
+their groups, unscaled with depth.
+
 Standard: every weight N(0, init_std) (BERT: 0.02), one lr, logits output_mult · x Wᵀ. The lr multipliers and
 the readout scale are `workers/models/common.py`'s `MuReadout` (shared with TauGPT); the config, `BertConfig`,
 is declared in `studies.arch`.
@@ -41,10 +47,12 @@ from workers.models.contract import LanguageModel
 class Layer(nn.Module):
     """One Transformer layer: self-attention and a GELU FFN, each with a residual and a LayerNorm."""
 
-    def __init__(self, d: int, n_heads: int, head_dim: int, d_ff: int, norm: str, dropout: float) -> None:
+    def __init__(self, d: int, n_heads: int, head_dim: int, d_ff: int, norm: str, dropout: float,
+                 branch: float = 1.0) -> None:
         super().__init__()
         a = n_heads * head_dim
         self.n_heads, self.head_dim, self.norm = n_heads, head_dim, norm
+        self.branch = branch  # the residual branches' multiplier: m_L^-α under a depth parametrization, else 1
         self.q, self.k, self.v, self.o = nn.Linear(d, a), nn.Linear(d, a), nn.Linear(d, a), nn.Linear(a, d)
         self.ff1, self.ff2 = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
@@ -70,10 +78,12 @@ class Layer(nn.Module):
     def forward(self, x: torch.Tensor, keep: torch.Tensor, scale: float | torch.Tensor, trace: dict | None = None,
                 tag: str = "layer0") -> torch.Tensor:
         if self.norm == "pre":
+            # --- depth (CompleteP, Table 1): x + m_L^-α · F(LN(x)); × 1.0 (exact) at `none` ---
             a = self.attention(self.ln1(x), keep, scale, trace, tag)
-            x = x + self.drop(a)
+            x = x + self.branch * self.drop(a)
             f = self.ff2(F.gelu(self.ff1(self.ln2(x))))
-            x = x + self.drop(f)
+            x = x + self.branch * self.drop(f)
+            # --- end depth ---
         else:
             a = self.attention(x, keep, scale, trace, tag)
             x = self.ln1(x + self.drop(a))
@@ -123,7 +133,14 @@ class Encoder(MuReadout, LanguageModel):
         seen = {id(p) for p in inputs + outputs}
         hidden = [p for p in self.parameters() if p.dim() == 2 and id(p) not in seen]
         vectors = [p for p in self.parameters() if p.dim() == 1]
-        self.groups = {"input": inputs, "hidden": hidden, "output": outputs, "bias": vectors}
+        groups = {"input": inputs, "hidden": hidden, "output": outputs, "bias": vectors}
+        # --- depth: the residual blocks' parameters in their own groups (block, block_bias) ---
+        self.groups = self.depth_groups(groups, self.blocks())
+        # --- end depth ---
+
+    def blocks(self) -> nn.Module:
+        """The residual blocks (BERT: its layers; UT: its one shared layer)."""
+        raise NotImplementedError
 
     @torch.no_grad()
     def _init(self) -> None:
@@ -181,12 +198,15 @@ class Bert(Encoder):
         self.tok_emb = nn.Embedding(V, d)  # (V, d)
         self.pos_emb = nn.Embedding(cfg.max_len, d)  # (max_len, d), learned absolute positions
         self.emb_ln = nn.LayerNorm(d)  # post-LN: after the embeddings; pre-LN: the final LN
-        self.layers = nn.ModuleList(Layer(d, cfg.n_heads, cfg.head_dim, cfg.ffn_mult * d, cfg.norm, cfg.dropout)
-                                    for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Layer(d, cfg.n_heads, cfg.head_dim, cfg.ffn_mult * d, cfg.norm, cfg.dropout,
+                                          self.branch_mult()) for _ in range(cfg.n_layers))
         self.head = MLMHead(d, V, cfg.mlm_transform, self.tok_emb if cfg.tie_decoder else None)
         self.drop = nn.Dropout(cfg.dropout)
         self._group()
         self._init()
+
+    def blocks(self) -> nn.Module:
+        return self.layers
 
     def forward(
         self,

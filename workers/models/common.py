@@ -7,6 +7,25 @@
 the groups input / hidden / output / bias and whose logits are read out as output_mult · x Wᵀ: BERT and UT
 (`workers/models/bert.py`'s `Encoder`) and TauGPT. PT's rules differ (its output lr scales too) and stay in
 `workers/models/pt.py`.
+
+It holds the depth rules too (`model.arch.depth_parametrization`, `studies.arch.DepthArch`): CompleteP (Dey et al.
+2025, "Don't be lazy", arXiv 2505.01618, Table 1 and §3; α = 1) with depth multiplier m_L = depth / base_depth:
+
+  residual branch   x + m_L^-α · F(x)   (the blocks read `branch_mult()`)          Table 1, "residual branch"
+  block matrices    Adam lr × m_L^(α-1) on top of μP's width rule   (group "block")       Table 1, hidden LR
+  block vectors     Adam lr × m_L^(α-1)   (biases, LayerNorm gains; group "block_bias")   Table 1, LN LR
+  block ε           Adam ε × m_L^-α   (both block groups)                                  Table 1, hidden ε
+  embeddings, readout, the final LayerNorm, the MLM transform: unchanged; every init variance: unchanged with depth
+
+The reference implementation (EleutherAI/nanoGPT-mup, branch completep) applies the same factors. At α = 1 the lr
+factors are 1: CompleteP changes the branch multiplier and ε. ε: ptctl's Adam ε (1e-8) is not scaled with width
+(μP's ε × 1/m_N of Table 1 is not applied anywhere in ptctl), so only the depth factor is applied. Why ε scales: a
+block parameter's gradient carries its branch's m_L^-α, and ε must shrink with the gradient it is added to.
+
+Blocks shared across depth (UT applies one block `n_steps` times; TauGPT's per-head temperatures serve every
+block): a shared parameter's gradient sums L applications, each × m_L^-α, so it scales as m_L^(1-α), and so does
+its ε; its update moves the stream through all L applications, so its lr takes the same m_L^(α-1). At α = 1 both
+are 1: the shared block's depth rule is the branch multiplier alone.
 """
 
 from __future__ import annotations
@@ -32,17 +51,55 @@ def parameter(t: torch.Tensor) -> nn.Parameter:
 
 class MuReadout:
     """μP learning rates and readout scale for the input / hidden / output / bias grouping (mixed into
-    `Encoder` and `TauGPT`)."""
+    `Encoder` and `TauGPT`), and the depth rules (module docstring) for the blocks' groups block / block_bias."""
 
     cfg: BertConfig | UTConfig | TauConfig
+    shared_blocks: bool = False  # one block applied at every depth (UT): its gradient sums the L applications
 
     def lr_multipliers(self) -> dict[str, float]:
-        """Per-group factors on the base learning rate (μP: hidden ∝ 1/width_mult, as mup's MuAdamW)."""
-        if self.cfg.parametrization != "mup":
-            return {"input": 1.0, "hidden": 1.0, "output": 1.0, "bias": 1.0}
-        # --- μP: Adam learning rates, hidden ∝ d0/d; input, output (read out × d0/d) and vectors unscaled ---
-        return {"input": 1.0, "hidden": 1.0 / self.cfg.width_mult, "output": 1.0, "bias": 1.0}
-        # --- end μP ---
+        """Per-group factors on the base learning rate (μP: hidden ∝ 1/width_mult, as mup's MuAdamW; a depth
+        parametrization adds the blocks' groups)."""
+        width = 1.0
+        if self.cfg.parametrization == "mup":
+            # --- μP: Adam learning rates, hidden ∝ d0/d; input, output (read out × d0/d) and vectors unscaled ---
+            width = 1.0 / self.cfg.width_mult
+            # --- end μP ---
+        mult = {"input": 1.0, "hidden": width, "output": 1.0, "bias": 1.0}
+        if self.cfg.depth_parametrization != "none":
+            # --- depth (CompleteP, Table 1): the blocks' Adam lr × m_L^(α-1), on top of μP's width rule ---
+            depth = self.cfg.depth_mult ** (self.cfg.depth_alpha - 1.0)
+            mult |= {"block": width * depth, "block_bias": depth}
+            # --- end depth ---
+        return mult
+
+    def eps_multipliers(self) -> dict[str, float]:
+        """Per-group factors on Adam's ε (module docstring): the blocks' m_L^-α (shared blocks: m_L^(1-α))."""
+        if self.cfg.depth_parametrization == "none":
+            return {}
+        # --- depth (CompleteP, Table 1): the blocks' Adam ε × m_L^-α (ptctl scales no ε with width) ---
+        alpha = self.cfg.depth_alpha
+        eps = self.cfg.depth_mult ** ((1.0 - alpha) if self.shared_blocks else -alpha)
+        return {"block": eps, "block_bias": eps}
+        # --- end depth ---
+
+    def branch_mult(self) -> float:
+        """Each residual branch's multiplier: m_L^-α (CompleteP, Table 1; 1 at `none`)."""
+        # --- depth (CompleteP §3, Table 1: x_{l+1} = x_l + m_L^-α · F_l(x_l)) ---
+        return float(self.cfg.depth_mult ** -self.cfg.depth_alpha)
+        # --- end depth ---
+
+    def depth_groups(self, groups: dict[str, list[nn.Parameter]], blocks: nn.Module) -> dict[str, list[nn.Parameter]]:
+        """`groups` with the residual blocks' matrices moved from hidden to "block" and their vectors from bias to
+        "block_bias" under a depth parametrization (`groups` itself at `none`: the groups every existing run has)."""
+        if self.cfg.depth_parametrization == "none":
+            return groups
+        inside = {id(p) for p in blocks.parameters()}
+        out = {name: [p for p in params if id(p) not in inside] for name, params in groups.items()}
+        out["block"] = [p for p in groups["hidden"] if id(p) in inside]
+        out["block_bias"] = [p for p in groups["bias"] if id(p) in inside]
+        missing = inside - {id(p) for p in out["block"] + out["block_bias"]}
+        assert not missing, "a block parameter outside the hidden and bias groups"
+        return out
 
     def readout_mult(self) -> float:
         """The logits' multiplier: output_mult, × d0/d under μP (mup's MuReadout / MuSharedReadout)."""

@@ -1,7 +1,8 @@
 """The model contract: what `workers.train.train_trial` and `workers.coord_check` call on every family.
 
 A family's model subclasses `LanguageModel` and provides `groups` (parameter group → parameters),
-`lr_multipliers()` (group → factor on the base learning rate; μP lives here) and `forward(input_ids,
+`lr_multipliers()` (group → factor on the base learning rate; μP lives here), optionally `eps_multipliers()` (group →
+factor on Adam's ε; a depth parametrization's blocks) and `forward(input_ids,
 attention_mask, trace=None, select=None)` (logits; `trace` collects named activations, `select` decodes only
 those positions). It owns its loss: `loss(batch) -> (loss, metrics)` is the scored tokens' cross-entropy plus
 `aux_loss()`, the family's extra terms (UT: ACT's ponder cost; PT: the ‖T‖ penalty).
@@ -28,6 +29,8 @@ from torch import nn
 from workers.batches import Batch
 from workers.models.common import token_loss
 
+ADAM_EPS = 1e-8  # Adam's ε (torch's default), times a group's `eps_multipliers()` factor
+UNDECAYED = ("bias", "block_bias")  # the vector groups: no weight decay
 
 class LanguageModel(nn.Module):
     """Base class of every family's model (module docstring)."""
@@ -36,6 +39,10 @@ class LanguageModel(nn.Module):
 
     def lr_multipliers(self) -> dict[str, float]:
         raise NotImplementedError(f"{type(self).__name__} must define lr_multipliers()")
+
+    def eps_multipliers(self) -> dict[str, float]:
+        """Per-group factors on Adam's ε (a group left out: 1)."""
+        return {}
 
     def token_loss(self, batch: Batch) -> torch.Tensor:
         """Mean cross-entropy per scored position (MLM: the masked ones; causal LM: every next token), decoding

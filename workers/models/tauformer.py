@@ -31,6 +31,13 @@ The lr multipliers and the readout scale are `MuReadout`'s (`workers/models/comm
 the config, `TauConfig`, is declared in `studies.arch`.
 The λ logit needs no 1/D factor under μP: λ is bounded and its gradient is already Θ(1/D) (spec §7.1).
 
+Depth (`depth_parametrization: completep`), inside `# --- depth ---` blocks: each block's two residual branches
+× m_L^-α (`Block.branch`), m_L = n_layers / base_depth; the blocks' matrices form the group "block", whose Adam lr
+takes m_L^(α-1) on top of μP's d0/d and whose ε takes m_L^-α (CompleteP, Dey et al. 2025, arXiv 2505.01618,
+Table 1; `workers/models/common.py`). The RMSNorms have no parameters, so there is no block_bias group. The per-head
+temperatures serve every block (a shared parameter: lr and ε factors 1 at α = 1) and stay in "bias"; wte and
+lm_head are unscaled with depth; every init is unchanged with depth.
+
 `generate` decodes with a `KVCache` that stores (V, λk) per layer for "tau" (K and V for "dot"): λk depends
 only on the key token and its absolute position, so the cache is exact (spec §6).
 Shapes: B batch, T length, C width, H heads, G kv heads, D head_dim, V vocabulary.
@@ -215,18 +222,21 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: TauConfig) -> None:
+    def __init__(self, cfg: TauConfig, branch: float = 1.0) -> None:
         super().__init__()
+        self.branch = branch  # the residual branches' multiplier: m_L^-α under a depth parametrization, else 1
         self.attn = Attention(cfg)
         self.fc = nn.Linear(cfg.width, 4 * cfg.width, bias=False)
         self.mlp_proj = nn.Linear(4 * cfg.width, cfg.width, bias=False)
 
     def forward(self, x: torch.Tensor, kernel: Kernel, layer: int, cache: KVCache | None, trace: dict | None,
                 stats: dict | None) -> torch.Tensor:
+        # --- depth (CompleteP, Table 1): x + m_L^-α · F(rms(x)); × 1.0 (exact) at `none` ---
         a = self.attn(rms(x), kernel, layer, cache, trace, stats)
-        x = x + a
+        x = x + self.branch * a
         f = self.mlp_proj(F.relu(self.fc(rms(x))).square())  # ReLU²
-        x = x + f
+        x = x + self.branch * f
+        # --- end depth ---
         if trace is not None:
             trace[f"attn_out.layer{layer}"], trace[f"mlp_out.layer{layer}"], trace[f"hidden.layer{layer}"] = a, f, x
         return x
@@ -252,7 +262,7 @@ class TauGPT(MuReadout, LanguageModel):
         self.cfg = cfg
         C, D, H = cfg.width, cfg.head_dim, cfg.n_heads
         self.wte = nn.Embedding(cfg.vocab_size, C)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, self.branch_mult()) for _ in range(cfg.n_layers))
         self.lm_head = nn.Linear(C, cfg.vocab_size, bias=False)  # untied
         log_temp = torch.full((H,), math.log(cfg.temperature))
         if cfg.learn_temperature and cfg.attention == "tau":
@@ -265,9 +275,12 @@ class TauGPT(MuReadout, LanguageModel):
         cos, sin = rope_tables(cfg.max_len + 1, D, cfg.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.groups = {"input": [parameter(self.wte.weight)], "hidden": list(self.blocks.parameters()),
-                       "output": [parameter(self.lm_head.weight)],
-                       "bias": [self.log_temp] if isinstance(self.log_temp, nn.Parameter) else []}
+        groups = {"input": [parameter(self.wte.weight)], "hidden": list(self.blocks.parameters()),
+                  "output": [parameter(self.lm_head.weight)],
+                  "bias": [self.log_temp] if isinstance(self.log_temp, nn.Parameter) else []}
+        # --- depth: the blocks' matrices in their own group (block) ---
+        self.groups = self.depth_groups(groups, self.blocks)
+        # --- end depth ---
         self._init()
 
     def _laplacian(self) -> torch.Tensor:

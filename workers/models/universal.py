@@ -9,6 +9,17 @@ mix of the states, and a ponder cost `act_penalty · mean(N + R)` returned by `a
 Parameter groups, init, lr multipliers and the μP readout are BERT's (`workers/models/bert.py`, its table
 and `# --- μP ---` blocks); the timestep table is an input weight, the halting unit an output (read out
 × d0/d under μP, like the decoder). Shapes: B batch, n length, d width, T steps, V vocabulary.
+
+Depth (`depth_parametrization: completep`): L is `n_steps`, the number of times the shared block is applied, not
+the one block. The depth rules are about how many residual updates the stream receives: T applications add T
+branch outputs to the stream exactly as T distinct blocks would, so each application's branch is × m_L^-α with
+m_L = n_steps / base_depth (at α = 1, x_{t+1} = x_t + (L0/T)·F(x_t): the forward-Euler steps of one ODE, whose
+limit in T exists). The position and timestep signals the UT adds to the state before every step are per-step
+increments of the stream as well, and take the same m_L^-α: unscaled, T coherent additions of the same position
+signal grow the stream ∝ T (measured: slope +0.94 per doubling of n_steps, docs/LOG.md). The shared block's lr
+and ε take the shared-block factors of `workers/models/common.py` (its gradient sums the T applications): both are
+1 at α = 1, so CompleteP here is the multiplier on each step's increments (branches and signals) alone.
+Under ACT, L is the maximum, `n_steps`.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ class UniversalTransformer(Encoder):
     """UT encoder + MLM head. `forward(input_ids, attention_mask)` returns (B, n, V) logits."""
 
     cfg: UTConfig
+    shared_blocks = True  # one block applied n_steps times (the depth rules' shared-block factors)
     pos_signal: torch.Tensor  # buffers (sinusoidal timing): (max_len, d), (T, d)
     step_signal: torch.Tensor
 
@@ -51,7 +63,8 @@ class UniversalTransformer(Encoder):
             self.register_buffer("pos_signal", sinusoid(cfg.max_len, d), persistent=False)
             self.register_buffer("step_signal", sinusoid(cfg.n_steps, d), persistent=False)
         self.emb_ln = nn.LayerNorm(d)  # post-LN: after the embeddings; pre-LN: the final LN
-        self.layer = Layer(d, cfg.n_heads, cfg.head_dim, cfg.ffn_mult * d, cfg.norm, cfg.dropout)  # shared
+        self.layer = Layer(d, cfg.n_heads, cfg.head_dim, cfg.ffn_mult * d, cfg.norm, cfg.dropout,
+                           self.branch_mult())  # shared; the branch × (base_depth/n_steps)^α under completep
         self.halt = nn.Linear(d, 1) if cfg.act else None  # ACT's halting unit
         self.head = MLMHead(d, V, cfg.mlm_transform, self.tok_emb if cfg.tie_decoder else None)
         self.drop = nn.Dropout(cfg.dropout)
@@ -61,6 +74,9 @@ class UniversalTransformer(Encoder):
         if self.halt is not None:
             with torch.no_grad():
                 self.halt.bias.fill_(1.0)  # tensor2tensor: start by halting after a few steps
+
+    def blocks(self) -> nn.Module:
+        return self.layer
 
     def signals(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Position (n, d) and timestep (T, d) signals."""
@@ -98,7 +114,10 @@ class UniversalTransformer(Encoder):
             x = self._act(x, keep, pos, steps, scale, trace)
         else:
             for t in range(cfg.n_steps):
-                x = self.layer(x + pos + steps[t], keep, scale, trace, f"layer{t}")  # (B, n, d)
+                # --- depth: the step's timing signals are a per-step increment of the stream too: × m_L^-α ---
+                b = self.layer.branch  # (x + b·pos) + b·step: at `none` (b = 1.0) exactly x + pos + step
+                x = self.layer(x + b * pos + b * steps[t], keep, scale, trace, f"layer{t}")  # (B, n, d)
+                # --- end depth ---
         if cfg.norm == "pre":
             x = self.emb_ln(x)
         return self.readout(x, select, trace)
@@ -113,7 +132,8 @@ class UniversalTransformer(Encoder):
         out = torch.zeros_like(x)
         mult = self.readout_mult() / self.cfg.output_mult  # μP: × d0/d like the decoder (1 when standard)
         for t in range(self.cfg.n_steps):
-            x = x + pos + steps[t]
+            b = self.layer.branch  # depth: the signals × m_L^-α like the branch (exactly x + pos + step at `none`)
+            x = x + b * pos + b * steps[t]
             p = torch.sigmoid(self.halt(x * mult).squeeze(-1))  # (B, n)
             running = (halting < 1.0).to(x.dtype)
             total = halting + p * running
