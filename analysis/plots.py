@@ -1,7 +1,8 @@
 """The study's figures, each written as a PNG to a path the caller gives.
 
 `plot_mutransfer` (the lr alignment: one panel per parametrization, one curve per width, shared axes) is the
-report's headline figure; `plot_verify` is the μP-PT paper's Figure 1. Every loss axis is clipped to its
+report's headline figure, `plot_horizon` the same along a horizon sweep's training steps; `plot_verify` is the
+μP-PT paper's Figure 1. Every loss axis is clipped to its
 informative range (`analysis._figures.loss_limits`): blown-up points are ^ markers with their value on the
 top edge, diverged runs x markers. Each function returns its panels' y-limits.
 The coordinate-check plot lives beside its numbers in `analysis.coord`.
@@ -15,6 +16,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator
 
 from analysis._figures import clip_loss_axis, figure, loss_limits, mark_diverged
@@ -143,43 +145,83 @@ def plot_mutransfer(table: pd.DataFrame, path: str | Path, hparam: str = "lr") -
     parametrization, shared axes. Each curve's optimum, interpolated in log lr, is a star; each panel's title
     gives its drift per doubling of width. `hparam`: the same for another swept hparam."""
     curves = lr_curves(table, hparam=hparam)
-    present = curves["parametrization"].unique().tolist()
-    params = [p for p in ("mup", "standard") if p in present] + sorted(set(present) - {"mup", "standard"})
-    widths = sorted(curves["width"].unique())
-    colours = matplotlib.colormaps["viridis"](np.linspace(0.0, 0.9, len(widths)))
-    finite = curves[np.isfinite(curves["eval_loss"])]
-    try:
-        optima = {(o.parametrization, o.width): o for o in lr_optima(curves, hparam)}
-    except ValueError:  # a width where every lr diverged: no optimum there
-        optima = {(o.parametrization, o.width): o for o in lr_optima(finite, hparam)} if not finite.empty else {}
+    params = _parametrizations(curves)
+    optima = _optima(curves, hparam, "width")
     limits = loss_limits(curves["eval_loss"])
     with figure(path, ncols=len(params), sharey=True) as axes:
         for ax, param in zip(axes[0], params, strict=True):
-            for colour, width in zip(colours, widths, strict=True):
-                curve = curves[(curves["parametrization"] == param) & (curves["width"] == width)]
-                ok = np.isfinite(curve["eval_loss"])
-                x = np.log2(curve[hparam])
-                shown = ok & (curve["eval_loss"] <= (limits[1] if limits else np.inf))  # off-scale: a ^ marker
-                ax.plot(x[shown], curve["eval_loss"][shown], "o-", ms=3, color=colour, label=f"width {width}")
-                best = optima.get((param, width))
-                if best is not None:
-                    star = best.log2_lr_interp if best.log2_lr_interp is not None else best.log2_lr
-                    on_curve = float(np.interp(star, x[ok], curve["eval_loss"][ok]))  # where the curve passes
-                    ax.scatter([star], [on_curve], marker="*", s=140, color=colour, edgecolors="black",
-                               linewidths=0.5, zorder=3)
-                mark_diverged(ax, x[~ok].to_numpy(), color=colour, label=None)
-                clip_loss_axis(ax, limits, x[ok], curve["eval_loss"][ok], color=colour, label=None)
+            _sweep_panel(ax, curves, param, "width", hparam, optima, limits)
             ax.set(xlabel=f"log2({hparam})", title=f"{param}{_drift_title(optima, param, hparam)}")
-            ax.legend(fontsize="small", title="★ optimum (interpolated)", title_fontsize="x-small")
         axes[0, 0].set_ylabel("eval loss (mean over seeds)")
     return [limits] * len(params)
 
 
-def _drift_title(optima: Mapping[tuple[str, int], LROptimum], param: str, hparam: str = "lr") -> str:
-    """': optimum drifts +0.00 log2(lr) per doubling' from the interpolated optima, or '' with < 2 widths."""
+def plot_horizon(table: pd.DataFrame, path: str | Path, hparam: str = "lr") -> Limits:
+    """The horizon sweep: eval loss against log2(lr), one curve per training length (the `horizon` column), one
+    row of panels per width and one column per parametrization, shared loss axis; stars at the interpolated optima,
+    each panel's title its drift per doubling of steps."""
+    rows = phase_rows(table, "validate")
+    widths = sorted(rows["width"].unique())
+    params = _parametrizations(rows)
+    by_width = {w: lr_curves(rows[rows["width"] == w], hparam=hparam, axis="horizon") for w in widths}
+    limits = loss_limits(pd.concat(by_width.values())["eval_loss"])
+    with figure(path, nrows=len(widths), ncols=len(params), sharey=True) as axes:
+        for row, (width, curves) in zip(axes, by_width.items(), strict=True):
+            optima = _optima(curves, hparam, "horizon")
+            for ax, param in zip(row, params, strict=True):
+                _sweep_panel(ax, curves, param, "horizon", hparam, optima, limits)
+                ax.set(xlabel=f"log2({hparam})", title=f"{param}, width {width}"
+                       f"{_drift_title(optima, param, hparam, 'steps')}")
+            row[0].set_ylabel("eval loss (mean over seeds)")
+    return [limits] * (len(params) * len(widths))
+
+
+def _parametrizations(curves: pd.DataFrame) -> list[str]:
+    present = curves["parametrization"].unique().tolist()
+    return [p for p in ("mup", "standard") if p in present] + sorted(set(present) - {"mup", "standard"})
+
+
+def _optima(curves: pd.DataFrame, hparam: str, axis: str) -> dict[tuple[str, int], LROptimum]:
+    """Each curve's optimum by (parametrization, `axis` value); a curve whose every value diverged has none."""
+    finite = curves[np.isfinite(curves["eval_loss"])]
+    try:
+        optima = lr_optima(curves, hparam, axis)
+    except ValueError:  # a curve where every value diverged: no optimum there
+        optima = lr_optima(finite, hparam, axis) if not finite.empty else []
+    return {(o.parametrization, int(getattr(o, axis))): o for o in optima}
+
+
+def _sweep_panel(ax: Axes, curves: pd.DataFrame, param: str, axis: str, hparam: str,
+                 optima: Mapping[tuple[str, int], LROptimum], limits: tuple[float, float] | None) -> None:
+    """One parametrization's curves, one per `axis` value (width or steps), coloured along it: lines through the
+    finite points on the scale, ^ markers above it, x markers where a value diverged, stars at the optima."""
+    keys = sorted(curves[axis].unique())
+    colours = matplotlib.colormaps["viridis"](np.linspace(0.0, 0.9, len(keys)))
+    for colour, key in zip(colours, keys, strict=True):
+        curve = curves[(curves["parametrization"] == param) & (curves[axis] == key)]
+        ok = np.isfinite(curve["eval_loss"])
+        x = np.log2(curve[hparam])
+        shown = ok & (curve["eval_loss"] <= (limits[1] if limits else np.inf))  # off-scale: a ^ marker
+        label = f"width {key}" if axis == "width" else f"{key} steps"
+        ax.plot(x[shown], curve["eval_loss"][shown], "o-", ms=3, color=colour, label=label)
+        best = optima.get((param, int(key)))
+        if best is not None and ok.any():
+            star = best.log2_lr_interp if best.log2_lr_interp is not None else best.log2_lr
+            on_curve = float(np.interp(star, x[ok], curve["eval_loss"][ok]))  # where the curve passes
+            ax.scatter([star], [on_curve], marker="*", s=140, color=colour, edgecolors="black",
+                       linewidths=0.5, zorder=3)
+        mark_diverged(ax, x[~ok].to_numpy(), color=colour, label=None)
+        clip_loss_axis(ax, limits, x[ok], curve["eval_loss"][ok], color=colour, label=None)
+    ax.legend(fontsize="small", title="★ optimum (interpolated)", title_fontsize="x-small")
+
+
+def _drift_title(optima: Mapping[tuple[str, int], LROptimum], param: str, hparam: str = "lr", of: str = "") -> str:
+    """': optimum drifts +0.00 log2(lr) per doubling' (`of` steps) from the interpolated optima, or '' with fewer
+    than 2 curves."""
     points = [(np.log2(w), o.log2_lr_interp if o.log2_lr_interp is not None else o.log2_lr)
               for (p, w), o in sorted(optima.items()) if p == param]
     if len(points) < 2:
         return ""
     x, y = zip(*points, strict=True)
-    return f": optimum drifts {float(np.polyfit(x, y, 1)[0]) + 0.0:+.2f} log2({hparam})/doubling"
+    slope = float(np.polyfit(x, y, 1)[0]) + 0.0
+    return f": optimum drifts {slope:+.2f} log2({hparam})/doubling{' of ' + of if of else ''}"

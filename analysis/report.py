@@ -60,6 +60,8 @@ def render_report(
     cost: Mapping[str, Any] | None = None,
     advice: NeighbourAdvice | None = None,
     regret: Sequence[Regret] = (),
+    horizon_drift: Sequence[LRDrift] = (),
+    flags: Sequence[str] = (),
 ) -> str:
     """Render a study's Markdown report.
 
@@ -78,6 +80,8 @@ def render_report(
         advice: where an uncertified centre's better neighbours lie (`analysis.neighbour_advice`).
         regret: the validate phase's transfer regret (`analysis.transfer_regret`): one bold line per swept hparam
             ("what did transfer cost") and a table, first in the validate section.
+        horizon_drift: a horizon sweep's drifts per doubling of steps (one per width), in the validate section.
+        flags: warnings about the study's design (e.g. `studies.phases.validate.horizon_flag`), bold under tune.
     """
     study_id = study.get("id", study.get("study_id"))
     title = f"# Study {study.get('name', 'unnamed')}" + (f" (`{study_id}`)" if study_id else "")
@@ -95,6 +99,10 @@ def render_report(
         sections["validate"] = [_validate_section(d) for d in (lr_drift, *hparam_drift)]
     if regret:
         sections["validate"] = [_regret_section(regret), *sections.get("validate", [])]
+    if horizon_drift:
+        sections.setdefault("validate", []).extend(_validate_section(d) for d in horizon_drift)
+    if flags:
+        sections.setdefault("tune", []).extend(f"**{flag}**" for flag in flags)
     if "compare" in tables:
         sections["compare"] = [_compare_section(tables["compare"])]
     headline = []
@@ -189,11 +197,12 @@ def _validate_section(drift: LRDrift) -> str:
     """The drift verdict, the drift per parametrization (with its interval over seeds), and the optimum per width."""
     per_doubling = [round(d, 3) + 0.0 for d in drift.drift.values()]  # + 0.0 turns -0.0 into 0.0
     intervals = [drift.drift_ci.get(p) for p in drift.drift]
+    of = "" if drift.axis == "width" else " of steps"
     drifts = pd.DataFrame(
-        {"parametrization": list(drift.drift), f"drift (log2 {drift.hparam} per doubling)": per_doubling,
+        {"parametrization": list(drift.drift), f"drift (log2 {drift.hparam} per doubling{of})": per_doubling,
          "95 % CI over seeds": [f"[{c[0]:+.2f}, {c[1]:+.2f}]" if c else "—" for c in intervals]}
     )
-    optima = pd.DataFrame([o.model_dump() for o in drift.optima])
+    optima = pd.DataFrame([o.model_dump(exclude={"horizon"} if o.horizon is None else set()) for o in drift.optima])
     status = "pass" if drift.passed else "fail"
     return f"**{status}**: {drift.verdict}\n\n{markdown_table(drifts)}\n\n{markdown_table(optima)}"
 

@@ -55,15 +55,21 @@ def sweep_rows(table: pd.DataFrame, phase: str = "validate", hparam: str = "lr")
     return rows
 
 
-def lr_curves(table: pd.DataFrame, phase: str = "validate", hparam: str = "lr", by_seed: bool = False) -> pd.DataFrame:
-    """The sweep of `hparam` (lr by default): loss per (parametrization, width, value), averaged over seeds.
+AXES = {"width": "width", "horizon": "training steps"}
+"""What a drift is measured along: the trial table's column → its words (the horizon: a horizon sweep's steps)."""
+
+
+def lr_curves(table: pd.DataFrame, phase: str = "validate", hparam: str = "lr", by_seed: bool = False,
+              axis: str = "width") -> pd.DataFrame:
+    """The sweep of `hparam` (lr by default): loss per (parametrization, `axis`, value), averaged over seeds.
 
     Returns:
-        Columns `parametrization, width, [seed,] <hparam>, eval_loss, n_seeds, n_diverged`; `eval_loss` is
-        +inf where any seed diverged (failed runs are left out). `by_seed`: one curve per seed.
+        Columns `parametrization, <axis>, [seed,] <hparam>, eval_loss, n_seeds, n_diverged`; `eval_loss` is
+        +inf where any seed diverged (failed runs are left out). `by_seed`: one curve per seed. `axis`: `width`, or
+        `horizon` (the curves of a horizon sweep at one width: pass that width's rows).
     """
     rows = sweep_rows(table, phase, hparam)
-    columns = ["parametrization", "width", *(["seed"] if by_seed else []), hparam]
+    columns = ["parametrization", axis, *(["seed"] if by_seed else []), hparam]
     require_columns(rows, columns, f"the {hparam} sweep")
     loss = judged_loss(rows)
     keys = rows.loc[loss.index, columns]
@@ -90,12 +96,15 @@ class LROptimum(BaseModel):
     at_grid_edge: bool  # the smallest or largest lr swept: the true optimum may lie outside the grid
     log2_lr_interp: float | None = None  # the vertex of the parabola through the best lr and its neighbours (log2 lr)
     lr_interp: float | None = None  # 2 ** log2_lr_interp: the optimum the drift is fitted to (None: older states)
+    horizon: int | None = None  # a horizon sweep's curve: its training steps (None: a sweep over widths)
 
 
 class LRDrift(BaseModel):
-    """The validate phase's verdict: does the optimal lr (or `hparam`) stay put as width grows under μP?"""
+    """The validate phase's verdict: does the optimal lr (or `hparam`) stay put as width grows under μP? (`axis`
+    horizon: as the training steps grow, at one width.)"""
 
     hparam: str = "lr"  # the swept hparam
+    axis: str = "width"  # what the drift is per doubling of (`AXES`)
     optima: list[LROptimum]
     drift: dict[str, float]  # per parametrization: slope of the interpolated optimal log2(lr) vs log2(width)
     # per parametrization: 95 % interval of that slope from each seed's own optima (None: too few points)
@@ -129,14 +138,17 @@ def parabola(x: np.ndarray, y: np.ndarray, best: int) -> np.ndarray | None:
     return coeffs if coeffs[0] > 0 else None
 
 
-def lr_optima(curves: pd.DataFrame, hparam: str = "lr") -> list[LROptimum]:
-    """The lowest-loss value of `hparam` per (parametrization, width) of `lr_curves`' output (ties go to the
-    smaller value), with the optimum interpolated in log2 by `interpolate_optimum`."""
+def lr_optima(curves: pd.DataFrame, hparam: str = "lr", axis: str = "width", width: int | None = None
+              ) -> list[LROptimum]:
+    """The lowest-loss value of `hparam` per (parametrization, `axis`) of `lr_curves`' output (ties go to the
+    smaller value), with the optimum interpolated in log2 by `interpolate_optimum`. Along the horizon, `width` is
+    the curves' width."""
     optima = []
-    for (param, width), curve in curves.groupby(["parametrization", "width"]):
+    for (param, at), curve in curves.groupby(["parametrization", axis]):
+        where = f"width {at}" if axis == "width" else f"{at} steps"
         if np.isinf(curve["eval_loss"]).all():
             raise ValueError(
-                f"every {hparam} diverged for {param} at width {width}: "
+                f"every {hparam} diverged for {param} at {where}: "
                 f"add smaller {'learning rates' if hparam == 'lr' else f'values of {hparam}'} to the validate sweep"
             )
         curve = curve.sort_values(hparam)
@@ -146,7 +158,8 @@ def lr_optima(curves: pd.DataFrame, hparam: str = "lr") -> list[LROptimum]:
         optima.append(
             LROptimum(
                 parametrization=str(param),
-                width=int(width),
+                width=int(at) if axis == "width" else int(width or 0),
+                horizon=None if axis == "width" else int(at),
                 lr=float(best[hparam]),
                 log2_lr=float(np.log2(best[hparam])),
                 eval_loss=float(best["eval_loss"]),
@@ -158,30 +171,31 @@ def lr_optima(curves: pd.DataFrame, hparam: str = "lr") -> list[LROptimum]:
     return optima
 
 
-def drift_interval(points: pd.DataFrame, level: float = 0.95) -> tuple[float, float] | None:
-    """The `level` interval of the slope of `log2_opt` on `log2_width` over per-seed optima (OLS, Student t with
-    n − 2 degrees of freedom); None with fewer than 3 points or fewer than 2 widths."""
-    if len(points) < 3 or points["log2_width"].nunique() < 2:
+def drift_interval(points: pd.DataFrame, level: float = 0.95, x: str = "log2_width") -> tuple[float, float] | None:
+    """The `level` interval of the slope of `log2_opt` on `x` (log2 of the width, or of the steps) over per-seed
+    optima (OLS, Student t with n − 2 degrees of freedom); None with fewer than 3 points or fewer than 2 x values."""
+    if len(points) < 3 or points[x].nunique() < 2:
         return None
     from scipy import stats  # here: SciPy's import is a second of every trial actor's start
 
-    fit = stats.linregress(points["log2_width"], points["log2_opt"])
+    fit = stats.linregress(points[x], points["log2_opt"])
     half = float(stats.t.ppf(0.5 + level / 2, len(points) - 2) * fit.stderr)
     return (float(fit.slope) - half, float(fit.slope) + half)
 
 
-def _seed_optima(table: pd.DataFrame, phase: str, hparam: str) -> pd.DataFrame:
-    """Each seed's own interpolated optimum per (parametrization, width): columns `parametrization, log2_width,
-    log2_opt` (a seed whose every value diverged at a width is left out there)."""
+def _seed_optima(table: pd.DataFrame, phase: str, hparam: str, axis: str = "width") -> pd.DataFrame:
+    """Each seed's own interpolated optimum per (parametrization, `axis`): columns `parametrization, log2_<axis>,
+    log2_opt` (a seed whose every value diverged at a width (or horizon) is left out there)."""
     rows = []
-    for _, curves in lr_curves(table, phase, hparam, by_seed=True).groupby("seed"):
-        finite = curves.groupby(["parametrization", "width"]).filter(lambda c: np.isfinite(c["eval_loss"]).any())
-        rows += [{"parametrization": o.parametrization, "log2_width": np.log2(o.width), "log2_opt": o.log2_lr_interp}
-                 for o in (lr_optima(finite, hparam) if not finite.empty else [])]
-    return pd.DataFrame(rows, columns=["parametrization", "log2_width", "log2_opt"])
+    for _, curves in lr_curves(table, phase, hparam, by_seed=True, axis=axis).groupby("seed"):
+        finite = curves.groupby(["parametrization", axis]).filter(lambda c: np.isfinite(c["eval_loss"]).any())
+        rows += [{"parametrization": o.parametrization, f"log2_{axis}": np.log2(getattr(o, axis)),
+                  "log2_opt": o.log2_lr_interp} for o in (lr_optima(finite, hparam, axis) if not finite.empty else [])]
+    return pd.DataFrame(rows, columns=["parametrization", f"log2_{axis}", "log2_opt"])
 
 
-def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "validate", hparam: str = "lr") -> LRDrift:
+def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "validate", hparam: str = "lr",
+             axis: str = "width") -> LRDrift:
     """Fit the drift of the optimal log2(lr) (or log2 of `hparam`) per doubling of width, per parametrization.
 
     The drift is the slope over the seed-mean curves' interpolated optima; its interval (`drift_ci`) is the slope's
@@ -193,20 +207,29 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
         threshold: the largest |drift| of `mup` that passes, in log2 per doubling of width.
         phase: the phase holding the sweep.
         hparam: the swept hparam (rows with `swept` equal to it; lr by default).
+        axis: `width`, or `horizon`: the drift per doubling of the training steps of a horizon sweep (`horizon`
+            column) at one width (pass that width's rows).
     """
-    optima = lr_optima(lr_curves(table, phase, hparam), hparam)
+    if axis not in AXES:
+        raise ValueError(f"axis {axis!r}: choose one of {list(AXES)}")
+    rows = phase_rows(table, phase)
+    widths = rows["width"].unique() if axis != "width" and "width" in rows else []
+    if len(widths) > 1:
+        raise ValueError(f"a drift along the {axis} needs one width's rows, not widths {sorted(widths)}: select one")
+    width = int(widths[0]) if len(widths) else None
+    optima = lr_optima(lr_curves(table, phase, hparam, axis=axis), hparam, axis, width)
     frame = pd.DataFrame([o.model_dump() for o in optima])
-    per_seed = _seed_optima(table, phase, hparam)
+    per_seed = _seed_optima(table, phase, hparam, axis)
     drift, ci = {}, {}
     for param, rows in frame.groupby("parametrization"):
-        if rows["width"].nunique() < 2:
+        if rows[axis].nunique() < 2:
             raise ValueError(
-                "lr_drift needs at least two widths per parametrization "
-                f"({param} has {rows['width'].tolist()}); "
-                "add a width to the validate sweep"
+                f"lr_drift needs at least two {axis}s per parametrization "
+                f"({param} has {rows[axis].tolist()}); "
+                f"add a {axis} to the validate sweep"
             )
-        drift[str(param)] = float(np.polyfit(np.log2(rows["width"]), rows["log2_lr_interp"], 1)[0])
-        ci[str(param)] = drift_interval(per_seed[per_seed["parametrization"] == param])
+        drift[str(param)] = float(np.polyfit(np.log2(rows[axis].astype(float)), rows["log2_lr_interp"], 1)[0])
+        ci[str(param)] = drift_interval(per_seed[per_seed["parametrization"] == param], x=f"log2_{axis}")
     if "mup" not in drift:
         raise ValueError(f"the validate sweep has no mup runs (parametrizations: {sorted(drift)}); add them")
     passed = abs(drift["mup"]) <= threshold
@@ -215,18 +238,20 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
         interval = ci[param]
         return f"{drift[param]:+.2f}" + (f" [{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else "")
 
+    at = f" at width {width}" if axis != "width" and width is not None else ""
     verdict = (
-        f"mup's optimal {hparam} drifts {said('mup')} log2({hparam}) per doubling of width "
+        f"mup's optimal {hparam}{at} drifts {said('mup')} log2({hparam}) per doubling of {AXES[axis]} "
         f"(optimum interpolated in log {hparam}; |drift| {'≤' if passed else '>'} {threshold:g}: "
         f"{'pass' if passed else 'fail'})"
     )
     if "standard" in drift:
         verdict += f"; standard drifts {said('standard')}"
-    edges = [f"{o.parametrization}@{o.width}" for o in optima if o.at_grid_edge]
+    edges = [f"{o.parametrization}@{getattr(o, axis)}" for o in optima if o.at_grid_edge]
     if edges:
         verdict += f"; optimum at the edge of the {hparam} grid for {', '.join(edges)}: widen the sweep there"
     return LRDrift(
         hparam=hparam,
+        axis=axis,
         optima=optima,
         drift=drift,
         drift_ci=ci,

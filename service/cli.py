@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from service.backends import Backend, LocalBackend, RemoteBackend
@@ -253,6 +254,7 @@ def _print_plan(spec) -> None:
         console.print(table)
         console.print(f"{spec.model.family} registers no FLOP counts (studies.family.Family.forward_flops): no FLOPs "
                       "or shares of a target run to show")
+        _print_horizon(spec)
         _print_batches(spec)
         return
     plan = plan_cost(spec)
@@ -275,7 +277,17 @@ def _print_plan(spec) -> None:
                       f"({target:.3g} FLOPs); {checks} = {100 * plan.share(w):.1f} %")
     if not plan.targets:
         console.print("no transfer widths: no target run to compare with")
+    _print_horizon(spec)
     _print_batches(spec)
+
+
+def _print_horizon(spec) -> None:
+    """A warning when tune trains fewer steps than the transfer runs (`studies.phases.validate.horizon_flag`)."""
+    from studies.phases.validate import horizon_flag
+
+    flag = horizon_flag(spec)
+    if flag:
+        console.print(f"[yellow]horizon:[/] {escape(flag)}", soft_wrap=True)
 
 
 def _print_batches(spec) -> None:

@@ -21,7 +21,7 @@ from rich.table import Table
 from analysis import Certificate, LRDrift, neighbour_advice
 from analysis.table import loss_spread
 from studies.phases import CompareResult, StudyState, TuneResult, ValidateResult, VerifyResult
-from studies.phases.validate import regret_lines
+from studies.phases.validate import horizon_flag, regret_lines
 from studies.spec import StudySpec
 from workers.folder import StudyFolder
 
@@ -56,10 +56,13 @@ def print_summary(console: Console, view: StudyView) -> None:
         console.print("transferred hparams: " + ", ".join(f"{k}={v:.4g}" for k, v in tune.best_hparams.items()))
         _width_table(console, view, tune)
     validate = state.result("validate", ValidateResult)
-    for drift in validate.drifts().values() if validate else ():
+    for drift in [*validate.drifts().values(), *validate.horizon_drift] if validate else ():
         _drift_section(console, drift)
     for line in regret_lines(validate) if validate else ():
         console.print(f"[bold]{escape(line)}[/]", soft_wrap=True)
+    flag = horizon_flag(spec, validate) if tune is not None else None
+    if flag:
+        console.print(f"[yellow]horizon:[/] {escape(flag)}", soft_wrap=True)
     verify = state.result("verify", VerifyResult)
     if verify is not None and verify.certificate is not None:
         _certificate_section(console, view, verify.certificate, tune)
@@ -73,7 +76,8 @@ def print_summary(console: Console, view: StudyView) -> None:
     report = view.folder.report
     if report.exists():
         console.print(f"report: {report}")
-    names = [*FIGURES[:1], *(f"mutransfer_{h}" for h in (validate.hparam_drift if validate else {})), *FIGURES[1:]]
+    names = [*FIGURES[:1], *(f"mutransfer_{h}" for h in (validate.hparam_drift if validate else {})), "horizon",
+             *FIGURES[1:]]
     figures = [view.folder.figure(name) for name in names if view.folder.figure(name).exists()]
     if figures:
         console.print("figures: " + ", ".join(str(f) for f in figures), soft_wrap=True)
@@ -100,19 +104,21 @@ def _width_table(console: Console, view: StudyView, tune: TuneResult) -> None:
 
 def _drift_section(console: Console, drift: LRDrift) -> None:
     """The optimal lr (or other swept hparam) per width under each parametrization and its drift per doubling."""
-    h = drift.hparam
-    table = Table(title=f"{h} sweep (validate): optimal {h} per width, interpolated in log {h}")
-    for col in ("parametrization", "width", f"best grid {h}", f"interpolated {h}", "eval loss"):
+    h, axis = drift.hparam, drift.axis
+    at = "" if axis == "width" else f" at width {drift.optima[0].width}" if drift.optima else ""
+    column, of = ("width", "width") if axis == "width" else ("steps", "steps")
+    table = Table(title=f"{h} sweep (validate){at}: optimal {h} per {column}, interpolated in log {h}")
+    for col in ("parametrization", column, f"best grid {h}", f"interpolated {h}", "eval loss"):
         table.add_column(col, justify="right")
-    for o in sorted(drift.optima, key=lambda o: (o.parametrization != "mup", o.parametrization, o.width)):
+    for o in sorted(drift.optima, key=lambda o: (o.parametrization != "mup", o.parametrization, getattr(o, axis))):
         interp = f"{o.lr_interp:.3g}" if o.lr_interp is not None else "—"
         edge = " (grid edge)" if o.at_grid_edge else ""
-        table.add_row(o.parametrization, str(o.width), f"{o.lr:.3g}{edge}", interp, f"{o.eval_loss:.4f}")
+        table.add_row(o.parametrization, str(getattr(o, axis)), f"{o.lr:.3g}{edge}", interp, f"{o.eval_loss:.4f}")
     console.print(table)
     for param, value in drift.drift.items():
         ci = drift.drift_ci.get(param)
         interval = f" (95 % CI over seeds [{ci[0] + 0.0:+.2f}, {ci[1] + 0.0:+.2f}])" if ci else ""
-        console.print(f"{h} drift, {param}: {value + 0.0:+.2f} log2({h}) per doubling of width{interval}")
+        console.print(f"{h} drift{at}, {param}: {value + 0.0:+.2f} log2({h}) per doubling of {of}{interval}")
     console.print(f"[{'green' if drift.passed else 'red'}]{h} drift:[/] {drift.verdict}", soft_wrap=True)
 
 

@@ -71,12 +71,12 @@ def asha_steps(max_t: int, rungs: list[float], eta: float) -> float:
     return steps
 
 
-def _phase(spec: StudySpec, phase: str, runs: list[tuple[int, float]], full_steps: int) -> PhaseCost:
-    """`runs`: (width, steps) per trial."""
+def _phase(spec: StudySpec, phase: str, runs: list[tuple[int, float]], full_steps: int | None) -> PhaseCost:
+    """`runs`: (width, steps) per trial; `full_steps`: a trial's full budget (None: the steps of each run)."""
     batch = spec.train.batch_size
     per_seq = {w: sequence_flops(spec, w) for w in {w for w, _ in runs}}
     return PhaseCost(phase, len(runs), sum(s for _, s in runs), sum(s * batch * per_seq[w] for w, s in runs),
-                     sum(full_steps * batch * per_seq[w] for w, _ in runs), tuple(sorted(per_seq)))
+                     sum((full_steps or s) * batch * per_seq[w] for w, s in runs), tuple(sorted(per_seq)))
 
 
 def planned_trials(spec: StudySpec) -> dict[str, list[PlannedTrial]]:
@@ -95,7 +95,7 @@ def planned_runs(spec: StudySpec) -> dict[str, list[tuple[int, float]]]:
     steps = asha_steps(full, asha_rungs(spec), t.asha.reduction_factor)
     runs: dict[str, list[tuple[int, float]]] = {"tune": [(t.base_width, steps)] * t.num_trials}
     for phase, trials in planned_trials(spec).items():
-        runs[phase] = [(trial.width, spec.steps_for(phase)) for trial in trials]
+        runs[phase] = [(trial.width, trial.horizon or spec.steps_for(phase)) for trial in trials]
     return runs
 
 
@@ -104,7 +104,8 @@ def plan_cost(spec: StudySpec) -> CostPlan:
     if spec.compare is not None:
         raise ValueError("a compare study's budgets are its own cost account (report: compare, train_flops); "
                          "plan a study with transfer widths instead")
-    phases = [_phase(spec, name, runs, spec.steps_for(name)) for name, runs in planned_runs(spec).items()]
+    phases = [_phase(spec, name, runs, spec.steps_for(name) if name == "tune" else None)
+              for name, runs in planned_runs(spec).items()]
     widths = spec.transfer.widths if spec.transfer is not None else []
     targets = {w: spec.train.steps * spec.train.batch_size * sequence_flops(spec, w) for w in widths}
     return CostPlan(phases, targets)

@@ -3,7 +3,8 @@
 
 A planned trial is a frozen `PlannedTrial`: `trial_key` (stable across restarts: the MLflow run and the
 trial table row are keyed by it), `phase`, `width`, `seed`, `hparams` (all of the family's), `is_centre`,
-for validate and compare its `parametrization`, for validate the `swept` hparam, and for compare its family,
+for validate and compare its `parametrization`, for validate the `swept` hparam (and the `horizon`, its steps, in a
+horizon sweep), and for compare its family,
 budget, role, stage and FLOPs with its own `config` (its family differs from the spec's). A runner turns each
 into a trial config with `PlannedTrial.trial_config`; Ray Tune carries it as `as_dict()` in the trial's config.
 """
@@ -17,7 +18,8 @@ from typing import Any
 from studies.spec import StudySpec
 
 PLANNED_COLUMNS = ("family", "budget", "role", "tuned_at", "train_flops",  # compare trials' extra table columns
-                   "swept")  # validate trials': the hparam their sweep varies
+                   "swept",  # validate trials': the hparam their sweep varies
+                   "horizon")  # validate trials of a horizon sweep (validate.steps a list): the steps they train
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class PlannedTrial:
     is_centre: bool = False
     parametrization: str | None = None  # None: the spec's
     swept: str | None = None  # validate: the hparam its sweep varies
+    horizon: int | None = None  # validate with a list of steps: the steps this trial trains (None: the phase's)
     family: str | None = None  # compare: the family, its budget, role, tune stage and training FLOPs
     budget: float | None = None
     role: str | None = None
@@ -62,7 +65,7 @@ class PlannedTrial:
         """The trial config dict `workers.train` takes: a compare trial's own, else the spec's at this trial."""
         if self.config is not None:
             return dict(self.config)
-        return spec.trial_config(self.width, dict(self.hparams), self.seed, spec.steps_for(self.phase),
+        return spec.trial_config(self.width, dict(self.hparams), self.seed, self.horizon or spec.steps_for(self.phase),
                                  self.parametrization)
 
     def columns(self, spec: StudySpec) -> dict[str, Any]:

@@ -235,12 +235,15 @@ class ValidateSpec(BaseModel):
 
     model_config = _STRICT
 
-    widths: Widths = Field(min_length=2, max_length=4, description="2–4 increasing widths")
+    widths: Widths = Field(min_length=1, max_length=4,
+                           description="2–4 increasing widths (one with a list of steps: a horizon sweep alone)")
     lrs: list[float] = Field(min_length=3, description="the lr sweep: >= 3 distinct values > 0 (kept sorted)")
     parametrizations: list[Parametrization] = Field(
         default_factory=lambda: list(get_args(Parametrization)), min_length=1, description="must include 'mup'")
     seeds: PosInt = Field(1, description="training seeds per (width, lr, parametrization)")
-    steps: PosInt | None = Field(None, description="override train.steps for validate trials")
+    steps: PosInt | list[PosInt] | None = Field(
+        None, description="override train.steps for validate trials; a list of 2–4 increasing step counts also "
+                          "sweeps lr at each (the horizon: the lr optimum's drift per doubling of steps)")
     drift_threshold: float = Field(0.5, gt=0, description="largest |Δlog2(lr*)| per doubling that passes")
     hparams: dict[str, list[float]] = Field(
         default_factory=dict, max_length=6,
@@ -263,12 +266,37 @@ class ValidateSpec(BaseModel):
                                  "e.g. [0.25, 0.5, 1, 2, 4]")
         return {name: sorted(values) for name, values in hparams.items()}
 
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, steps: int | list[int] | None) -> int | list[int] | None:
+        if isinstance(steps, list) and (not 2 <= len(steps) <= 4 or
+                                        any(b <= a for a, b in zip(steps, steps[1:], strict=False))):
+            raise ValueError(f"steps {steps}: give one step count, or 2–4 strictly increasing ones, e.g. "
+                             "[150, 300, 600]")
+        return steps
+
+    @model_validator(mode="after")
+    def _two_widths(self) -> ValidateSpec:
+        if len(self.widths) < 2 and not self.horizons():
+            raise ValueError(f"validate.widths={self.widths}: give 2–4 widths (the optimum's drift per doubling of "
+                             "width), or one width with a list of validate.steps (a horizon sweep alone)")
+        if len(self.widths) < 2 and self.hparams:
+            raise ValueError("validate.hparams need 2–4 validate.widths (their drift is per doubling of width): "
+                             "add a width or drop validate.hparams")
+        return self
+
+    def horizons(self) -> list[int]:
+        """The step counts of a horizon sweep (`steps` given as a list); [] for one training length."""
+        return list(self.steps) if isinstance(self.steps, list) else []
+
     def sweeps(self) -> dict[str, list[float]]:
         """Each swept hparam's values: lr's first, then `hparams`."""
         return {"lr": self.lrs, **self.hparams}
 
     def n_trials(self) -> int:
-        return len(self.parametrizations) * len(self.widths) * self.seeds * sum(map(len, self.sweeps().values()))
+        values = sum(map(len, self.sweeps().values())) + len(self.lrs) * (len(self.horizons()) - 1) * bool(
+            self.horizons())
+        return len(self.parametrizations) * len(self.widths) * self.seeds * values
 
     @field_validator("parametrizations")
     @classmethod
@@ -435,6 +463,10 @@ class StudySpec(BaseModel):
             problems.append(f"tune.asha.grace_steps={self.tune.asha.grace_steps} exceeds the tune trials' "
                             f"{self.steps_for('tune')} steps: lower it, raise tune.steps (compare: "
                             "compare.tune_tokens) or disable asha")
+        shortest = min(self.validate_.horizons(), default=None) if self.validate_ is not None else None
+        if shortest is not None and self.train.warmup_steps >= shortest:
+            problems.append(f"train.warmup_steps={self.train.warmup_steps} must be < validate.steps[0]={shortest}: "
+                            "lower warmup_steps or raise the shortest horizon")
         for phase in self.phases():
             if self.train.warmup_steps >= self.steps_for(phase):
                 problems.append(f"train.warmup_steps={self.train.warmup_steps} must be < the {phase} phase's "
@@ -520,10 +552,20 @@ class StudySpec(BaseModel):
             return c.steps(tokens, self.train.batch_size, self.data.seq_len)
         overrides = {"tune": self.tune.steps, "transfer": None,
                      "verify": self.verify.steps if self.verify else None,
-                     "validate": self.validate_.steps if self.validate_ else None}
+                     "validate": self.validate_horizon() if self.validate_ else None}
         if phase not in overrides:
             raise ValueError(f"unknown phase {phase!r}: choose one of {list(PHASES)}")
         return overrides[phase] or self.train.steps
+
+    def validate_horizon(self) -> int:
+        """The validate sweep's main training length: `validate.steps` (else train.steps); with a list of them,
+        train.steps when listed, else the longest. The width drift, the regret and the other hparams' sweeps
+        train this long; lr also at each other listed length."""
+        v = self.validate_
+        horizons = v.horizons() if v is not None else []
+        if horizons:
+            return self.train.steps if self.train.steps in horizons else horizons[-1]
+        return (v.steps if v is not None and isinstance(v.steps, int) else None) or self.train.steps
 
     def verify_width(self) -> int:
         """The verify width: `verify.width`, else the largest transfer width."""

@@ -45,6 +45,7 @@ from studies.cost import measured_cost
 from studies.phases import PHASES, Phase, PhaseFailed, PhaseStatus, StudyState, ValidateResult, VerifyResult
 from studies.phases.base import Context, Stage
 from studies.phases.compare import CompareResult
+from studies.phases.validate import horizon_flag
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 from studies.status import StudyStatus
@@ -412,7 +413,9 @@ class StudyDriver:
         text = render_report(study=study, tables=tables, certificate=certificate,
                              lr_drift=validate.lr_drift if validate else None, plots=plots, hparams=spec.space.HPARAMS,
                              hparam_drift=list(validate.hparam_drift.values()) if validate else [],
-                             advice=advice, cost=cost, regret=validate.regret if validate else ())
+                             advice=advice, cost=cost, regret=validate.regret if validate else (),
+                             horizon_drift=validate.horizon_drift if validate else (),
+                             flags=[f"horizon: {flag}" for flag in [horizon_flag(spec, validate)] if flag])
         path = folder.report
         path.write_text(text)
         # report.md beside its figures, which it links by file name; report.html with them inline, for MLflow's

@@ -1,15 +1,19 @@
 """validate: the μTransfer evidence. Short sweeps of lr (and of each of `validate.hparams`) at 2–4 widths under
 each parametrization, the other hparams at the centre; `analysis.lr_drift` measures how far the optimum moves
 per doubling of width and passes it against `validate.drift_threshold`, and `analysis.transfer_regret` what the
-transferred values cost at each swept width that was transferred to (`regret_widths`)."""
+transferred values cost at each swept width that was transferred to (`regret_widths`). With a list of
+`validate.steps` (the horizon sweep) lr is also swept at each training length, and the optimum's drift per doubling
+of steps is measured at each width (`horizon_drift`; `horizon_flag` says when tune's shorter training makes it
+matter)."""
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import pandas as pd
 
-from analysis import LRDrift, Regret, lr_drift, plot_mutransfer, regret_line, transfer_regret
+from analysis import LRDrift, Regret, lr_drift, plot_horizon, plot_mutransfer, regret_line, transfer_regret
 from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Verdict
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec, required
@@ -19,6 +23,7 @@ class ValidateResult(PhaseResult):
     lr_drift: LRDrift | None = None
     hparam_drift: dict[str, LRDrift] = {}  # each of validate.hparams
     regret: list[Regret] = []  # per swept hparam, parametrization and transferred width (`regret_widths`)
+    horizon_drift: list[LRDrift] = []  # a horizon sweep's: lr's drift per doubling of steps, one per width
 
     def drifts(self) -> dict[str, LRDrift]:
         """lr's drift, then each other swept hparam's."""
@@ -27,12 +32,16 @@ class ValidateResult(PhaseResult):
 
 def validate_trials(spec: StudySpec, centre: dict[str, float]) -> list[PlannedTrial]:
     """The sweeps: lr's, then each of `validate.hparams`: every (parametrization, width, value, seed) of the swept
-    hparam, the other hparams at the centre."""
+    hparam, the other hparams at the centre. With a list of `validate.steps` (the horizon sweep) lr's sweep runs at
+    each of them (`-t<steps>` in the trial key), the others at `spec.validate_horizon()`."""
     v = required(spec.validate_, "validate")
-    return [PlannedTrial(f"validate-{p}-w{w}-{h}{x:.3g}-s{s}", "validate", w, s, {**centre, h: x}, parametrization=p,
-                         swept=h)
+    horizons: list[int | None] = list(v.horizons()) or [None]
+    main = spec.validate_horizon() if v.horizons() else None
+    return [PlannedTrial(f"validate-{p}-w{w}{'' if t is None else f'-t{t}'}-{h}{x:.3g}-s{s}", "validate", w, s,
+                         {**centre, h: x}, parametrization=p, swept=h, horizon=t)
             for h, values in v.sweeps().items()
-            for p in v.parametrizations for w in v.widths for x in values for s in range(v.seeds)]
+            for p in v.parametrizations for w in v.widths for t in (horizons if h == "lr" else [main])
+            for x in values for s in range(v.seeds)]
 
 
 def regret_widths(spec: StudySpec) -> list[int]:
@@ -47,6 +56,35 @@ def regret_lines(result: ValidateResult) -> list[str]:
     """`analysis.regret_line` for each swept hparam with a regret, lr first."""
     hparams = dict.fromkeys(r.hparam for r in result.regret)
     return [line for h in hparams if (line := regret_line(result.regret, h))]
+
+
+def horizon_flag(spec: StudySpec, result: ValidateResult | None = None) -> str | None:
+    """A warning when the lr tuned at the proxy may not be the target's because of training length: tune trains
+    fewer steps than the transfer runs (with the drift per doubling of steps that a horizon sweep measured, or how
+    to measure it), or a horizon sweep shows mup's optimum drifting past `validate.drift_threshold`. None: no
+    reason to worry."""
+    if spec.compare is not None:  # a compare study's budgets set every length
+        return None
+    tune, target = spec.steps_for("tune"), spec.train.steps
+    drifts = result.horizon_drift if result is not None else []
+    measured = "; ".join(f"at width {d.optima[0].width} mup's optimal lr drifts {d.mup_drift:+.2f}"
+                         + (f" [{c[0]:+.2f}, {c[1]:+.2f}]" if (c := d.drift_ci.get("mup")) else "")
+                         + " log2(lr) per doubling of steps" for d in drifts if d.optima)
+    if tune < target:
+        doublings = math.log2(target / tune)
+        said = f"tune trains {tune} steps, the target {target} (train.steps; {doublings:.2g} doublings longer)"
+        if measured:
+            moved = ", ".join(f"{d.mup_drift * doublings:+.2f}" for d in drifts)
+            return (f"{said}: {measured}, so the tuned lr is off the target's optimum by ≈ {moved} log2(lr) at "
+                    f"{target} steps")
+        how = ("the validate horizon sweep (validate.steps) will measure how far the lr optimum moves" if spec.validate_
+               is not None and spec.validate_.horizons() else
+               f"the lr optimum may move with training length: measure it with validate.steps: [{tune}, ..., {target}]")
+        return f"{said}: {how}"
+    failed = [d for d in drifts if not d.passed]
+    if failed:
+        return f"the lr optimum moves with training length ({measured}): tune at the target's training length"
+    return None
 
 
 def _figure(hparam: str) -> str:
@@ -65,28 +103,48 @@ class Validate(Phase):
 
     def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> ValidateResult:
         v = required(ctx.spec.validate_, "validate")
-        for hparam in v.sweeps():
-            plot_mutransfer(table, out.figure(_figure(hparam)), hparam)
-        drift = lr_drift(table, threshold=v.drift_threshold)  # first: it names the fix for a sweep that diverged
-        hparam_drift = {h: lr_drift(table, threshold=v.drift_threshold, hparam=h) for h in v.hparams}
+        horizon = None
+        if v.horizons():  # the width sweep is the main horizon's rows; the horizon sweep is lr's at each width
+            horizon, table = table, table[table["horizon"] == ctx.spec.validate_horizon()]
+        drift, hparam_drift = None, {}
+        if len(v.widths) > 1:  # one width: a horizon sweep alone
+            for hparam in v.sweeps():
+                plot_mutransfer(table, out.figure(_figure(hparam)), hparam)
+            drift = lr_drift(table, threshold=v.drift_threshold)  # first: it names the fix for a sweep that diverged
+            hparam_drift = {h: lr_drift(table, threshold=v.drift_threshold, hparam=h) for h in v.hparams}
         regret = transfer_regret(table, ctx.centre(), regret_widths(ctx.spec), hparams=list(v.sweeps()),
                                  parametrization=ctx.spec.model.parametrization, proxy_width=ctx.spec.tune.base_width)
-        return ValidateResult(lr_drift=drift, hparam_drift=hparam_drift, regret=regret)
+        horizon_drift = []
+        if horizon is not None:
+            plot_horizon(horizon, out.figure("horizon"))
+            horizon_drift = [lr_drift(horizon[horizon["width"] == w], threshold=v.drift_threshold, axis="horizon")
+                             for w in v.widths]
+        return ValidateResult(lr_drift=drift, hparam_drift=hparam_drift, regret=regret, horizon_drift=horizon_drift)
 
     def figures(self, result: PhaseResult) -> dict[str, str]:
         assert isinstance(result, ValidateResult)
-        return {"validate": "mutransfer", **{f"validate ({h})": _figure(h) for h in result.hparam_drift}}
+        return {**({"validate": "mutransfer"} if result.lr_drift else {}),
+                **{f"validate ({h})": _figure(h) for h in result.hparam_drift},
+                **({"validate (horizon)": "horizon"} if result.horizon_drift else {})}
 
     def verdict(self, spec: StudySpec, result: PhaseResult) -> Verdict:
         assert isinstance(result, ValidateResult)
         drifts = result.drifts()
         regret = {f"{name}.{r.hparam}.{r.parametrization}.w{r.width}": value for r in result.regret
                   for name, value in (("regret", r.regret), ("regret_pct", r.regret_pct)) if value is not None}
+        horizon = {f"lr_horizon_drift.{p}.w{d.optima[0].width}": v for d in result.horizon_drift if d.optima
+                   for p, v in d.drift.items()}
+        tags = {f"{h}_drift_passed": str(bool(d.passed)).lower() for h, d in drifts.items()}
+        if result.horizon_drift:
+            tags["lr_horizon_drift_passed"] = str(all(d.passed for d in result.horizon_drift)).lower()
+        flag = horizon_flag(spec, result)
         return Verdict(metrics=[{"step": 0, **{f"{h}_drift.{p}": v for h, d in drifts.items()
-                                                for p, v in d.drift.items()}, **regret}],
-                       tags={f"{h}_drift_passed": str(bool(d.passed)).lower() for h, d in drifts.items()},
+                                                for p, v in d.drift.items()}, **regret, **horizon}],
+                       tags=tags,
                        sentence=" ".join([*(f"{h} drift: {d.verdict}." for h, d in drifts.items()),
-                                          *regret_lines(result)]))
+                                          *regret_lines(result),
+                                          *(f"lr horizon drift: {d.verdict}." for d in result.horizon_drift),
+                                          *([f"Horizon: {flag}."] if flag else [])]))
 
 
 PHASE = Validate()

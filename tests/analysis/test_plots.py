@@ -112,3 +112,15 @@ def test_plot_transfer_includes_the_base_width_and_its_scale(tmp_path):
     [limits] = plot_transfer(pd.concat([tune, transfer]), tmp_path / "transfer.png")
     assert_png(tmp_path / "transfer.png")
     assert limits[0] < 3.2 and 3.5 < limits[1] < 3.6  # the base width's best completed trial (3.5) is in view
+
+
+def test_the_horizon_figure_has_a_panel_per_width_and_parametrization(tmp_path):
+    from analysis.plots import plot_horizon
+    from tests.analysis.test_transfer import _horizon_table
+
+    table = pd.concat([_horizon_table(lambda s, seed: -8.0), _horizon_table(lambda s, seed: -9.0, width=128)])
+    table.loc[(table["lr"] == 2.0**-4) & (table["horizon"] == 600), "status"] = "diverged"
+    table.loc[(table["lr"] == 2.0**-14), "eval_loss"] = 50.0  # blown up: off the clipped axis
+    limits = plot_horizon(table, tmp_path / "horizon.png")
+    assert (tmp_path / "horizon.png").stat().st_size > 10_000
+    assert len(limits) == 2 and limits[0] is not None and limits[0][1] < 50.0  # one row per width, mup only

@@ -159,3 +159,36 @@ def test_a_swept_information_weight_is_judged_apart_from_lr():
     assert "mup's optimal w_H drifts" in drift.verdict
     with pytest.raises(ValueError, match="sweep no 'w_dep'.*validate.hparams"):
         lr_drift(table, hparam="w_dep")
+
+
+def _horizon_table(optimum, seeds=(0, 1, 2), width=64):
+    """A horizon sweep at one width: the loss is a parabola in log2(lr) around optimum(steps, seed)."""
+    rows = [{"parametrization": "mup", "width": width, "horizon": steps, "lr": 2.0**x, "seed": seed,
+             "eval_loss": 3.0 - 0.1 * np.log2(steps) + 0.05 * (x - optimum(steps, seed)) ** 2}
+            for steps in (150, 300, 600) for x in range(-14, -3) for seed in seeds]
+    return trials(rows, phase="validate")
+
+
+def test_the_lr_optimums_drift_per_doubling_of_steps():
+    """The optimum falls 0.4 octave per doubling of steps; seeds scatter it by ±0.2 (not a trend), so the interval
+    is the t-interval of the per-seed slope and covers -0.4."""
+    scatter = {0: -0.2, 1: 0.2, 2: 0.0}
+    table = _horizon_table(lambda steps, seed: -8.0 - 0.4 * np.log2(steps / 150) + scatter[seed] * (
+        1 if steps == 300 else -1))
+    drift = lr_drift(table, axis="horizon")
+    assert drift.axis == "horizon" and drift.mup_drift == pytest.approx(-0.4)
+    assert [o.horizon for o in drift.optima] == [150, 300, 600] and {o.width for o in drift.optima} == {64}
+    lo, hi = drift.drift_ci["mup"]
+    assert lo < -0.4 < hi and hi - lo > 0.1
+    assert drift.verdict.startswith("mup's optimal lr at width 64 drifts -0.40 [")
+    assert "log2(lr) per doubling of training steps" in drift.verdict
+    flat = lr_drift(_horizon_table(lambda steps, seed: -8.0), axis="horizon")
+    assert flat.mup_drift == pytest.approx(0.0, abs=1e-9) and flat.passed
+
+
+def test_a_horizon_drift_needs_one_widths_rows():
+    table = pd.concat([_horizon_table(lambda s, seed: -8.0), _horizon_table(lambda s, seed: -8.0, width=128)])
+    with pytest.raises(ValueError, match="needs one width's rows"):
+        lr_drift(table, axis="horizon")
+    with pytest.raises(ValueError, match="add a horizon to the validate sweep"):
+        lr_drift(_horizon_table(lambda s, seed: -8.0).query("horizon == 150"), axis="horizon")

@@ -120,3 +120,13 @@ def test_study_plan_of_a_family_without_flop_counts_lists_trials_and_steps():
     assert "Traceback" not in out and "unknown model family" not in out
     assert re.search(r"tune\W+12\W+32\W+600\b", out), out  # 12 trials at width 32, ASHA's expected 600 steps
     assert "tauformer registers no FLOP counts" in out, out
+
+
+def test_the_plan_of_a_horizon_sweep_counts_every_length_and_flags_the_short_proxy():
+    rc, out, heavy = _ptctl("study", "plan", str(ROOT / "studies" / "catalog" / "horizon_cpu.yaml"))
+    assert rc == 0, out
+    assert heavy == []
+    assert re.search(r"validate\s*│\s*36\s*│\s*64\s*│\s*12,600", out), out  # 6 lrs × 2 seeds × (150+300+600)
+    assert "horizon: tune trains 150 steps, the target 600 (train.steps; 2 doublings longer)" in out
+    rc, out, _ = _ptctl("study", "plan", str(ROOT / "studies" / "catalog" / "cpu_demo.yaml"))
+    assert rc == 0 and "horizon:" not in out  # tune trains train.steps: nothing to flag

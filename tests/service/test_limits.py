@@ -200,3 +200,12 @@ def test_a_slow_parse_answers_422_and_holds_its_slot_until_its_thread_ends(tmp_p
         assert slow.status_code == 422 and "PTCTL_MAX_PARSE_S" in slow.json()["detail"]
         busy = _post(client, TINY)  # the first thread still runs for ~0.4 s more
         assert busy.status_code == 503 and "PTCTL_MAX_PARSES" in busy.json()["detail"] and busy.headers["retry-after"]
+
+
+def test_each_step_count_of_a_horizon_sweep_is_bounded_like_train_steps():
+    from service.limits import check
+
+    body = {"validate": {"widths": [64], "steps": [150, 300, 20_000_000]}, "train": {"steps": 600}}
+    [error] = check(body, Limits())
+    assert error["loc"] == ["body", "validate", "steps", 2] and "PTCTL_MAX_STEPS" in error["msg"]
+    assert check({"validate": {"steps": 300}}, Limits()) == []

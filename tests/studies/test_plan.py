@@ -178,3 +178,37 @@ def test_a_phase_without_its_section_names_the_fix():
                       (lambda: compare_trials(bare, 300, {}), "no compare section: add one with budgets")):
         with pytest.raises(ValueError, match=fix):
             plan()
+
+
+def test_a_horizon_sweep_plans_lr_at_each_length_with_unique_names(spec):
+    hp = spec.space.defaults()
+    data = spec.as_dict()
+    data["validate"] = {"widths": [16, 32], "lrs": [0.001, 0.01, 0.1], "steps": [20, 40, 80], "seeds": 2,
+                        "hparams": {"w_H": [0.5, 1, 2]}}
+    sweep = StudySpec.model_validate(data)
+    grid = validate_trials(sweep, hp)
+    lr = [t for t in grid if t.swept == "lr"]
+    assert len(lr) == 2 * 2 * 3 * 3 * 2 and {t.horizon for t in lr} == {20, 40, 80}
+    w_h = [t for t in grid if t.swept == "w_H"]
+    assert len(w_h) == 2 * 2 * 3 * 2 and {t.horizon for t in w_h} == {80}  # the others at the main horizon
+    assert len({t.trial_key for t in grid}) == len(grid) == sweep.validate_.n_trials()
+    assert "validate-mup-w16-t40-lr0.01-s1" in {t.trial_key for t in grid}
+    assert {t.trial_config(sweep)["steps"] for t in lr} == {20, 40, 80}
+    assert all(t.columns(sweep)["horizon"] == t.horizon for t in grid)
+    plain = StudySpec.model_validate({**data, "validate": {**data["validate"], "steps": 80}})
+    assert all(t.horizon is None and "-t" not in t.trial_key for t in validate_trials(plain, hp))
+
+
+def test_the_plan_counts_each_horizons_steps_and_flags_a_short_proxy(spec):
+    from studies.cost import planned_runs
+    from studies.phases.validate import horizon_flag
+
+    data = spec.as_dict()
+    data["validate"] = {"widths": [16, 32], "lrs": [0.001, 0.01, 0.1], "steps": [20, 40], "parametrizations": ["mup"]}
+    sweep = StudySpec.model_validate(data)
+    assert sum(s for _, s in planned_runs(sweep)["validate"]) == 2 * 3 * (20 + 40)
+    assert horizon_flag(sweep) is None  # tune trains train.steps: nothing measured, nothing to flag
+    short = StudySpec.model_validate({**data, "tune": {**data["tune"], "steps": 20}})
+    assert short.steps_for("tune") < short.train.steps
+    assert f"tune trains 20 steps, the target {short.train.steps}" in (horizon_flag(short) or "")
+    assert "validate horizon sweep (validate.steps) will measure" in (horizon_flag(short) or "")

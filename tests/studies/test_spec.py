@@ -376,3 +376,55 @@ def test_storage_is_a_path_every_node_mounts_or_an_s3_uri_and_not_part_of_the_st
     for bad in ("relative/dir", "s3://", "gs://bucket/x"):
         with pytest.raises(ValidationError, match="resources.storage=.*absolute path that every Ray node mounts"):
             StudySpec.model_validate(with_changes(spec.as_dict(), resources={"storage": bad}))
+
+
+# ------------------------------------------------------------------------------------ the horizon (validate.steps)
+
+
+def test_catalog_specs_hash_as_before_the_horizon_sweep():
+    """validate.steps took one int before lists were allowed; an int spec dumps and hashes as it did (these hashes
+    were recorded before the change)."""
+    assert StudySpec.from_yaml(CATALOG_DIR / "cpu_demo.yaml").content_hash().startswith("e48352ede783")
+    assert StudySpec.from_yaml(CATALOG_DIR / "pt_lr_alignment.yaml").content_hash().startswith("b64143c9a7f1")
+    one = StudySpec.model_validate(spec_dict(validate={"widths": [16, 32], "lrs": [1, 2, 3], "steps": 100}))
+    assert one.as_dict()["validate"]["steps"] == 100 and one.validate_.horizons() == []
+    assert one.steps_for("validate") == 100 and one.validate_horizon() == 100
+
+
+def test_a_list_of_validate_steps_is_a_horizon_sweep():
+    listed = StudySpec.model_validate(spec_dict(**{"train.steps": 300},
+                                                validate={"widths": [32], "lrs": [1, 2, 3], "steps": [150, 300, 600]}))
+    assert listed.validate_.horizons() == [150, 300, 600]
+    assert listed.validate_horizon() == 300  # train.steps is listed: the width sweep's and the regret's length
+    longest = StudySpec.model_validate(spec_dict(validate={"widths": [32, 64], "lrs": [1, 2, 3], "steps": [50, 100]}))
+    assert longest.validate_horizon() == 100 and longest.steps_for("validate") == 100
+
+
+@pytest.mark.parametrize(
+    ("steps", "needle"),
+    [
+        ([300], "2–4 strictly increasing"),
+        ([100, 200, 300, 400, 500], "2–4 strictly increasing"),
+        ([300, 150], "2–4 strictly increasing"),
+        ([150, 150], "2–4 strictly increasing"),
+        ([0, 150], "validate.steps.list[constrained-int].0\n  Input should be greater than 0"),
+        ([5, 150], "validate.steps[0]=5"),  # train.warmup_steps 10 needs more
+    ],
+)
+def test_invalid_validate_steps_name_the_field(steps, needle):
+    message = error_of(spec_dict(validate={"widths": [16, 32], "lrs": [1, 2, 3], "steps": steps}))
+    assert "validate" in message and needle in message
+
+
+def test_one_validate_width_only_with_a_horizon_sweep():
+    assert "or one width with a list of validate.steps" in error_of(spec_dict(validate={"widths": [32],
+                                                                                        "lrs": [1, 2, 3]}))
+    assert "validate.hparams need 2–4 validate.widths" in error_of(spec_dict(validate={
+        "widths": [32], "lrs": [1, 2, 3], "steps": [50, 100], "hparams": {"w_H": [1, 2, 4]}}))
+
+
+def test_the_horizon_catalog_study_is_cpu_sized():
+    spec = studies.load_catalog("horizon_cpu")
+    assert spec.phases() == ["tune", "validate"] and spec.validate_.horizons() == [150, 300, 600]
+    assert spec.steps_for("tune") < spec.train.steps == spec.validate_horizon()
+    assert spec.validate_.n_trials() <= 40 and spec.train.device == "cpu"

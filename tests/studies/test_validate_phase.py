@@ -1,0 +1,74 @@
+"""The validate phase judged on a planned grid whose losses are written by hand (no training): a horizon sweep's
+drift per doubling of steps, its figure, the transfer regret at the main horizon, the verdict and the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis import render_report
+from studies import load_catalog
+from studies.phases import StudyState, TuneResult, ValidateResult
+from studies.phases.base import Context
+from studies.phases.validate import PHASE, horizon_flag, validate_trials
+
+SPEC = load_catalog("horizon_cpu")
+CENTRE = {**SPEC.space.defaults(), "lr": 0.016}  # the proxy's lr (tuned at 150 steps): 2^-5.97
+
+
+class Folder:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def artifact(self, name: str) -> Path:
+        return self.root / name
+
+    def figure(self, name: str) -> Path:
+        return self.root / f"{name}.png"
+
+    def write_artifact(self, name: str, data: object) -> Path:
+        return self.root / name
+
+
+def _optimum(steps: int) -> float:
+    """log2 of the optimal lr: 2^-6 at 150 steps, 0.4 octave lower per doubling of steps."""
+    return -6.0 - 0.4 * np.log2(steps / 150)
+
+
+def _table() -> pd.DataFrame:
+    rows = []
+    for trial in validate_trials(SPEC, CENTRE):
+        x, steps = np.log2(trial.hparams["lr"]), trial.horizon or 0
+        loss = 5.0 - 0.1 * np.log2(steps) + 0.05 * (x - _optimum(steps)) ** 2 + 0.002 * trial.seed
+        rows.append({**trial.columns(SPEC), "status": "completed", "eval_loss": loss, "steps": steps})
+    return pd.DataFrame(rows)
+
+
+def test_a_horizon_sweep_is_judged_along_the_steps(tmp_path):
+    state = StudyState(study_id="h", spec_hash="x", phases={"tune": TuneResult(status="done", best_hparams=CENTRE)})
+    ctx = Context(spec=SPEC, state=state, tables=lambda name: None)
+    result = PHASE.judge(ctx, _table(), Folder(tmp_path))
+    assert isinstance(result, ValidateResult) and result.lr_drift is None  # one width: no drift along width
+    [drift] = result.horizon_drift
+    assert drift.axis == "horizon" and abs(drift.mup_drift + 0.4) < 0.02
+    assert (tmp_path / "horizon.png").exists() and PHASE.figures(result) == {"validate (horizon)": "horizon"}
+    # the regret at 600 steps (the target's length): the lr tuned at 150 steps is 0.83 octave too large there
+    [regret] = result.regret
+    assert regret.width == 64 and regret.source == "the tuned centre"
+    assert regret.regret is not None and abs(regret.regret - 0.05 * (np.log2(0.016) + 6.8) ** 2) < 2e-3
+    verdict = PHASE.verdict(SPEC, ValidateResult.model_validate(result.model_dump(mode="json")))
+    assert "lr_horizon_drift.mup.w64" in verdict.metrics[0] and "regret.lr.mup.w64" in verdict.metrics[0]
+    assert verdict.tags == {"lr_horizon_drift_passed": "true"}
+    assert "per doubling of training steps" in verdict.sentence
+    assert "Transfer regret in lr at width 64" in verdict.sentence
+    flag = horizon_flag(SPEC, result)
+    assert flag is not None and "tune trains 150 steps, the target 600" in flag
+    assert f"drifts {drift.mup_drift:+.2f}" in flag and f"≈ {2 * drift.mup_drift:+.2f} log2(lr) at 600 steps" in flag
+    report = render_report(study={"name": SPEC.name}, tables={}, certificate=None, lr_drift=None, plots={},
+                           regret=result.regret, horizon_drift=result.horizon_drift, flags=[f"horizon: {flag}"])
+    assert f"**horizon: {flag}**" in report.split("## tune")[1]
+    validate = report.split("## validate")[1]
+    assert "Transfer regret in lr at width 64" in validate and "drift (log2 lr per doubling of steps)" in validate
+    assert "| horizon |" in validate or "| horizon" in validate
