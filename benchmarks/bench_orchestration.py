@@ -32,6 +32,7 @@ from _data import link_corpora  # benchmarks/_data.py: the shared corpus cache, 
 
 def one_run(trials: int, seed: int, steps: int | None = None, checkpoint_every_s: float | None = None) -> dict:
     from studies import load_catalog
+    from studies.phases import PHASES
     from studies.spec import StudySpec
     from workers.driver import StudyDriver
     from workers.ray_runner import ensure_ray
@@ -50,7 +51,7 @@ def one_run(trials: int, seed: int, steps: int | None = None, checkpoint_every_s
     driver.state.runs["study"] = driver.tracker.study_run(driver.study_id, {})
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    driver.phase_tune()
+    driver._run_phase(PHASES["tune"])
     wall = time.perf_counter() - start
     table = driver.table("tune")
     c, busy = spec.tune.max_concurrent, table.wall_time_s.sum()

@@ -79,10 +79,10 @@ def ensure_ray() -> None:
     start with `WARM_MODULES` imported."""
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS") or "local"
-        local = {"_system_config": {"preload_python_modules": WARM_MODULES, "enable_worker_prestart": True}}
+        warm = {"preload_python_modules": WARM_MODULES, "enable_worker_prestart": True} if address == "local" else None
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.WARNING, configure_logging=False, **(local if address == "local" else {}))
+                     logging_level=logging.WARNING, configure_logging=False, _system_config=warm)
         except (ConnectionError, ray.exceptions.RayError) as exc:
             raise InfrastructureLost(f"cannot reach Ray at RAY_ADDRESS={address!r} ({exc}); start the cluster "
                                      "or unset RAY_ADDRESS for a local Ray, then re-run to resume") from exc
