@@ -45,7 +45,11 @@ def test_bert_trial_config_carries_its_own_hparams():
     assert (hp["n_layers"], hp["init_std"], hp["output_mult"], hp["base_width"]) == (3, 0.1, 1.0, 16)
     assert BertConfig(vocab_size=50, **hp).n_layers == 3  # the worker's config takes model_hp as it is
     ut = StudySpec.model_validate(with_changes(MINIMAL, **{"model.family": "ut"}))
-    assert set(ut.model_hp(32, {})) == set(UTConfig.model_fields) - {"vocab_size"}
+    # every field but the vocabulary, and the depth fields, which a spec at depth_parametrization none leaves out
+    assert set(ut.model_hp(32, {})) == set(UTConfig.model_fields) - {"vocab_size", "depth_parametrization", "base_depth"}
+    deep = StudySpec.model_validate(with_changes(MINIMAL, **{"model.family": "ut", "model.arch.depth_parametrization":
+                                                            "completep", "model.arch.base_depth": 2}))
+    assert set(deep.model_hp(32, {})) == set(UTConfig.model_fields) - {"vocab_size"}
 
 
 @pytest.mark.parametrize(
