@@ -627,6 +627,9 @@ class MlflowTrials(tune.Callback):
 class RayRunner:
     """The `workers.runner.Runner` on Ray Tune: `run_phase` with `MlflowTrials` writing the trial runs."""
 
+    def start(self) -> None:
+        ensure_ray()
+
     def run_phase(self, job: PhaseJob) -> pd.DataFrame:
         callback = MlflowTrials(job.spec, job.study_id, job.phase, job.phase_run, job.tracker.uri, job.tags,
                                 instance=job.instance)
