@@ -8,7 +8,7 @@ Bounds on the spec (defaults: generous for a 1-GPU box up to a cluster, finite e
 | `PTCTL_MAX_WIDTH` | 16384 | tune.base_width, transfer.widths[*], verify.width, validate.widths[*] |
 | `PTCTL_MAX_ARCH` | 16384 | model.arch.head_dim, n_channels, rank, n_topics |
 | `PTCTL_MAX_MULT` | 64 | model.arch.ffn_mult, kv_group |
-| `PTCTL_MAX_LAYERS` | 256 | model.arch.n_layers, n_steps (UT), n_iter (PT), base_depth |
+| `PTCTL_MAX_LAYERS` | 256 | model.arch.n_layers, n_steps (UT), n_iter (PT), base_depth, validate.depths[*] |
 | `PTCTL_MAX_STEPS` | 10_000_000 | train.steps, warmup_steps, eval_every, log_every, plateau_patience; |
 |  |  | tune/verify/validate.steps, tune.asha.grace_steps, data.stream_val_every, model.arch.recalibrate_every |
 | `PTCTL_MAX_TRIALS` | 10_000 | tune.num_trials, compare.baselines[*].num_trials |
@@ -55,7 +55,7 @@ FIELDS: dict[str, str] = {
     **dict.fromkeys(("base_width", "widths", "width"), "width"),
     **dict.fromkeys(("head_dim", "n_channels", "rank", "n_topics"), "arch"),
     **dict.fromkeys(("ffn_mult", "kv_group"), "mult"),
-    **dict.fromkeys(("n_layers", "n_steps", "n_iter", "base_depth"), "layers"),
+    **dict.fromkeys(("n_layers", "n_steps", "n_iter", "base_depth", "depths"), "layers"),
     **dict.fromkeys(("steps", "warmup_steps", "eval_every", "log_every", "plateau_patience", "grace_steps",
                      "stream_val_every", "recalibrate_every"), "steps"),
     "num_trials": "trials",

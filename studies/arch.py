@@ -48,6 +48,8 @@ if TYPE_CHECKING:  # the old names of the built-in families' classes (`__getattr
 
 Parametrization = Literal["mup", "standard"]
 DepthParametrization = Literal["none", "completep"]
+DEPTH_SWEEP: tuple[DepthParametrization, ...] = ("completep", "none")
+"""The depth parametrizations a validate depth sweep (`validate.depths`) compares: CompleteP, and none beside it."""
 DEPTH_ALPHA: dict[str, float] = {"completep": 1.0}
 """The residual-branch exponent α of each depth parametrization (CompleteP, Dey et al. 2025, arXiv 2505.01618,
 §3 and Table 1: α = 1; `none` scales nothing with depth)."""
@@ -116,6 +118,13 @@ class DepthArch(Arch):
             out.pop("depth_parametrization", None)
             out.pop("base_depth", None)
         return out
+
+    def at_depth(self, depth: int, depth_parametrization: DepthParametrization) -> Self:
+        """This arch with `depth_field` = `depth` under `depth_parametrization`: at completep, base_depth is this
+        arch's (else its own depth, the depth the hparams are tuned at); at none, nothing scales with depth."""
+        data = {**self.model_dump(), self.depth_field: depth, "depth_parametrization": depth_parametrization,
+                "base_depth": (self.base_depth or self.depth) if depth_parametrization != "none" else None}
+        return type(self).model_validate(data)
 
     @property
     def depth(self) -> int:

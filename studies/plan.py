@@ -4,7 +4,7 @@
 A planned trial is a frozen `PlannedTrial`: `trial_key` (stable across restarts: the MLflow run and the
 trial table row are keyed by it), `phase`, `width`, `seed`, `hparams` (all of the family's), `is_centre`,
 for validate and compare its `parametrization`, for validate the `swept` hparam (and the `horizon`, its steps, in a
-horizon sweep), and for compare its family,
+horizon sweep; the `depth` and `depth_parametrization` in a depth sweep), and for compare its family,
 budget, role, stage and FLOPs with its own `config` (its family differs from the spec's). A runner turns each
 into a trial config with `PlannedTrial.trial_config`; Ray Tune carries it as `as_dict()` in the trial's config.
 """
@@ -15,11 +15,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from studies.arch import DepthParametrization
 from studies.spec import StudySpec
 
 PLANNED_COLUMNS = ("family", "budget", "role", "tuned_at", "train_flops",  # compare trials' extra table columns
                    "swept",  # validate trials': the hparam their sweep varies
-                   "horizon")  # validate trials of a horizon sweep (validate.steps a list): the steps they train
+                   "horizon",  # validate trials of a horizon sweep (validate.steps a list): the steps they train
+                   "depth", "depth_parametrization")  # validate trials of a depth sweep (validate.depths)
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class PlannedTrial:
     parametrization: str | None = None  # None: the spec's
     swept: str | None = None  # validate: the hparam its sweep varies
     horizon: int | None = None  # validate with a list of steps: the steps this trial trains (None: the phase's)
+    depth: int | None = None  # validate.depths: the depth this trial builds (None: the arch's)
+    depth_parametrization: DepthParametrization | None = None  # with depth: completep or none (`DEPTH_SWEEP`)
     family: str | None = None  # compare: the family, its budget, role, tune stage and training FLOPs
     budget: float | None = None
     role: str | None = None
@@ -66,7 +70,7 @@ class PlannedTrial:
         if self.config is not None:
             return dict(self.config)
         return spec.trial_config(self.width, dict(self.hparams), self.seed, self.horizon or spec.steps_for(self.phase),
-                                 self.parametrization)
+                                 self.parametrization, self.depth, self.depth_parametrization)
 
     def columns(self, spec: StudySpec) -> dict[str, Any]:
         """The trial table's planned columns (`analysis/__init__.py`): identity, parametrization, validate's and

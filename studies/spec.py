@@ -29,11 +29,22 @@ from pydantic import (
     GetJsonSchemaHandler,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
 from analysis import PHASES, min_samples
-from studies.arch import ModelFamily, ModelSpec, Parametrization, mup_error, nested, width_error
+from studies.arch import (
+    DEPTH_SWEEP,
+    DepthArch,
+    DepthParametrization,
+    ModelFamily,
+    ModelSpec,
+    Parametrization,
+    mup_error,
+    nested,
+    width_error,
+)
 from studies.compare import BaselineSpec, CompareSpec
 from studies.family import FAMILIES, get_family
 from studies.schema import FamilySpace, by_family
@@ -236,7 +247,8 @@ class ValidateSpec(BaseModel):
     model_config = _STRICT
 
     widths: Widths = Field(min_length=1, max_length=4,
-                           description="2–4 increasing widths (one with a list of steps: a horizon sweep alone)")
+                           description="2–4 increasing widths (one with a list of steps or with depths: a horizon "
+                                       "or depth sweep alone)")
     lrs: list[float] = Field(min_length=3, description="the lr sweep: >= 3 distinct values > 0 (kept sorted)")
     parametrizations: list[Parametrization] = Field(
         default_factory=lambda: list(get_args(Parametrization)), min_length=1, description="must include 'mup'")
@@ -244,6 +256,10 @@ class ValidateSpec(BaseModel):
     steps: PosInt | list[PosInt] | None = Field(
         None, description="override train.steps for validate trials; a list of 2–4 increasing step counts also "
                           "sweeps lr at each (the horizon: the lr optimum's drift per doubling of steps)")
+    depths: list[PosInt] | None = Field(
+        None, description="2–4 strictly increasing depths (model.arch's n_layers; UT: n_steps): lr is also swept at "
+                          "each, at the first of validate.widths, under model.arch.depth_parametrization (completep) "
+                          "and none beside it (the lr optimum's drift per doubling of depth)")
     drift_threshold: float = Field(0.5, gt=0, description="largest |Δlog2(lr*)| per doubling that passes")
     hparams: dict[str, list[float]] = Field(
         default_factory=dict, max_length=6,
@@ -275,11 +291,28 @@ class ValidateSpec(BaseModel):
                              "[150, 300, 600]")
         return steps
 
+    @field_validator("depths")
+    @classmethod
+    def _depths(cls, depths: list[int] | None) -> list[int] | None:
+        if depths is not None and (not 2 <= len(depths) <= 4 or
+                                   any(b <= a for a, b in zip(depths, depths[1:], strict=False))):
+            raise ValueError(f"depths {depths}: give 2–4 strictly increasing depths (n_layers; UT: n_steps), e.g. "
+                             "[2, 4, 8], or leave depths out")
+        return depths
+
+    @model_serializer(mode="wrap")
+    def _dump_depths_when_set(self, handler: Any) -> Any:
+        out = handler(self)
+        if isinstance(out, dict) and self.depths is None:  # specs without a depth sweep keep their content hash
+            out.pop("depths", None)
+        return out
+
     @model_validator(mode="after")
     def _two_widths(self) -> ValidateSpec:
-        if len(self.widths) < 2 and not self.horizons():
+        if len(self.widths) < 2 and not self.horizons() and not self.depths:
             raise ValueError(f"validate.widths={self.widths}: give 2–4 widths (the optimum's drift per doubling of "
-                             "width), or one width with a list of validate.steps (a horizon sweep alone)")
+                             "width), or one width with a list of validate.steps or with validate.depths (a horizon "
+                             "or depth sweep alone)")
         if len(self.widths) < 2 and self.hparams:
             raise ValueError("validate.hparams need 2–4 validate.widths (their drift is per doubling of width): "
                              "add a width or drop validate.hparams")
@@ -293,10 +326,20 @@ class ValidateSpec(BaseModel):
         """Each swept hparam's values: lr's first, then `hparams`."""
         return {"lr": self.lrs, **self.hparams}
 
+    def width_sweep(self) -> bool:
+        """Whether lr (and `hparams`) are swept over `widths` (or a horizon sweep's steps): not for one width with
+        depths and one training length, a depth sweep alone."""
+        return len(self.widths) > 1 or bool(self.horizons())
+
+    def depth_trials(self) -> int:
+        """The depth sweep's trials: each depth × lr × seed under completep and none (0 without depths)."""
+        return len(DEPTH_SWEEP) * len(self.depths or []) * len(self.lrs) * self.seeds
+
     def n_trials(self) -> int:
         values = sum(map(len, self.sweeps().values())) + len(self.lrs) * (len(self.horizons()) - 1) * bool(
             self.horizons())
-        return len(self.parametrizations) * len(self.widths) * self.seeds * values
+        width = len(self.parametrizations) * len(self.widths) * self.seeds * values if self.width_sweep() else 0
+        return width + self.depth_trials()
 
     @field_validator("parametrizations")
     @classmethod
@@ -458,6 +501,7 @@ class StudySpec(BaseModel):
             if error := mup_error(arch, "mup"):
                 problems.append(f"validate runs mup, which this model cannot ({error}): drop validate or change "
                                 "model.arch")
+            problems += self._depth_problems()
         problems += [e for where, w in widths if (e := width_error(arch, base, w, where))]
         if self.tune.asha.enabled and self.tune.asha.grace_steps > self.steps_for("tune"):
             problems.append(f"tune.asha.grace_steps={self.tune.asha.grace_steps} exceeds the tune trials' "
@@ -474,6 +518,21 @@ class StudySpec(BaseModel):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _depth_problems(self) -> list[str]:
+        """validate.depths: a family with a depth (`DepthArch`) at depth_parametrization completep."""
+        depths, arch = self.validate_.depths if self.validate_ is not None else None, self.model.arch
+        if depths is None:
+            return []
+        if not isinstance(arch, DepthArch):
+            deep = [name for name, f in FAMILIES.items() if issubclass(f.arch, DepthArch)]
+            return [f"validate.depths={depths}: model.family {self.model.family!r} has no depth parametrization to "
+                    f"sweep (its arch is not a DepthArch): drop validate.depths, or use one of {deep}"]
+        if arch.depth_parametrization != "completep":
+            return [f"validate.depths={depths} compares model.arch.depth_parametrization completep with none, but it "
+                    f"is {arch.depth_parametrization!r}: set model.arch.depth_parametrization: completep (and "
+                    f"base_depth, the depth tuned at), or drop validate.depths"]
+        return []
 
     def _family_problems(self) -> list[str]:
         """Per-family checks: position rows for every token, the family's data objective."""
@@ -579,31 +638,40 @@ class StudySpec(BaseModel):
         """The MLflow experiment: `resources.tracking.experiment`, else the study name."""
         return self.resources.tracking.experiment or self.name
 
-    def model_hp(self, width: int, hparams: dict[str, float], parametrization: str | None = None
+    def model_hp(self, width: int, hparams: dict[str, float], parametrization: str | None = None,
+                 depth: int | None = None, depth_parametrization: DepthParametrization | None = None
                  ) -> dict[str, Any]:
         """The model config's kwargs (all but vocab_size) at `width`: arch, width, base_width, parametrization
         and the hparams but `lr` (PT: the six information weights; BERT/UT: init_std, output_mult, attn_mult;
-        missing hparams take the space's defaults)."""
+        missing hparams take the space's defaults). `depth` (a depth sweep's trial): the arch at that depth under
+        `depth_parametrization` (`DepthArch.at_depth`)."""
         error = width_error(self.model.arch, self.tune.base_width, width, "width")
         if error:
             raise ValueError(error)
         param = parametrization or self.model.parametrization
         if param not in get_args(Parametrization):
             raise ValueError(f"parametrization {param!r}: choose one of {list(get_args(Parametrization))}")
+        arch = self.model.arch
+        if depth is not None:
+            if not isinstance(arch, DepthArch):
+                raise ValueError(f"depth={depth}: model.family {self.model.family!r} has no depth parametrization")
+            arch = arch.at_depth(depth, depth_parametrization or arch.depth_parametrization)
         hp = self.space.complete(hparams)
-        return {**self.model.arch.model_dump(), "width": width, "base_width": self.tune.base_width,
+        return {**arch.model_dump(), "width": width, "base_width": self.tune.base_width,
                 "parametrization": param, **{h: hp[h] for h in self.space.HPARAMS if h != "lr"}}
 
     def trial_config(self, width: int, hparams: dict[str, float], seed: int, steps: int | None = None,
-                     parametrization: str | None = None) -> dict[str, Any]:
+                     parametrization: str | None = None, depth: int | None = None,
+                     depth_parametrization: DepthParametrization | None = None) -> dict[str, Any]:
         """The plain dict `TrialConfig.model_validate` takes: `lr` at the top level, the
         information weights in `model_hp`, `data` as a dict, the training budget with `steps`
-        (default train.steps; pass `steps_for(phase)`) and `seed`."""
+        (default train.steps; pass `steps_for(phase)`) and `seed`; `depth`: a depth sweep's (`model_hp`)."""
         if steps is not None and steps < 1:
             raise ValueError(f"steps={steps} must be >= 1 (or None for train.steps={self.train.steps})")
         hp = self.space.complete(hparams)
         train = self.train.model_dump(mode="json")
         train["steps"] = steps or self.train.steps
-        return {"model": self.model.family, "model_hp": self.model_hp(width, hp, parametrization),
+        return {"model": self.model.family,
+                "model_hp": self.model_hp(width, hp, parametrization, depth, depth_parametrization),
                 "data": self.data.model_dump(mode="json"), "lr": hp["lr"], **train, "seed": seed}
 

@@ -209,3 +209,12 @@ def test_each_step_count_of_a_horizon_sweep_is_bounded_like_train_steps():
     [error] = check(body, Limits())
     assert error["loc"] == ["body", "validate", "steps", 2] and "PTCTL_MAX_STEPS" in error["msg"]
     assert check({"validate": {"steps": 300}}, Limits()) == []
+
+
+def test_each_depth_of_a_depth_sweep_is_bounded_like_n_layers():
+    from service.limits import check
+
+    body = {"validate": {"widths": [64], "depths": [2, 4, 512]}, "model": {"arch": {"n_layers": 2}}}
+    [error] = check(body, Limits())
+    assert error["loc"] == ["body", "validate", "depths", 2] and "PTCTL_MAX_LAYERS" in error["msg"]
+    assert check(body, Limits(layers=1024)) == []

@@ -212,3 +212,47 @@ def test_the_plan_counts_each_horizons_steps_and_flags_a_short_proxy(spec):
     assert short.steps_for("tune") < short.train.steps
     assert f"tune trains 20 steps, the target {short.train.steps}" in (horizon_flag(short) or "")
     assert "validate horizon sweep (validate.steps) will measure" in (horizon_flag(short) or "")
+
+
+def test_a_depth_sweep_plans_lr_at_each_depth_under_completep_and_none():
+    deep = load_catalog("depth_cpu")
+    hp = deep.space.defaults()
+    grid = validate_trials(deep, hp)
+    v = deep.validate_
+    assert len(grid) == 2 * 3 * len(v.lrs) * v.seeds == v.n_trials()  # one width: the depth sweep alone
+    assert len({t.trial_key for t in grid}) == len(grid)
+    assert "validate-completep-w32-L8-lr0.04-s1" in {t.trial_key for t in grid}
+    assert {(t.depth_parametrization, t.depth) for t in grid} == {(d, L) for d in ("completep", "none")
+                                                                  for L in (2, 4, 8)}
+    assert all(t.width == 32 and t.swept == "lr" and t.parametrization is None for t in grid)
+    arch = {t.trial_key: t.trial_config(deep)["model_hp"] for t in grid}
+    at8 = arch["validate-completep-w32-L8-lr0.04-s1"]
+    assert (at8["n_layers"], at8["base_depth"], at8["depth_parametrization"]) == (8, 2, "completep")
+    none = arch["validate-none-w32-L4-lr0.04-s0"]
+    assert none["n_layers"] == 4 and "base_depth" not in none and "depth_parametrization" not in none
+    columns = grid[0].columns(deep)
+    assert (columns["depth"], columns["depth_parametrization"], columns["parametrization"]) == (2, "completep", "mup")
+    from studies.plan import PlannedTrial
+    assert PlannedTrial.from_dict(grid[-1].as_dict()) == grid[-1]  # Ray Tune carries it as a dict
+
+
+def test_a_depth_sweep_beside_a_width_sweep_runs_at_the_first_width_and_ut_sweeps_its_steps():
+    data = load_catalog("depth_cpu").as_dict()
+    data["validate"] = {**data["validate"], "widths": [32, 64], "depths": [2, 4],
+                        "parametrizations": ["mup", "standard"]}
+    both = StudySpec.model_validate(data)
+    grid = validate_trials(both, both.space.defaults())
+    deep = [t for t in grid if t.depth is not None]
+    assert len(grid) == both.validate_.n_trials() == 2 * 2 * 6 * 2 + 2 * 2 * 6 * 2
+    assert {t.width for t in deep} == {32} and all(t.trial_key.startswith(("validate-completep-", "validate-none-"))
+                                                   for t in deep)
+    ut = load_catalog("tiny").as_dict()
+    ut["model"] = {"family": "ut", "parametrization": "mup",
+                   "arch": {"n_steps": 3, "depth_parametrization": "completep", "head_dim": 8}}
+    ut["space"] = None
+    ut["validate"] = {"widths": [16], "lrs": [0.001, 0.01, 0.1], "depths": [3, 6]}
+    spec = StudySpec.model_validate(ut)
+    [hp] = {t.trial_config(spec)["model_hp"]["n_steps"]: t.trial_config(spec)["model_hp"]
+            for t in validate_trials(spec, spec.space.defaults()) if t.depth == 6 and t.depth_parametrization ==
+            "completep"}.values()
+    assert hp["n_steps"] == 6 and hp["base_depth"] == 3  # base_depth omitted: the arch's own depth

@@ -428,3 +428,46 @@ def test_the_horizon_catalog_study_is_cpu_sized():
     assert spec.phases() == ["tune", "validate"] and spec.validate_.horizons() == [150, 300, 600]
     assert spec.steps_for("tune") < spec.train.steps == spec.validate_horizon()
     assert spec.validate_.n_trials() <= 40 and spec.train.device == "cpu"
+
+
+# ------------------------------------------------------------------------------------ the depth sweep (validate.depths)
+TAU = {"name": "deep", "model": {"family": "tauformer", "arch": {"head_dim": 16, "max_len": 64, "n_layers": 2,
+                                                                  "depth_parametrization": "completep",
+                                                                  "base_depth": 2}},
+       "data": {"seq_len": 64}, "tune": {"base_width": 32, "asha": {"grace_steps": 10}}, "transfer": None,
+       "verify": None, "validate": {"widths": [32], "lrs": [0.001, 0.01, 0.1], "depths": [2, 4, 8]}}
+
+
+def test_a_spec_without_depths_dumps_and_hashes_as_before():
+    """Leaving validate.depths out keeps it out of the dump (the pinned hashes above hold); giving it changes both."""
+    plain = StudySpec.from_yaml(CATALOG_DIR / "pt_lr_alignment.yaml")
+    assert "depths" not in plain.as_dict()["validate"] and plain.validate_.depth_trials() == 0
+    deep = StudySpec.model_validate(TAU)
+    assert deep.as_dict()["validate"]["depths"] == [2, 4, 8]
+    assert StudySpec.from_yaml(deep.to_yaml()) == deep
+    shallower = StudySpec.model_validate(with_changes(TAU, **{"validate.depths": [2, 4]}))
+    assert deep.content_hash() != shallower.content_hash()
+    assert deep.validate_.n_trials() == 2 * 3 * 3  # completep and none × 3 depths × 3 lrs; one width: no width sweep
+
+
+@pytest.mark.parametrize(("depths", "needle"), [
+    ([4], "give 2–4 strictly increasing depths"),
+    ([2, 4, 8, 16, 32], "give 2–4 strictly increasing depths"),
+    ([4, 2], "give 2–4 strictly increasing depths"),
+    ([2, 2], "give 2–4 strictly increasing depths"),
+    ([0, 2], "greater than 0"),
+])
+def test_invalid_validate_depths_name_the_field(depths, needle):
+    error = error_of(with_changes(TAU, **{"validate.depths": depths}))
+    assert "validate.depths" in error and needle in error
+
+
+def test_validate_depths_need_a_family_with_a_depth_at_completep():
+    pt = error_of(spec_dict(validate={"widths": [16], "lrs": [0.001, 0.01, 0.1], "depths": [2, 4]}))
+    assert "validate.depths=[2, 4]: model.family 'pt' has no depth parametrization to sweep" in pt
+    assert "drop validate.depths, or use one of" in pt and "'tauformer'" in pt
+    none = error_of(with_changes(TAU, **{"model.arch": {"head_dim": 16, "max_len": 64}}))
+    assert "validate.depths=[2, 4, 8] compares model.arch.depth_parametrization completep with none" in none
+    assert "set model.arch.depth_parametrization: completep" in none
+    alone = error_of(with_changes(TAU, **{"validate.depths": None}))  # one width and nothing else to sweep
+    assert "validate.widths=[32]: give 2–4 widths" in alone and "validate.depths" in alone
