@@ -66,10 +66,12 @@ _HOME = {
     **dict.fromkeys(("CoordOffence", "CoordVerdict", "coord_slopes", "coord_verdict", "plot_coord"), "coord"),
     "relative_distance": "distance",
     **dict.fromkeys(("NeighbourAdvice", "neighbour_advice"), "neighbours"),
-    **dict.fromkeys(("plot_horizon", "plot_mutransfer", "plot_transfer", "plot_tune_history", "plot_verify"), "plots"),
+    **dict.fromkeys(("plot_depth", "plot_horizon", "plot_mutransfer", "plot_transfer", "plot_tune_history",
+                     "plot_verify"), "plots"),
     **dict.fromkeys(("markdown_table", "render_report", "report_html"), "report"),
     **dict.fromkeys(("Regret", "regret_line", "transfer_regret"), "regret"),
-    **dict.fromkeys(("LRDrift", "LROptimum", "lr_curves", "lr_drift", "lr_optima", "transfer_table"), "transfer"),
+    **dict.fromkeys(("LRDrift", "LROptimum", "depth_sweep", "lr_curves", "lr_drift", "lr_optima", "transfer_table",
+                     "without_depth_sweep"), "transfer"),
 }
 
 if TYPE_CHECKING:
@@ -79,10 +81,19 @@ if TYPE_CHECKING:
     from analysis.coord import CoordOffence, CoordVerdict, coord_slopes, coord_verdict, plot_coord
     from analysis.distance import relative_distance
     from analysis.neighbours import NeighbourAdvice, neighbour_advice
-    from analysis.plots import plot_horizon, plot_mutransfer, plot_transfer, plot_tune_history, plot_verify
+    from analysis.plots import plot_depth, plot_horizon, plot_mutransfer, plot_transfer, plot_tune_history, plot_verify
     from analysis.regret import Regret, regret_line, transfer_regret
     from analysis.report import markdown_table, render_report, report_html
-    from analysis.transfer import LRDrift, LROptimum, lr_curves, lr_drift, lr_optima, transfer_table
+    from analysis.transfer import (
+        LRDrift,
+        LROptimum,
+        depth_sweep,
+        lr_curves,
+        lr_drift,
+        lr_optima,
+        transfer_table,
+        without_depth_sweep,
+    )
 
 
 def __getattr__(name: str) -> Any:
@@ -114,6 +125,7 @@ __all__ = [
     "confidence",
     "coord_slopes",
     "coord_verdict",
+    "depth_sweep",
     "lr_curves",
     "lr_drift",
     "lr_optima",
@@ -122,6 +134,7 @@ __all__ = [
     "neighbour_advice",
     "plot_compare",
     "plot_coord",
+    "plot_depth",
     "plot_horizon",
     "plot_mutransfer",
     "plot_transfer",
@@ -135,4 +148,5 @@ __all__ = [
     "transfer_table",
     "upper_bound",
     "verify_losses",
+    "without_depth_sweep",
 ]

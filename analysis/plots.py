@@ -1,7 +1,8 @@
 """The study's figures, each written as a PNG to a path the caller gives.
 
 `plot_mutransfer` (the lr alignment: one panel per parametrization, one curve per width, shared axes) is the
-report's headline figure, `plot_horizon` the same along a horizon sweep's training steps; `plot_verify` is the
+report's headline figure, `plot_horizon` the same along a horizon sweep's training steps and `plot_depth` along a
+depth sweep's depths (CompleteP beside none); `plot_verify` is the
 μP-PT paper's Figure 1. Every loss axis is clipped to its
 informative range (`analysis._figures.loss_limits`): blown-up points are ^ markers with their value on the
 top edge, diverged runs x markers. Each function returns its panels' y-limits.
@@ -23,7 +24,7 @@ from analysis._figures import clip_loss_axis, figure, loss_limits, mark_diverged
 from analysis.certificate import verify_losses
 from analysis.distance import relative_distance
 from analysis.table import TrialStatus, judged_loss, phase_rows
-from analysis.transfer import LROptimum, lr_curves, lr_optima, transfer_table
+from analysis.transfer import LROptimum, depth_sweep, lr_curves, lr_optima, transfer_table
 
 Limits = list[tuple[float, float] | None]
 
@@ -176,6 +177,29 @@ def plot_horizon(table: pd.DataFrame, path: str | Path, hparam: str = "lr") -> L
     return [limits] * (len(params) * len(widths))
 
 
+def plot_depth(table: pd.DataFrame, path: str | Path, hparam: str = "lr") -> Limits:
+    """The depth sweep (`analysis.depth_sweep`'s rows, at one width): eval loss against log2(lr), one curve per
+    depth, one panel per depth parametrization (completep, none), shared loss axis; stars at the interpolated
+    optima, each panel's title its drift per doubling of depth."""
+    rows = depth_sweep(table)
+    if rows.empty:
+        raise ValueError("the table has no depth sweep (rows with a depth): set validate.depths")
+    curves = lr_curves(rows, hparam=hparam, axis="depth")
+    params = _parametrizations(curves)
+    optima = _optima(curves, hparam, "depth")
+    limits = loss_limits(curves["eval_loss"])
+    widths = sorted(rows["width"].unique())
+    with figure(path, ncols=len(params), sharey=True) as axes:
+        for ax, param in zip(axes[0], params, strict=True):
+            _sweep_panel(ax, curves, param, "depth", hparam, optima, limits)
+            drift = _drift_title(optima, param, hparam, "depth").removeprefix(": ")  # its own line: two panels fit
+            ax.set(xlabel=f"log2({hparam})")
+            ax.set_title(f"{param}, width {', '.join(map(str, widths))}" + (f"\n{drift}" if drift else ""),
+                         fontsize="medium")
+        axes[0, 0].set_ylabel("eval loss (mean over seeds)")
+    return [limits] * len(params)
+
+
 def _parametrizations(curves: pd.DataFrame) -> list[str]:
     present = curves["parametrization"].unique().tolist()
     return [p for p in ("mup", "standard") if p in present] + sorted(set(present) - {"mup", "standard"})
@@ -193,7 +217,7 @@ def _optima(curves: pd.DataFrame, hparam: str, axis: str) -> dict[tuple[str, int
 
 def _sweep_panel(ax: Axes, curves: pd.DataFrame, param: str, axis: str, hparam: str,
                  optima: Mapping[tuple[str, int], LROptimum], limits: tuple[float, float] | None) -> None:
-    """One parametrization's curves, one per `axis` value (width or steps), coloured along it: lines through the
+    """One parametrization's curves, one per `axis` value (width, steps or depth), coloured along it: lines through the
     finite points on the scale, ^ markers above it, x markers where a value diverged, stars at the optima."""
     keys = sorted(curves[axis].unique())
     colours = matplotlib.colormaps["viridis"](np.linspace(0.0, 0.9, len(keys)))
@@ -202,7 +226,7 @@ def _sweep_panel(ax: Axes, curves: pd.DataFrame, param: str, axis: str, hparam: 
         ok = np.isfinite(curve["eval_loss"])
         x = np.log2(curve[hparam])
         shown = ok & (curve["eval_loss"] <= (limits[1] if limits else np.inf))  # off-scale: a ^ marker
-        label = f"width {key}" if axis == "width" else f"{key} steps"
+        label = {"width": f"width {key}", "horizon": f"{key} steps"}.get(axis, f"{axis} {key}")
         ax.plot(x[shown], curve["eval_loss"][shown], "o-", ms=3, color=colour, label=label)
         best = optima.get((param, int(key)))
         if best is not None and ok.any():

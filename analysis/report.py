@@ -62,6 +62,7 @@ def render_report(
     regret: Sequence[Regret] = (),
     horizon_drift: Sequence[LRDrift] = (),
     flags: Sequence[str] = (),
+    depth_drift: LRDrift | None = None,
 ) -> str:
     """Render a study's Markdown report.
 
@@ -82,6 +83,8 @@ def render_report(
             ("what did transfer cost") and a table, first in the validate section.
         horizon_drift: a horizon sweep's drifts per doubling of steps (one per width), in the validate section.
         flags: warnings about the study's design (e.g. `studies.phases.validate.horizon_flag`), bold under tune.
+        depth_drift: a depth sweep's drift per doubling of depth (completep judged, none beside it), in the validate
+            section.
     """
     study_id = study.get("id", study.get("study_id"))
     title = f"# Study {study.get('name', 'unnamed')}" + (f" (`{study_id}`)" if study_id else "")
@@ -101,6 +104,8 @@ def render_report(
         sections["validate"] = [_regret_section(regret), *sections.get("validate", [])]
     if horizon_drift:
         sections.setdefault("validate", []).extend(_validate_section(d) for d in horizon_drift)
+    if depth_drift is not None:
+        sections.setdefault("validate", []).append(_validate_section(depth_drift))
     if flags:
         sections.setdefault("tune", []).extend(f"**{flag}**" for flag in flags)
     if "compare" in tables:
@@ -194,15 +199,17 @@ def _verify_section(cert: Certificate) -> str:
 
 
 def _validate_section(drift: LRDrift) -> str:
-    """The drift verdict, the drift per parametrization (with its interval over seeds), and the optimum per width."""
+    """The drift verdict, the drift per parametrization (with its interval over seeds), and the optimum per width
+    (per training length, or per depth)."""
     per_doubling = [round(d, 3) + 0.0 for d in drift.drift.values()]  # + 0.0 turns -0.0 into 0.0
     intervals = [drift.drift_ci.get(p) for p in drift.drift]
-    of = "" if drift.axis == "width" else " of steps"
+    of = {"width": "", "horizon": " of steps"}.get(drift.axis, f" of {drift.axis}")
     drifts = pd.DataFrame(
         {"parametrization": list(drift.drift), f"drift (log2 {drift.hparam} per doubling{of})": per_doubling,
          "95 % CI over seeds": [f"[{c[0]:+.2f}, {c[1]:+.2f}]" if c else "—" for c in intervals]}
     )
-    optima = pd.DataFrame([o.model_dump(exclude={"horizon"} if o.horizon is None else set()) for o in drift.optima])
+    optima = pd.DataFrame([o.model_dump(exclude={k for k in ("horizon", "depth") if getattr(o, k) is None})
+                           for o in drift.optima])
     status = "pass" if drift.passed else "fail"
     return f"**{status}**: {drift.verdict}\n\n{markdown_table(drifts)}\n\n{markdown_table(optima)}"
 

@@ -55,8 +55,28 @@ def sweep_rows(table: pd.DataFrame, phase: str = "validate", hparam: str = "lr")
     return rows
 
 
-AXES = {"width": "width", "horizon": "training steps"}
-"""What a drift is measured along: the trial table's column → its words (the horizon: a horizon sweep's steps)."""
+AXES = {"width": "width", "horizon": "training steps", "depth": "depth"}
+"""What a drift is measured along: the trial table's column → its words (the horizon: a horizon sweep's steps; the
+depth: a depth sweep's n_layers, UT's n_steps)."""
+JUDGED = {"width": ("mup", "standard"), "horizon": ("mup", "standard"), "depth": ("completep", "none")}
+"""Per axis: the parametrization whose drift passes or fails, and the one reported beside it (along depth the
+`parametrization` column holds the depth parametrization: `depth_sweep`)."""
+
+
+def depth_sweep(table: pd.DataFrame, phase: str = "validate") -> pd.DataFrame:
+    """A depth sweep's rows (a `depth` set) with `parametrization` holding their depth parametrization (completep or
+    none), as `lr_drift(..., axis="depth")` and `analysis.plot_depth` take them; empty without a depth sweep."""
+    rows = phase_rows(table, phase)
+    if "depth" not in rows.columns:
+        return rows.iloc[0:0]
+    rows = rows[rows["depth"].notna()]
+    require_columns(rows, ["depth_parametrization"], "the depth sweep")
+    return rows.assign(parametrization=rows["depth_parametrization"], depth=rows["depth"].astype(int))
+
+
+def without_depth_sweep(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows that are not a depth sweep's (the width and horizon sweeps')."""
+    return table[table["depth"].isna()] if "depth" in table.columns else table
 
 
 def lr_curves(table: pd.DataFrame, phase: str = "validate", hparam: str = "lr", by_seed: bool = False,
@@ -65,8 +85,8 @@ def lr_curves(table: pd.DataFrame, phase: str = "validate", hparam: str = "lr", 
 
     Returns:
         Columns `parametrization, <axis>, [seed,] <hparam>, eval_loss, n_seeds, n_diverged`; `eval_loss` is
-        +inf where any seed diverged (failed runs are left out). `by_seed`: one curve per seed. `axis`: `width`, or
-        `horizon` (the curves of a horizon sweep at one width: pass that width's rows).
+        +inf where any seed diverged (failed runs are left out). `by_seed`: one curve per seed. `axis`: `width`,
+        `horizon` (the curves of a horizon sweep at one width: pass that width's rows) or `depth` (`depth_sweep`).
     """
     rows = sweep_rows(table, phase, hparam)
     columns = ["parametrization", axis, *(["seed"] if by_seed else []), hparam]
@@ -97,11 +117,12 @@ class LROptimum(BaseModel):
     log2_lr_interp: float | None = None  # the vertex of the parabola through the best lr and its neighbours (log2 lr)
     lr_interp: float | None = None  # 2 ** log2_lr_interp: the optimum the drift is fitted to (None: older states)
     horizon: int | None = None  # a horizon sweep's curve: its training steps (None: a sweep over widths)
+    depth: int | None = None  # a depth sweep's curve: its depth (None: not a depth sweep)
 
 
 class LRDrift(BaseModel):
     """The validate phase's verdict: does the optimal lr (or `hparam`) stay put as width grows under μP? (`axis`
-    horizon: as the training steps grow, at one width.)"""
+    horizon: as the training steps grow, at one width; depth: as depth grows under CompleteP, at one width.)"""
 
     hparam: str = "lr"  # the swept hparam
     axis: str = "width"  # what the drift is per doubling of (`AXES`)
@@ -109,8 +130,8 @@ class LRDrift(BaseModel):
     drift: dict[str, float]  # per parametrization: slope of the interpolated optimal log2(lr) vs log2(width)
     # per parametrization: 95 % interval of that slope from each seed's own optima (None: too few points)
     drift_ci: dict[str, tuple[float, float] | None] = {}
-    mup_drift: float
-    standard_drift: float | None  # None when the sweep has no standard runs
+    mup_drift: float  # the judged parametrization's (`JUDGED`: mup, along depth completep)
+    standard_drift: float | None  # the one beside it (standard; along depth none); None when the sweep has none
     threshold: float  # passes when |mup_drift| <= threshold
     passed: bool
     verdict: str
@@ -145,7 +166,7 @@ def lr_optima(curves: pd.DataFrame, hparam: str = "lr", axis: str = "width", wid
     the curves' width."""
     optima = []
     for (param, at), curve in curves.groupby(["parametrization", axis]):
-        where = f"width {at}" if axis == "width" else f"{at} steps"
+        where = f"{axis} {at}" if axis != "horizon" else f"{at} steps"
         if np.isinf(curve["eval_loss"]).all():
             raise ValueError(
                 f"every {hparam} diverged for {param} at {where}: "
@@ -159,7 +180,8 @@ def lr_optima(curves: pd.DataFrame, hparam: str = "lr", axis: str = "width", wid
             LROptimum(
                 parametrization=str(param),
                 width=int(at) if axis == "width" else int(width or 0),
-                horizon=None if axis == "width" else int(at),
+                horizon=int(at) if axis == "horizon" else None,
+                depth=int(at) if axis == "depth" else None,
                 lr=float(best[hparam]),
                 log2_lr=float(np.log2(best[hparam])),
                 eval_loss=float(best["eval_loss"]),
@@ -208,7 +230,8 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
         phase: the phase holding the sweep.
         hparam: the swept hparam (rows with `swept` equal to it; lr by default).
         axis: `width`, or `horizon`: the drift per doubling of the training steps of a horizon sweep (`horizon`
-            column) at one width (pass that width's rows).
+            column) at one width (pass that width's rows), or `depth`: per doubling of depth (`depth_sweep`'s rows,
+            `completep` judged, `none` reported beside it).
     """
     if axis not in AXES:
         raise ValueError(f"axis {axis!r}: choose one of {list(AXES)}")
@@ -230,9 +253,10 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
             )
         drift[str(param)] = float(np.polyfit(np.log2(rows[axis].astype(float)), rows["log2_lr_interp"], 1)[0])
         ci[str(param)] = drift_interval(per_seed[per_seed["parametrization"] == param], x=f"log2_{axis}")
-    if "mup" not in drift:
-        raise ValueError(f"the validate sweep has no mup runs (parametrizations: {sorted(drift)}); add them")
-    passed = abs(drift["mup"]) <= threshold
+    judged, beside = JUDGED[axis]
+    if judged not in drift:
+        raise ValueError(f"the validate sweep has no {judged} runs (parametrizations: {sorted(drift)}); add them")
+    passed = abs(drift[judged]) <= threshold
 
     def said(param: str) -> str:
         interval = ci[param]
@@ -240,12 +264,12 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
 
     at = f" at width {width}" if axis != "width" and width is not None else ""
     verdict = (
-        f"mup's optimal {hparam}{at} drifts {said('mup')} log2({hparam}) per doubling of {AXES[axis]} "
+        f"{judged}'s optimal {hparam}{at} drifts {said(judged)} log2({hparam}) per doubling of {AXES[axis]} "
         f"(optimum interpolated in log {hparam}; |drift| {'≤' if passed else '>'} {threshold:g}: "
         f"{'pass' if passed else 'fail'})"
     )
-    if "standard" in drift:
-        verdict += f"; standard drifts {said('standard')}"
+    if beside in drift:
+        verdict += f"; {beside} drifts {said(beside)}"
     edges = [f"{o.parametrization}@{getattr(o, axis)}" for o in optima if o.at_grid_edge]
     if edges:
         verdict += f"; optimum at the edge of the {hparam} grid for {', '.join(edges)}: widen the sweep there"
@@ -255,8 +279,8 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
         optima=optima,
         drift=drift,
         drift_ci=ci,
-        mup_drift=drift["mup"],
-        standard_drift=drift.get("standard"),
+        mup_drift=drift[judged],
+        standard_drift=drift.get(beside),
         threshold=threshold,
         passed=passed,
         verdict=verdict,

@@ -56,7 +56,7 @@ def print_summary(console: Console, view: StudyView) -> None:
         console.print("transferred hparams: " + ", ".join(f"{k}={v:.4g}" for k, v in tune.best_hparams.items()))
         _width_table(console, view, tune)
     validate = state.result("validate", ValidateResult)
-    for drift in [*validate.drifts().values(), *validate.horizon_drift] if validate else ():
+    for drift in validate.all_drifts() if validate else ():
         _drift_section(console, drift)
     for line in regret_lines(validate) if validate else ():
         console.print(f"[bold]{escape(line)}[/]", soft_wrap=True)
@@ -77,7 +77,7 @@ def print_summary(console: Console, view: StudyView) -> None:
     if report.exists():
         console.print(f"report: {report}")
     names = [*FIGURES[:1], *(f"mutransfer_{h}" for h in (validate.hparam_drift if validate else {})), "horizon",
-             *FIGURES[1:]]
+             "depth", *FIGURES[1:]]
     figures = [view.folder.figure(name) for name in names if view.folder.figure(name).exists()]
     if figures:
         console.print("figures: " + ", ".join(str(f) for f in figures), soft_wrap=True)
@@ -106,7 +106,7 @@ def _drift_section(console: Console, drift: LRDrift) -> None:
     """The optimal lr (or other swept hparam) per width under each parametrization and its drift per doubling."""
     h, axis = drift.hparam, drift.axis
     at = "" if axis == "width" else f" at width {drift.optima[0].width}" if drift.optima else ""
-    column, of = ("width", "width") if axis == "width" else ("steps", "steps")
+    column = {"width": "width", "horizon": "steps"}.get(axis, axis)
     table = Table(title=f"{h} sweep (validate){at}: optimal {h} per {column}, interpolated in log {h}")
     for col in ("parametrization", column, f"best grid {h}", f"interpolated {h}", "eval loss"):
         table.add_column(col, justify="right")
@@ -118,7 +118,7 @@ def _drift_section(console: Console, drift: LRDrift) -> None:
     for param, value in drift.drift.items():
         ci = drift.drift_ci.get(param)
         interval = f" (95 % CI over seeds [{ci[0] + 0.0:+.2f}, {ci[1] + 0.0:+.2f}])" if ci else ""
-        console.print(f"{h} drift{at}, {param}: {value + 0.0:+.2f} log2({h}) per doubling of {of}{interval}")
+        console.print(f"{h} drift{at}, {param}: {value + 0.0:+.2f} log2({h}) per doubling of {column}{interval}")
     console.print(f"[{'green' if drift.passed else 'red'}]{h} drift:[/] {drift.verdict}", soft_wrap=True)
 
 

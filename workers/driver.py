@@ -417,6 +417,7 @@ class StudyDriver:
                              hparam_drift=list(validate.hparam_drift.values()) if validate else [],
                              advice=advice, cost=cost, regret=validate.regret if validate else (),
                              horizon_drift=validate.horizon_drift if validate else (),
+                             depth_drift=validate.depth_drift if validate else None,
                              flags=[f"horizon: {flag}" for flag in [horizon_flag(spec, validate)] if flag])
         path = folder.report
         path.write_text(text)

@@ -14,7 +14,8 @@ resumed study logs the same verdicts.
 verify also logs `noise_better_expected` when the centre's seed noise is known (two or more seeds, a spread), and
 `best_lead` / `best_lead_pct`, the best sample's lead over the centre. validate also logs
 `regret.<hparam>.<parametrization>.w<W>` and `regret_pct...`: what the transferred value cost at each swept width
-transferred to (`analysis.regret`).
+transferred to (`analysis.regret`); with validate.depths, `lr_depth_drift.<completep|none>` (per doubling of depth)
+and the tag `lr_depth_drift_passed`.
 Each also has a sentence: the winner, the loss per width, the certificate, the drift verdict.
 
 The study run carries all of them; its description is every sentence followed by the spec's description.
@@ -30,6 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from studies.arch import DEPTH_SWEEP
 from studies.phases import PHASES, StudyState, Verdict
 from studies.phases.tune import lr_text
 from studies.phases.validate import regret_widths
@@ -68,6 +70,9 @@ def verdict_columns(spec: StudySpec) -> list[str]:
             metrics += [f"{h}_drift.{p}" for p in spec.validate_.parametrizations]
             tags.append(f"{h}_drift_passed")
         metrics += [f"regret_pct.lr.{p}.w{w}" for w in regret_widths(spec) for p in spec.validate_.parametrizations]
+        if spec.validate_.depths:
+            metrics += [f"lr_depth_drift.{d}" for d in DEPTH_SWEEP]
+            tags.append("lr_depth_drift_passed")
     if "tune" in phases:
         metrics.append("steps_done")
     return [*(f"{group}.`{name}`" for group, names in (("tags", tags), ("metrics", metrics), ("params", params))

@@ -4,7 +4,9 @@ per doubling of width and passes it against `validate.drift_threshold`, and `ana
 transferred values cost at each swept width that was transferred to (`regret_widths`). With a list of
 `validate.steps` (the horizon sweep) lr is also swept at each training length, and the optimum's drift per doubling
 of steps is measured at each width (`horizon_drift`; `horizon_flag` says when tune's shorter training makes it
-matter)."""
+matter). With `validate.depths` (the depth sweep) lr is swept at each depth at the first of `validate.widths`, under
+CompleteP and none (`studies.arch.DEPTH_SWEEP`), and the optimum's drift per doubling of depth is measured under each
+(`depth_drift`: CompleteP's passes or fails, none's is shown beside it)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,22 @@ from typing import ClassVar
 
 import pandas as pd
 
-from analysis import LRDrift, Regret, lr_drift, plot_horizon, plot_mutransfer, regret_line, transfer_regret
+from analysis import (
+    LRDrift,
+    Regret,
+    depth_sweep,
+    lr_drift,
+    plot_depth,
+    plot_horizon,
+    plot_mutransfer,
+    regret_line,
+    transfer_regret,
+    without_depth_sweep,
+)
+from studies.arch import DEPTH_SWEEP
 from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Verdict
 from studies.plan import PlannedTrial
-from studies.spec import StudySpec, required
+from studies.spec import StudySpec, ValidateSpec, required
 
 
 class ValidateResult(PhaseResult):
@@ -24,24 +38,43 @@ class ValidateResult(PhaseResult):
     hparam_drift: dict[str, LRDrift] = {}  # each of validate.hparams
     regret: list[Regret] = []  # per swept hparam, parametrization and transferred width (`regret_widths`)
     horizon_drift: list[LRDrift] = []  # a horizon sweep's: lr's drift per doubling of steps, one per width
+    depth_drift: LRDrift | None = None  # a depth sweep's: lr's drift per doubling of depth, completep and none
 
     def drifts(self) -> dict[str, LRDrift]:
         """lr's drift, then each other swept hparam's."""
         return {**({"lr": self.lr_drift} if self.lr_drift else {}), **self.hparam_drift}
 
+    def all_drifts(self) -> list[LRDrift]:
+        """Every drift: along width (lr's, then the other hparams'), along the horizon, along depth."""
+        return [*self.drifts().values(), *self.horizon_drift, *([self.depth_drift] if self.depth_drift else [])]
+
 
 def validate_trials(spec: StudySpec, centre: dict[str, float]) -> list[PlannedTrial]:
     """The sweeps: lr's, then each of `validate.hparams`: every (parametrization, width, value, seed) of the swept
     hparam, the other hparams at the centre. With a list of `validate.steps` (the horizon sweep) lr's sweep runs at
-    each of them (`-t<steps>` in the trial key), the others at `spec.validate_horizon()`."""
+    each of them (`-t<steps>` in the trial key), the others at `spec.validate_horizon()`. With `validate.depths`,
+    then lr's sweep at each depth (`depth_trials`); one width and one training length: that depth sweep alone."""
     v = required(spec.validate_, "validate")
     horizons: list[int | None] = list(v.horizons()) or [None]
     main = spec.validate_horizon() if v.horizons() else None
-    return [PlannedTrial(f"validate-{p}-w{w}{'' if t is None else f'-t{t}'}-{h}{x:.3g}-s{s}", "validate", w, s,
-                         {**centre, h: x}, parametrization=p, swept=h, horizon=t)
-            for h, values in v.sweeps().items()
-            for p in v.parametrizations for w in v.widths for t in (horizons if h == "lr" else [main])
-            for x in values for s in range(v.seeds)]
+    sweeps = [PlannedTrial(f"validate-{p}-w{w}{'' if t is None else f'-t{t}'}-{h}{x:.3g}-s{s}", "validate", w, s,
+                           {**centre, h: x}, parametrization=p, swept=h, horizon=t)
+              for h, values in v.sweeps().items()
+              for p in v.parametrizations for w in v.widths for t in (horizons if h == "lr" else [main])
+              for x in values for s in range(v.seeds)] if v.width_sweep() else []
+    return sweeps + depth_trials(spec, centre)
+
+
+def depth_trials(spec: StudySpec, centre: dict[str, float]) -> list[PlannedTrial]:
+    """The depth sweep (`validate.depths`): every (depth parametrization, depth, lr, seed) at the first of
+    `validate.widths` under the model's parametrization, the other hparams at the centre, trained
+    `spec.validate_horizon()` steps; `-L<depth>` in the trial key, the depth parametrization in place of the
+    parametrization (`validate-completep-w64-L8-lr0.004-s0`). [] without depths."""
+    v = required(spec.validate_, "validate")
+    width = v.widths[0]
+    return [PlannedTrial(f"validate-{d}-w{width}-L{depth}-lr{x:.3g}-s{s}", "validate", width, s, {**centre, "lr": x},
+                         swept="lr", depth=depth, depth_parametrization=d)
+            for d in DEPTH_SWEEP for depth in v.depths or [] for x in v.lrs for s in range(v.seeds)]
 
 
 def regret_widths(spec: StudySpec) -> list[int]:
@@ -87,6 +120,15 @@ def horizon_flag(spec: StudySpec, result: ValidateResult | None = None) -> str |
     return None
 
 
+def _depth_drift(v: ValidateSpec, depths: pd.DataFrame, out: Artifacts) -> LRDrift | None:
+    """A depth sweep's figure and its drift per doubling of depth (completep judged, none beside it); None without
+    `validate.depths`."""
+    if not v.depths:
+        return None
+    plot_depth(depths, out.figure("depth"))
+    return lr_drift(depths, threshold=v.drift_threshold, axis="depth")
+
+
 def _figure(hparam: str) -> str:
     return "mutransfer" if hparam == "lr" else f"mutransfer_{hparam}"
 
@@ -103,6 +145,9 @@ class Validate(Phase):
 
     def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> ValidateResult:
         v = required(ctx.spec.validate_, "validate")
+        depths, table = depth_sweep(table), without_depth_sweep(table)
+        if not v.width_sweep():  # a depth sweep alone
+            return ValidateResult(depth_drift=_depth_drift(v, depths, out))
         horizon = None
         if v.horizons():  # the width sweep is the main horizon's rows; the horizon sweep is lr's at each width
             horizon, table = table, table[table["horizon"] == ctx.spec.validate_horizon()]
@@ -119,13 +164,15 @@ class Validate(Phase):
             plot_horizon(horizon, out.figure("horizon"))
             horizon_drift = [lr_drift(horizon[horizon["width"] == w], threshold=v.drift_threshold, axis="horizon")
                              for w in v.widths]
-        return ValidateResult(lr_drift=drift, hparam_drift=hparam_drift, regret=regret, horizon_drift=horizon_drift)
+        return ValidateResult(lr_drift=drift, hparam_drift=hparam_drift, regret=regret, horizon_drift=horizon_drift,
+                              depth_drift=_depth_drift(v, depths, out))
 
     def figures(self, result: PhaseResult) -> dict[str, str]:
         assert isinstance(result, ValidateResult)
         return {**({"validate": "mutransfer"} if result.lr_drift else {}),
                 **{f"validate ({h})": _figure(h) for h in result.hparam_drift},
-                **({"validate (horizon)": "horizon"} if result.horizon_drift else {})}
+                **({"validate (horizon)": "horizon"} if result.horizon_drift else {}),
+                **({"validate (depth)": "depth"} if result.depth_drift else {})}
 
     def verdict(self, spec: StudySpec, result: PhaseResult) -> Verdict:
         assert isinstance(result, ValidateResult)
@@ -137,13 +184,18 @@ class Validate(Phase):
         tags = {f"{h}_drift_passed": str(bool(d.passed)).lower() for h, d in drifts.items()}
         if result.horizon_drift:
             tags["lr_horizon_drift_passed"] = str(all(d.passed for d in result.horizon_drift)).lower()
+        depth = result.depth_drift
+        if depth is not None:
+            tags["lr_depth_drift_passed"] = str(depth.passed).lower()
         flag = horizon_flag(spec, result)
         return Verdict(metrics=[{"step": 0, **{f"{h}_drift.{p}": v for h, d in drifts.items()
-                                                for p, v in d.drift.items()}, **regret, **horizon}],
+                                                for p, v in d.drift.items()}, **regret, **horizon,
+                                 **{f"lr_depth_drift.{p}": v for p, v in (depth.drift if depth else {}).items()}}],
                        tags=tags,
                        sentence=" ".join([*(f"{h} drift: {d.verdict}." for h, d in drifts.items()),
                                           *regret_lines(result),
                                           *(f"lr horizon drift: {d.verdict}." for d in result.horizon_drift),
+                                          *([f"lr depth drift: {depth.verdict}."] if depth else []),
                                           *([f"Horizon: {flag}."] if flag else [])]))
 
 

@@ -1,5 +1,6 @@
 """Every plot function writes a non-empty PNG, diverged runs included."""
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -124,3 +125,17 @@ def test_the_horizon_figure_has_a_panel_per_width_and_parametrization(tmp_path):
     limits = plot_horizon(table, tmp_path / "horizon.png")
     assert (tmp_path / "horizon.png").stat().st_size > 10_000
     assert len(limits) == 2 and limits[0] is not None and limits[0][1] < 50.0  # one row per width, mup only
+
+
+def test_the_depth_figure_has_a_panel_per_depth_parametrization(tmp_path):
+    from analysis.plots import plot_depth
+    from tests.analysis.test_transfer import _depth_table
+
+    table = _depth_table(lambda dp, depth, seed: -8.0 - (0.8 * np.log2(depth / 2) if dp == "none" else 0.0))
+    table.loc[(table["lr"] == 2.0**-4) & (table["depth"] == 8), "status"] = "diverged"
+    table.loc[(table["lr"] == 2.0**-14), "eval_loss"] = 50.0  # blown up: off the clipped axis
+    limits = plot_depth(table, tmp_path / "depth.png")
+    assert (tmp_path / "depth.png").stat().st_size > 10_000
+    assert len(limits) == 2 and limits[0] is not None and limits[0][1] < 50.0  # completep and none, clipped
+    with pytest.raises(ValueError, match="no depth sweep"):
+        plot_depth(table.drop(columns=["depth"]), tmp_path / "none.png")

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.transfer import lr_curves, lr_drift, transfer_table
+from analysis.transfer import depth_sweep, lr_curves, lr_drift, transfer_table, without_depth_sweep
 from tests.analysis._tables import SWEEP_WIDTHS, paper_like_optimum, sweep_table, trials
 
 
@@ -192,3 +192,54 @@ def test_a_horizon_drift_needs_one_widths_rows():
         lr_drift(table, axis="horizon")
     with pytest.raises(ValueError, match="add a horizon to the validate sweep"):
         lr_drift(_horizon_table(lambda s, seed: -8.0).query("horizon == 150"), axis="horizon")
+
+
+def _depth_table(optimum, seeds=(0, 1, 2), width=32):
+    """A depth sweep at one width, as the validate phase writes it: `parametrization` the width one (mup), the depth
+    parametrization beside it; the loss is a parabola in log2(lr) around optimum(depth parametrization, depth,
+    seed)."""
+    rows = [{"parametrization": "mup", "depth_parametrization": dp, "width": width, "depth": depth, "swept": "lr",
+             "lr": 2.0**x, "seed": seed, "eval_loss": 3.0 + 0.05 * (x - optimum(dp, depth, seed)) ** 2}
+            for dp in ("completep", "none") for depth in (2, 4, 8) for x in range(-14, -3) for seed in seeds]
+    return trials(rows, phase="validate")
+
+
+def test_the_lr_optimums_drift_per_doubling_of_depth_completep_judged_none_beside_it():
+    """completep's optimum stays at 2^-8 (seeds scatter it by ±0.2), none's falls 0.8 octave per doubling of depth:
+    completep passes and none's drift is reported with its own interval."""
+    scatter = {0: -0.2, 1: 0.2, 2: 0.0}
+
+    def optimum(dp, depth, seed):
+        return -8.0 + (0.0 if dp == "completep" else -0.8 * np.log2(depth / 2)) + scatter[seed] * (depth == 4)
+
+    rows = _depth_table(optimum)
+    rows = pd.concat([rows, trials([{"parametrization": "mup", "width": 32, "swept": "lr", "lr": 0.01, "seed": 0,
+                                     "eval_loss": 9.0}], phase="validate")])  # a width sweep's row: not a depth's
+    sweep = depth_sweep(rows)
+    assert len(sweep) == len(rows) - 1 and set(sweep["parametrization"]) == {"completep", "none"}
+    assert len(without_depth_sweep(rows)) == 1
+    drift = lr_drift(sweep, axis="depth")
+    assert drift.axis == "depth" and drift.mup_drift == pytest.approx(0.0, abs=1e-9)  # the judged one: completep
+    assert drift.standard_drift == pytest.approx(-0.8) and drift.passed
+    assert [(o.parametrization, o.depth) for o in drift.optima] == [
+        ("completep", 2), ("completep", 4), ("completep", 8), ("none", 2), ("none", 4), ("none", 8)]
+    assert {o.width for o in drift.optima} == {32} and all(o.horizon is None for o in drift.optima)
+    lo, hi = drift.drift_ci["completep"]
+    assert lo < 0.0 < hi and hi - lo > 0.05
+    lo, hi = drift.drift_ci["none"]
+    assert lo < -0.8 < hi
+    assert drift.verdict.startswith("completep's optimal lr at width 32 drifts +0.00 [")
+    assert "log2(lr) per doubling of depth" in drift.verdict and "; none drifts -0.80 [" in drift.verdict
+    failing = lr_drift(depth_sweep(_depth_table(lambda dp, depth, seed: -8.0 - 0.8 * np.log2(depth / 2))),
+                       axis="depth")
+    assert not failing.passed and "|drift| > 0.5: fail" in failing.verdict
+
+
+def test_a_depth_drift_needs_completep_runs_and_two_depths():
+    table = depth_sweep(_depth_table(lambda dp, depth, seed: -8.0))
+    with pytest.raises(ValueError, match="has no completep runs"):
+        lr_drift(table[table["parametrization"] == "none"], axis="depth")
+    with pytest.raises(ValueError, match="add a depth to the validate sweep"):
+        lr_drift(table[table["depth"] == 2], axis="depth")
+    assert depth_sweep(trials([{"parametrization": "mup", "width": 32, "lr": 0.01, "seed": 0, "eval_loss": 3.0}],
+                              phase="validate")).empty

@@ -72,3 +72,43 @@ def test_a_horizon_sweep_is_judged_along_the_steps(tmp_path):
     validate = report.split("## validate")[1]
     assert "Transfer regret in lr at width 64" in validate and "drift (log2 lr per doubling of steps)" in validate
     assert "| horizon |" in validate or "| horizon" in validate
+
+
+DEEP = load_catalog("depth_cpu")
+DEEP_CENTRE = {**DEEP.space.defaults(), "lr": 0.02}
+
+
+def _depth_losses() -> pd.DataFrame:
+    """depth_cpu's planned grid: completep's optimum stays at 2^-5.5 over depth, none's falls 0.7 octave per doubling
+    of depth (the seeds add a constant)."""
+    rows = []
+    for trial in validate_trials(DEEP, DEEP_CENTRE):
+        x, depth = np.log2(trial.hparams["lr"]), trial.depth or 0
+        optimum = -5.5 - (0.7 * np.log2(depth / 2) if trial.depth_parametrization == "none" else 0.0)
+        loss = 5.5 - 0.1 * np.log2(depth) + 0.05 * (x - optimum) ** 2 + 0.002 * trial.seed
+        rows.append({**trial.columns(DEEP), "status": "completed", "eval_loss": loss, "steps": 100})
+    return pd.DataFrame(rows)
+
+
+def test_a_depth_sweep_is_judged_along_depth(tmp_path):
+    state = StudyState(study_id="d", spec_hash="x", phases={"tune": TuneResult(status="done",
+                                                                              best_hparams=DEEP_CENTRE)})
+    ctx = Context(spec=DEEP, state=state, tables=lambda name: None)
+    result = PHASE.judge(ctx, _depth_losses(), Folder(tmp_path))
+    assert isinstance(result, ValidateResult) and result.lr_drift is None and result.regret == []
+    drift = result.depth_drift
+    assert drift is not None and drift.axis == "depth" and abs(drift.drift["completep"]) < 0.02
+    assert abs(drift.drift["none"] + 0.7) < 0.05 and drift.passed
+    assert {o.depth for o in drift.optima} == {2, 4, 8} and {o.width for o in drift.optima} == {32}
+    assert (tmp_path / "depth.png").exists() and PHASE.figures(result) == {"validate (depth)": "depth"}
+    assert result.all_drifts() == [drift]
+    verdict = PHASE.verdict(DEEP, ValidateResult.model_validate(result.model_dump(mode="json")))
+    assert set(verdict.metrics[0]) == {"step", "lr_depth_drift.completep", "lr_depth_drift.none"}
+    assert verdict.tags == {"lr_depth_drift_passed": "true"}
+    assert "lr depth drift: completep's optimal lr at width 32 drifts" in verdict.sentence
+    assert "per doubling of depth" in verdict.sentence and "; none drifts -0.7" in verdict.sentence
+    report = render_report(study={"name": DEEP.name}, tables={}, certificate=None, lr_drift=None,
+                           plots={"validate (depth)": "depth.png"}, depth_drift=drift)
+    validate = report.split("## validate")[1]
+    assert "drift (log2 lr per doubling of depth)" in validate and "| depth |" in validate
+    assert "![validate (depth)](depth.png)" in validate and "| horizon" not in validate

@@ -4,6 +4,7 @@ the coordinate check over depth (`coord_check(..., depths=...)`)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -166,8 +167,8 @@ def test_the_depth_fields_are_dumped_only_when_set_so_existing_specs_keep_their_
     hp = deep.model_hp(64, {})
     assert hp["depth_parametrization"] == "completep" and hp["base_depth"] == 2
     assert "depth_parametrization" not in plain.model_hp(64, {})  # a trial's config as before
-    for path in CATALOG_DIR.glob("*.yaml"):  # no catalog spec names them: every catalog hash is unchanged
-        assert "depth_parametrization" not in path.read_text(), path.name
+    for path in CATALOG_DIR.glob("*.yaml"):  # no older catalog spec names them: their hashes are unchanged
+        assert path.stem == "depth_cpu" or "depth_parametrization" not in path.read_text(), path.name
 
 
 def test_the_api_bounds_base_depth_like_the_layers():
@@ -214,3 +215,34 @@ def test_completep_keeps_the_stream_put_over_depth_and_none_lets_it_grow():
     assert "hidden.last" in {o.name for o in verdict.offending}
     stream = slopes[(slopes.name == "hidden.last") & (slopes.step == 2)]
     assert float(stream.slope.iloc[0]) > 0.4
+
+
+# ----------------------------------------------------------------------------- the validate depth sweep's trials
+def test_a_planned_depth_trial_builds_and_trains_its_depth():
+    """depth_cpu's validate trials at 8 blocks: the TrialConfig each plans builds 8 blocks, under completep with
+    m_L = 8/2 (branches × 1/4, the blocks' ε × 1/4) and under none with no depth factor; a few Adam steps on one
+    batch lower the loss under both."""
+    from studies import load_catalog
+    from studies.phases.validate import validate_trials
+
+    spec = load_catalog("depth_cpu")
+    planned = {t.trial_key: t for t in validate_trials(spec, {**spec.space.defaults(), "lr": 0.01})}
+    for key, mult, eps in (("validate-completep-w32-L8-lr0.01-s0", 0.25, 0.25), ("validate-none-w32-L8-lr0.01-s0",
+                                                                                 1.0, None)):
+        cfg = TrialConfig.model_validate(planned[key].trial_config(spec))
+        torch.manual_seed(cfg.seed)
+        net = build_model(cfg.model, vocab_size=V, **cfg.model_hp)
+        assert len(net.blocks) == 8 and net.branch_mult() == pytest.approx(mult)
+        assert [b.branch for b in net.blocks] == pytest.approx([mult] * 8)
+        assert net.eps_multipliers().get("block") == (pytest.approx(eps) if eps else None)
+        opt = make_optimizer(net, cfg)
+        ids = torch.randint(3, V, (4, 16))
+        losses = []
+        for _ in range(5):
+            logits = net(ids[:, :-1], torch.ones_like(ids[:, :-1], dtype=torch.bool))
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), ids[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert all(np.isfinite(losses)) and losses[-1] < losses[0]
