@@ -471,3 +471,10 @@ def test_validate_depths_need_a_family_with_a_depth_at_completep():
     assert "set model.arch.depth_parametrization: completep" in none
     alone = error_of(with_changes(TAU, **{"validate.depths": None}))  # one width and nothing else to sweep
     assert "validate.widths=[32]: give 2–4 widths" in alone and "validate.depths" in alone
+
+
+def test_the_depth_catalog_study_is_cpu_sized():
+    spec = studies.load_catalog("depth_cpu")
+    assert spec.phases() == ["tune", "validate"] and spec.validate_.depths == [2, 4, 8]
+    assert spec.model.arch.depth == spec.model.arch.base_depth == 2 and spec.train.device == "cpu"
+    assert spec.validate_.n_trials() == 72 and spec.steps_for("validate") == 100
