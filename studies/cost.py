@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from studies.arch import DepthArch
 from studies.budget import train_flops
 from studies.phases.transfer import transfer_trials
 from studies.phases.tune import asha_rungs
@@ -55,9 +56,13 @@ class CostPlan:
         return self.flops(phases) / self.targets[width]
 
 
-def sequence_flops(spec: StudySpec, width: int) -> float:
-    """Training FLOPs of one sequence at `width` (3 × forward, `data.mask_rate` of it decoded)."""
-    return train_flops(spec.model.family, spec.model.arch, width, spec.data.vocab_size, spec.data.seq_len,
+def sequence_flops(spec: StudySpec, width: int, depth: int | None = None) -> float:
+    """Training FLOPs of one sequence at `width` (3 × forward, `data.mask_rate` of it decoded); `depth`: a depth
+    sweep's trial, the arch at that depth (its parametrization changes no matmul)."""
+    arch = spec.model.arch
+    if depth is not None and isinstance(arch, DepthArch):
+        arch = arch.at_depth(depth, arch.depth_parametrization)
+    return train_flops(spec.model.family, arch, width, spec.data.vocab_size, spec.data.seq_len,
                        spec.data.mask_rate, 1, spec.tune.base_width)
 
 
@@ -71,12 +76,15 @@ def asha_steps(max_t: int, rungs: list[float], eta: float) -> float:
     return steps
 
 
-def _phase(spec: StudySpec, phase: str, runs: list[tuple[int, float]], full_steps: int | None) -> PhaseCost:
-    """`runs`: (width, steps) per trial; `full_steps`: a trial's full budget (None: the steps of each run)."""
+def _phase(spec: StudySpec, phase: str, runs: list[tuple[int, float, int | None]], full_steps: int | None
+           ) -> PhaseCost:
+    """`runs`: (width, steps, depth) per trial (depth: a depth sweep's, else None); `full_steps`: a trial's full
+    budget (None: the steps of each run)."""
     batch = spec.train.batch_size
-    per_seq = {w: sequence_flops(spec, w) for w in {w for w, _ in runs}}
-    return PhaseCost(phase, len(runs), sum(s for _, s in runs), sum(s * batch * per_seq[w] for w, s in runs),
-                     sum((full_steps or s) * batch * per_seq[w] for w, s in runs), tuple(sorted(per_seq)))
+    per_seq = {(w, d): sequence_flops(spec, w, d) for w, _, d in runs}
+    return PhaseCost(phase, len(runs), sum(s for _, s, _ in runs), sum(s * batch * per_seq[w, d] for w, s, d in runs),
+                     sum((full_steps or s) * batch * per_seq[w, d] for w, s, d in runs),
+                     tuple(sorted({w for w, _, _ in runs})))
 
 
 def planned_trials(spec: StudySpec) -> dict[str, list[PlannedTrial]]:
@@ -91,11 +99,16 @@ def planned_trials(spec: StudySpec) -> dict[str, list[PlannedTrial]]:
 def planned_runs(spec: StudySpec) -> dict[str, list[tuple[int, float]]]:
     """Per phase, (width, steps) of each planned trial (the phases' plans around the default hparams); tune's steps
     are ASHA's expectation."""
+    return {phase: [(w, s) for w, s, _ in runs] for phase, runs in _planned_runs(spec).items()}
+
+
+def _planned_runs(spec: StudySpec) -> dict[str, list[tuple[int, float, int | None]]]:
+    """`planned_runs` with each trial's depth (a depth sweep's; else None: the arch's)."""
     t, full = spec.tune, spec.steps_for("tune")
     steps = asha_steps(full, asha_rungs(spec), t.asha.reduction_factor)
-    runs: dict[str, list[tuple[int, float]]] = {"tune": [(t.base_width, steps)] * t.num_trials}
+    runs: dict[str, list[tuple[int, float, int | None]]] = {"tune": [(t.base_width, steps, None)] * t.num_trials}
     for phase, trials in planned_trials(spec).items():
-        runs[phase] = [(trial.width, trial.horizon or spec.steps_for(phase)) for trial in trials]
+        runs[phase] = [(trial.width, trial.horizon or spec.steps_for(phase), trial.depth) for trial in trials]
     return runs
 
 
@@ -105,7 +118,7 @@ def plan_cost(spec: StudySpec) -> CostPlan:
         raise ValueError("a compare study's budgets are its own cost account (report: compare, train_flops); "
                          "plan a study with transfer widths instead")
     phases = [_phase(spec, name, runs, spec.steps_for(name) if name == "tune" else None)
-              for name, runs in planned_runs(spec).items()]
+              for name, runs in _planned_runs(spec).items()]
     widths = spec.transfer.widths if spec.transfer is not None else []
     targets = {w: spec.train.steps * spec.train.batch_size * sequence_flops(spec, w) for w in widths}
     return CostPlan(phases, targets)
@@ -125,8 +138,10 @@ def measured_cost(spec: StudySpec, tables: dict[str, Any], phase_wall_s: dict[st
         return {"rows": [], "targets": {}, "metrics": {}}
     walls, batch = phase_wall_s or {}, spec.train.batch_size
     try:
-        widths = {int(w) for t in tables.values() if t is not None for w in t["width"]}
-        per_seq = {w: sequence_flops(spec, w) for w in widths | set(spec.transfer.widths if spec.transfer else [])}
+        sizes = {(int(w), d) for t in tables.values() if t is not None for w, d in zip(t["width"], _depths(t),
+                                                                                       strict=True)}
+        sizes |= {(w, None) for w in (spec.transfer.widths if spec.transfer else [])}
+        per_seq = {(w, d): sequence_flops(spec, w, d) for w, d in sizes}
     except ValueError:  # a family without a FLOP formula (TauGPT): wall time only
         per_seq = None
     rows: list[dict[str, Any]] = []
@@ -135,14 +150,15 @@ def measured_cost(spec: StudySpec, tables: dict[str, Any], phase_wall_s: dict[st
             continue
         steps = table["steps"].fillna(0)
         flops = None if per_seq is None else float(sum(
-            float(s) * batch * per_seq[int(w)] for w, s in zip(table["width"], steps, strict=True)))
+            float(s) * batch * per_seq[int(w), d] for w, d, s in zip(table["width"], _depths(table), steps,
+                                                                     strict=True)))
         rows.append({"phase": phase, "trials": len(table), "steps": int(steps.sum()), "flops": flops,
                      "trial_wall_s": float(table["wall_time_s"].fillna(0).sum()), "phase_wall_s": walls.get(phase)})
     targets: dict[int, dict[str, float | None]] = {}
     transfer = tables.get("transfer")
     for w in (spec.transfer.widths if spec.transfer is not None else []):
         at = transfer[transfer["width"] == w]["wall_time_s"].dropna() if transfer is not None else None
-        targets[w] = {"flops": None if per_seq is None else spec.train.steps * batch * per_seq[w],
+        targets[w] = {"flops": None if per_seq is None else spec.train.steps * batch * per_seq[w, None],
                       "wall_s": float(at.median()) if at is not None and len(at) else None}
     metrics: dict[str, float] = {}
     for row in rows:
@@ -157,3 +173,10 @@ def measured_cost(spec: StudySpec, tables: dict[str, Any], phase_wall_s: dict[st
             if target["wall_s"]:
                 metrics[f"cost.{name}_wall_pct.w{w}"] = 100 * sum(r["trial_wall_s"] for r in chosen) / target["wall_s"]
     return {"rows": rows, "targets": targets, "metrics": metrics}
+
+
+def _depths(table: Any) -> list[int | None]:
+    """Each row's depth: a depth sweep's (the `depth` column), else None (the arch's)."""
+    if "depth" not in table:
+        return [None] * len(table)
+    return [None if d != d or d is None else int(d) for d in table["depth"]]  # d != d: NaN

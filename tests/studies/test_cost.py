@@ -77,3 +77,30 @@ def test_measured_cost_without_a_flop_formula_keeps_the_wall_time():
     assert cost["rows"][0]["flops"] is None
     assert cost["metrics"][f"cost.proxy_wall_pct.w{w}"] == pytest.approx(25.0)
     assert not any(k.startswith("cost.proxy_pct") for k in cost["metrics"])
+
+
+def test_a_depth_sweeps_trials_cost_their_own_depth():
+    """BERT with validate.depths [2, 8]: the planned and the measured validate FLOPs count each trial at its depth
+    (8 blocks cost more than 2), the other phases at the arch's."""
+    from studies.budget import train_flops
+    from studies.families.bert import BertArch
+    from studies.spec import StudySpec
+
+    data = load_catalog("tiny").as_dict()
+    data["model"] = {"family": "bert", "parametrization": "mup",
+                     "arch": {"n_layers": 2, "depth_parametrization": "completep", "head_dim": 8}}
+    data["space"] = None
+    data["validate"] = {"widths": [16], "lrs": [0.001, 0.01, 0.1], "depths": [2, 8]}
+    spec = StudySpec.model_validate(data)
+    deep = sequence_flops(spec, 16, 8)
+    assert deep > sequence_flops(spec, 16, 2) == sequence_flops(spec, 16)
+    assert deep == pytest.approx(train_flops("bert", BertArch(n_layers=8, head_dim=8), 16, spec.data.vocab_size,
+                                             spec.data.seq_len, spec.data.mask_rate, 1, 16))
+    steps, batch = spec.steps_for("validate"), spec.train.batch_size
+    [validate] = [p for p in plan_cost(spec).phases if p.phase == "validate"]
+    assert validate.trials == 2 * 2 * 3
+    assert validate.flops == pytest.approx(2 * 3 * steps * batch * (sequence_flops(spec, 16, 2) + deep))
+    table = pd.DataFrame({"width": [16, 16, 16], "depth": [2.0, 8.0, None], "steps": [10, 10, 10],
+                          "wall_time_s": [1.0, 1.0, 1.0]})
+    [row] = measured_cost(spec, {"validate": table})["rows"]
+    assert row["flops"] == pytest.approx(10 * batch * (2 * sequence_flops(spec, 16) + deep))
