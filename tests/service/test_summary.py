@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from rich.console import Console
 
@@ -153,3 +154,21 @@ def test_the_summary_states_the_transfer_regret_in_one_line(tmp_path):
     lines = [line for line in _printed(view).splitlines() if "Transfer regret" in line]
     assert len(lines) == 1
     assert "at width 128: mup +0.0125 nats (+0.54 %) [95 % CI +0.0125, +0.0125], standard +0.05 nats" in lines[0]
+
+
+def test_the_summary_shows_the_lr_optimum_per_depth_and_its_drift(tmp_path):
+    from analysis.transfer import depth_sweep
+    from tests.analysis.test_transfer import _depth_table
+
+    table = _depth_table(lambda dp, depth, seed: -8.0 - (0.8 * np.log2(depth / 2) if dp == "none" else 0.0))
+    drift = lr_drift(depth_sweep(table), axis="depth")
+    spec = load_catalog("depth_cpu")
+    view = _study(tmp_path, spec, {"tune": {**TUNE, "best_hparams": spec.space.defaults()},
+                                   "validate": {"status": "done", "depth_drift": drift.model_dump()}},
+                  {"tune": trials([{"eval_loss": 5.1}]), "validate": table})
+    view.folder.figure("depth").write_bytes(b"png")
+    text = _printed(view)
+    assert "lr sweep (validate) at width 32: optimal lr per depth" in text
+    assert "lr drift at width 32, completep: +0.00 log2(lr) per doubling of depth" in text
+    assert "lr drift at width 32, none: -0.80 log2(lr) per doubling of depth" in text
+    assert "completep's optimal lr at width 32 drifts +0.00" in text and "depth.png" in text
