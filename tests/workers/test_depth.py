@@ -204,6 +204,7 @@ def test_depth_check_arguments_name_the_fix(kwargs, message):
         coord_check(**{"model": "bert", "widths": (32,), "depths": (2, 4), "steps": 2, "seeds": 2, **kwargs})
 
 
+@pytest.mark.slow  # a coordinate check, as the width checks of the families are
 def test_completep_keeps_the_stream_put_over_depth_and_none_lets_it_grow():
     """TauGPT at width 32 (2 heads of 16), depths 2–8: CompleteP passes the check over depth, the standard residual
     (`none`) fails it on the residual stream, which grows with depth (docs/LOG.md has the full 2–16 tables)."""

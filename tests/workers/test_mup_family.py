@@ -183,6 +183,7 @@ NO_SHAPES = """
 """
 
 
+@pytest.mark.slow  # `ptctl coord-check` in a fresh interpreter, as the families' coordinate checks
 @pytest.mark.parametrize(("name", "source", "expected"), [
     ("plainreadout", PLAIN_READOUT, ["readout has infinite fan-in and finite fan-out", "mup.MuReadout"]),
     ("fixedstd", FIXED_STD, ["parameter 'blocks.0.mlp.0.weight': its std·√fan_in at initialisation scales as "
@@ -202,6 +203,7 @@ def test_a_misparametrized_plugin_fails_the_coordinate_check_naming_the_paramete
     assert not (tmp_path / "out").exists()  # it failed before training: nothing written
 
 
+@pytest.mark.slow
 def test_fixing_the_init_clears_the_finding(tmp_path):
     """The same plugin as `fixedstd` with the std scaled 1/√fan_in is not flagged (the check is not blind)."""
     fixed = FIXED_STD.replace("std=0.02)", "std=0.02 * (64 / self.blocks[0].mlp[0].weight.shape[1]) ** 0.5)")
