@@ -86,3 +86,30 @@ def test_lost_driver_is_interrupted_then_resumed_then_cancelled(server, service_
     runs = client.search_runs([experiment], filter_string=f"tags.study_id = '{study_id}'", max_results=1000)
     assert runs and all(r.info.status != "RUNNING" for r in runs), "the cancelled study left MLflow runs open"
     assert any(r.data.tags.get("status") == "cancelled" for r in runs)
+
+
+def test_a_cancel_stops_every_member_of_a_batched_phase(server, service_dir, mlflow_server):
+    """Cancelled while verify trains its samples as batches of 4 (`resources.batch_members`): no trial process is
+    left, and no member's run stays open."""
+    data = load_catalog("tiny").as_dict()
+    data["name"] = "tiny-cancel-batched"
+    data["tune"] |= {"num_trials": 2, "seed": 8, "asha": {"enabled": False}}
+    data["verify"] |= {"steps": 1500}  # a batch trains long enough to be cancelled mid-way
+    data["train"] |= {"eval_every": 50, "log_every": 50}
+    data["resources"] |= {"batch_members": 4}
+    with server.client() as api:
+        study_id = api.post("/studies", content=yaml.safe_dump(data),
+                            headers={"Content-Type": "application/yaml"}).json()["id"]
+        status = lambda: api.get(f"/studies/{study_id}").json()  # noqa: E731
+        wait_for(lambda: status()["progress"]["verify"]["running"] >= 4, 240, "a verify batch's members to train",
+                 seen=status)
+        assert api.post(f"/studies/{study_id}/cancel").json()["status"] == "cancelled"
+        wait_for(lambda: not ray_work(service_dir), 30, "every batch and the driver to stop after cancel")
+
+    client = MlflowClient(tracking_uri=mlflow_server[0])
+    experiment = client.get_experiment_by_name("tiny-cancel-batched").experiment_id
+    members = client.search_runs([experiment], filter_string=f"tags.study_id = '{study_id}' and tags.phase = 'verify'",
+                                 max_results=1000)
+    batched = [r for r in members if r.data.tags.get("batch")]
+    assert len(batched) >= 4, [r.data.tags for r in members]
+    assert all(r.info.status != "RUNNING" for r in members), "a cancelled batch left a member's run open"
