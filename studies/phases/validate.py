@@ -108,8 +108,8 @@ def horizon_flag(spec: StudySpec, result: ValidateResult | None = None) -> str |
         said = f"tune trains {tune} steps, the target {target} (train.steps; {doublings:.2g} doublings longer)"
         if measured:
             moved = ", ".join(f"{d.mup_drift * doublings:+.2f}" for d in drifts)
-            return (f"{said}: {measured}, so the tuned lr is off the target's optimum by ≈ {moved} log2(lr) at "
-                    f"{target} steps")
+            return (f"{said}: {measured}, so the optimal lr at {target} steps lies ≈ {moved} log2(lr) from the "
+                    f"optimum at the {tune} steps tune trained")
         how = ("the validate horizon sweep (validate.steps) will measure how far the lr optimum moves" if spec.validate_
                is not None and spec.validate_.horizons() else
                f"the lr optimum may move with training length: measure it with validate.steps: [{tune}, ..., {target}]")
