@@ -247,12 +247,12 @@ def _verdict(c: Certificate) -> str:
         counts += f"; {c.n_diverged} diverged, counted as worse"
     bound = f"one-sided upper bound on the better fraction {c.upper_bound:.4f}"
     lead = lead_text(c)
-    bound += f"; {lead}" if lead else ""
+    lead = f"; {lead}" if lead else ""
     if c.certified:
-        return f"centre is in the top {p} of its neighbourhood with confidence {conf} ({counts}; {bound})"
+        return f"centre is in the top {p} of its neighbourhood with confidence {conf} ({counts}; {bound}{lead})"
     noise = "" if c.noise_better_expected is None else (
         f"; seed noise alone would make ≈{c.noise_better_expected:.1f} of {c.n_samples} equally good samples beat it")
     return (
         f"centre is NOT certified in the top {p} of its neighbourhood at confidence {conf} "
-        f"({counts}; {bound} > {c.p:g}{noise})"
+        f"({counts}; {bound} > {c.p:g}{lead}{noise})"
     )

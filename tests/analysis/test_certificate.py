@@ -378,6 +378,8 @@ def test_the_best_samples_lead_over_the_centre_in_nats_and_percent():
     cert = certify(verify_table([2.0, 2.01], [1.997, 2.2, 2.3]))
     assert cert.best_lead == pytest.approx(0.008) and cert.best_lead_pct == pytest.approx(100 * 0.008 / 2.005)
     assert "the best sample is 0.008 nats (0.4 %) better than the centre" in cert.verdict
+    # 3 samples are too few to certify: the bound is compared with p, then the lead follows
+    assert not cert.certified and f"fraction {cert.upper_bound:.4f} > 0.05; the best sample is" in cert.verdict
     ahead = certify(verify_table([2.0, 2.01], [2.105, 2.2]))  # the centre leads the best sample by 0.1
     assert ahead.best_lead == pytest.approx(-0.1) and ahead.best_lead_pct == pytest.approx(-100 * 0.1 / 2.005)
     assert "the centre beats every sample, the best by 0.1 nats (5 %)" in ahead.verdict
