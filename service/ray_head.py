@@ -139,17 +139,12 @@ def ensure(data_dir: Path, num_cpus: int | None = None) -> Head:
         return _start(data_dir, num_cpus or os.cpu_count() or 1)
 
 
-# Ray workers that start with the trial modules imported (workers/ray_runner.py, `WARM_MODULES`): a phase's trial
-# actors skip 1.5–2 s of imports when a warm worker is idle.
-WARM_WORKERS = {"RAY_preload_python_modules": "workers.ray_runner", "RAY_enable_worker_prestart": "1"}
-
-
 def _start(data_dir: Path, num_cpus: int) -> Head:
     tmp, token = temp_dir(data_dir), token_path(data_dir)
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "ray_current_cluster").unlink(missing_ok=True)
     env = {**head_env(os.environ), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
-           "RAY_USAGE_STATS_ENABLED": "0", **WARM_WORKERS}
+           "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port=0", f"--num-cpus={num_cpus}",
            "--disable-usage-stats", "--include-dashboard=false",
            f"--temp-dir={tmp}", f"--dashboard-port={_free_port()}",

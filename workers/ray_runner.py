@@ -68,9 +68,10 @@ FINAL_KEYS = ("status", "eval_loss", "best_eval_loss", "steps", "tokens", "wall_
 
 
 # A trial actor's first work is importing torch, pandas, Ray Tune and this module: 1.5–2 s of each phase's start on a
-# quiet core (docs/LOG.md). A local Ray started here starts one worker per CPU at once with them imported, so the
-# first phase's trial actors start warm while the driver prepares the data. A cluster's nodes do the same with
-# `RAY_preload_python_modules=workers.ray_runner ray start ...` (README, "To use an existing cluster").
+# quiet core (docs/LOG.md). The private local Ray started here starts one worker per CPU at once with them imported,
+# so the first phase's trial actors start warm while the driver connects to MLflow. Not on the service's Ray head:
+# there a driver actor killed (cancelled) while its worker was still importing came up anyway and kept running
+# (tests/service/test_sharing.py caught it), so its workers start bare.
 WARM_MODULES = ["workers.ray_runner"]
 
 

@@ -139,7 +139,8 @@ def test_cancel_resume_storm_ends_as_the_last_answer_says(fresh):
         assert all(code in (200, 409, 503) for _, _, code in answers), answers
         if _status(api, study_id)["status"] != "cancelled":
             assert api.post(f"/studies/{study_id}/cancel").status_code == 200
-        wait_for(lambda: not ray_work(fresh.data), 60, "the storm's drivers and trials to stop")
+        wait_for(lambda: not ray_work(fresh.data), 60, "the storm's drivers and trials to stop",
+                 seen=lambda: ray_work(fresh.data))
         time.sleep(3)
         assert not ray_work(fresh.data) and _status(api, study_id)["status"] == "cancelled"
         resumed = api.post(f"/studies/{study_id}/resume")
