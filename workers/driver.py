@@ -280,8 +280,6 @@ class StudyDriver:
         phase = None
         try:
             self._check_store()
-            if not all(self.state.done(p) for p in self.spec.phases()):
-                self.runner.start()  # Ray's workers import torch while MLflow connects (`ray_runner.WARM_MODULES`)
             self._recover()
             self.state.status, self.state.error = StudyStatus.RUNNING, None
             self.state.driver = {"host": socket.gethostname(), "pid": os.getpid()}

@@ -67,23 +67,13 @@ STATE_FILE = "state.pt"  # a trial checkpoint: `workers.train`'s resumable state
 FINAL_KEYS = ("status", "eval_loss", "best_eval_loss", "steps", "tokens", "wall_time_s", "params", "message")
 
 
-# A trial actor's first work is importing torch, pandas, Ray Tune and this module: 1.5–2 s of each phase's start on a
-# quiet core (docs/LOG.md). The private local Ray started here starts one worker per CPU at once with them imported,
-# so the first phase's trial actors start warm while the driver connects to MLflow. Not on the service's Ray head:
-# there a driver actor killed (cancelled) while its worker was still importing came up anyway and kept running
-# (tests/service/test_sharing.py caught it), so its workers start bare.
-WARM_MODULES = ["workers.ray_runner"]
-
-
 def ensure_ray() -> None:
-    """Join `RAY_ADDRESS` when set (e.g. `auto` or `ray://head:10001`), else start a private local Ray whose workers
-    start with `WARM_MODULES` imported."""
+    """Join `RAY_ADDRESS` when set (e.g. `auto` or `ray://head:10001`), else start a private local Ray."""
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS") or "local"
-        warm = {"preload_python_modules": WARM_MODULES, "enable_worker_prestart": True} if address == "local" else None
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.WARNING, configure_logging=False, _system_config=warm)
+                     logging_level=logging.WARNING, configure_logging=False)
         except (ConnectionError, ray.exceptions.RayError) as exc:
             raise InfrastructureLost(f"cannot reach Ray at RAY_ADDRESS={address!r} ({exc}); start the cluster "
                                      "or unset RAY_ADDRESS for a local Ray, then re-run to resume") from exc
@@ -627,9 +617,6 @@ class MlflowTrials(tune.Callback):
 
 class RayRunner:
     """The `workers.runner.Runner` on Ray Tune: `run_phase` with `MlflowTrials` writing the trial runs."""
-
-    def start(self) -> None:
-        ensure_ray()
 
     def run_phase(self, job: PhaseJob) -> pd.DataFrame:
         callback = MlflowTrials(job.spec, job.study_id, job.phase, job.phase_run, job.tracker.uri, job.tags,

@@ -148,11 +148,6 @@ def optuna_space(spec: StudySpec) -> dict[str, Any]:
 
 
 class Runner(Protocol):
-    def start(self) -> None:
-        """Get ready to train, once per study attempt with phases left (Ray: start or join the cluster early, so
-        its workers warm up while the driver connects to MLflow)."""
-        ...
-
     def run_phase(self, job: PhaseJob) -> pd.DataFrame:
         """Train (or finish) the job's trials; the phase's trial table."""
         ...
@@ -222,9 +217,6 @@ class InProcessRunner:
 
     def __init__(self, train: Train | None = None) -> None:
         self.train = train
-
-    def start(self) -> None:
-        """Nothing to start: trials train in this process."""
 
     def run_phase(self, job: PhaseJob) -> pd.DataFrame:
         journal = _Journal(job.storage / job.experiment / "trials.jsonl")
