@@ -29,9 +29,9 @@ LIMIT = 20_000
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory):
+def api(tmp_path_factory, migrated):
     executor = FakeExecutor()
-    app = create_app(Settings(data_dir=tmp_path_factory.mktemp("api-data"), max_body_bytes=LIMIT), executor)
+    app = create_app(Settings(data_dir=migrated(tmp_path_factory.mktemp("api-data")), max_body_bytes=LIMIT), executor)
     with TestClient(app, raise_server_exceptions=False) as client:
         client.executor = executor
         yield client

@@ -36,8 +36,9 @@ tune: {base_width: *i}
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    app = create_app(Settings(data_dir=tmp_path_factory.mktemp("limits-data"), allow_hf_hub=True), FakeExecutor())
+def api(tmp_path_factory, migrated):
+    settings = Settings(data_dir=migrated(tmp_path_factory.mktemp("limits-data")), allow_hf_hub=True)
+    app = create_app(settings, FakeExecutor())
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 
@@ -96,9 +97,9 @@ def test_size_fields_over_their_bound_are_422_naming_the_setting(api, spec, path
     assert any(e["loc"] == loc and setting in e["msg"] for e in errors), errors
 
 
-def test_every_bound_is_a_setting_and_the_operator_can_raise_or_lower_it(tmp_path):
+def test_every_bound_is_a_setting_and_the_operator_can_raise_or_lower_it(tmp_path, migrated):
     assert set(FIELDS.values()) <= set(Limits.model_fields)
-    tight = create_app(Settings(data_dir=tmp_path, limits=Limits(trials=4)), FakeExecutor())
+    tight = create_app(Settings(data_dir=migrated(tmp_path), limits=Limits(trials=4)), FakeExecutor())
     with TestClient(tight, raise_server_exceptions=False) as client:
         errors = _errors(_post(client, _with(TINY, ("tune", "num_trials"), 5)))
         assert errors[0]["loc"] == ["body", "tune", "num_trials"] and "PTCTL_MAX_TRIALS" in errors[0]["msg"]
@@ -186,7 +187,7 @@ def test_an_empty_idempotency_key_is_422(api):
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["header", "idempotency-key"]
 
 
-def test_a_slow_parse_answers_422_and_holds_its_slot_until_its_thread_ends(tmp_path, monkeypatch):
+def test_a_slow_parse_answers_422_and_holds_its_slot_until_its_thread_ends(tmp_path, monkeypatch, migrated):
     """The time limit: a parse past PTCTL_MAX_PARSE_S is answered; its thread keeps its slot until it ends, so
     hostile bodies cannot pile threads up (the next request waits for a slot, then gets 503)."""
     import service.intake as intake
@@ -194,7 +195,7 @@ def test_a_slow_parse_answers_422_and_holds_its_slot_until_its_thread_ends(tmp_p
     real = intake.parse_spec
     monkeypatch.setattr(intake, "parse_spec", lambda body, media, limits: (time.sleep(1.0), real(body, media,
                                                                                                   limits))[1])
-    app = create_app(Settings(data_dir=tmp_path, limits=Limits(parses=1, parse_s=0.3)), FakeExecutor())
+    app = create_app(Settings(data_dir=migrated(tmp_path), limits=Limits(parses=1, parse_s=0.3)), FakeExecutor())
     with TestClient(app, raise_server_exceptions=False) as client:
         slow = _post(client, TINY)
         assert slow.status_code == 422 and "PTCTL_MAX_PARSE_S" in slow.json()["detail"]

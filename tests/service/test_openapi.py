@@ -26,8 +26,8 @@ EXPECTED = {  # the 4xx/5xx each operation can answer with tokens configured
 }
 
 
-def _app(tmp_path, tokens: bool) -> TestClient:
-    settings = Settings(data_dir=tmp_path, api_tokens=f"admin:{ADMIN},read:{READ}" if tokens else None,
+def _app(data_dir, tokens: bool) -> TestClient:
+    settings = Settings(data_dir=data_dir, api_tokens=f"admin:{ADMIN},read:{READ}" if tokens else None,
                         max_body_bytes=50_000)
     return TestClient(create_app(settings, FakeExecutor()), raise_server_exceptions=False)
 
@@ -38,8 +38,8 @@ def _errors_of(schema: dict) -> dict[tuple[str, str], set[int]]:
 
 
 @pytest.mark.parametrize("tokens", [True, False])
-def test_each_operation_documents_exactly_its_errors(tmp_path, tokens):
-    with _app(tmp_path, tokens) as client:
+def test_each_operation_documents_exactly_its_errors(tmp_path, migrated, tokens):
+    with _app(migrated(tmp_path), tokens) as client:
         schema = client.get("/openapi.json").json()
     expected = {op: codes if tokens else codes - {401, 403} for op, codes in EXPECTED.items()}
     assert _errors_of(schema) == expected
@@ -51,10 +51,10 @@ def test_each_operation_documents_exactly_its_errors(tmp_path, tokens):
     assert "FieldError" in schema["components"]["schemas"]
 
 
-def test_the_documented_errors_happen(tmp_path):
+def test_the_documented_errors_happen(tmp_path, migrated):
     spec = json.dumps(load_catalog("tiny").as_dict())
     admin, read = {"Authorization": f"Bearer {ADMIN}"}, {"Authorization": f"Bearer {READ}"}
-    with _app(tmp_path, tokens=True) as client:
+    with _app(migrated(tmp_path), tokens=True) as client:
         assert client.get("/studies").status_code == 401
         assert client.post("/studies/x/cancel", headers=read).status_code == 403
         assert client.get("/studies/x", headers=read).status_code == 404
@@ -71,8 +71,8 @@ def test_the_documented_errors_happen(tmp_path):
             assert answer.status_code == 431 and "PTCTL_MAX_HEADER_BYTES" in answer.json()["detail"]
 
 
-def test_options_and_405_list_every_method_of_the_path(tmp_path):
-    with _app(tmp_path, tokens=True) as client:
+def test_options_and_405_list_every_method_of_the_path(tmp_path, migrated):
+    with _app(migrated(tmp_path), tokens=True) as client:
         schema = client.get("/openapi.json").json()
         for path, item in schema["paths"].items():
             url = path.replace("{study_id}", "some-id")
@@ -89,11 +89,11 @@ def test_options_and_405_list_every_method_of_the_path(tmp_path):
         assert client.options("/no-such-path").status_code == 404
 
 
-def test_the_request_body_is_one_variant_per_family(tmp_path):
+def test_the_request_body_is_one_variant_per_family(tmp_path, migrated):
     """`POST /studies`' schema follows `model.family`: each registered family's variant names its own arch and
     space (the classes its validators use), null where they default; compare baselines offer the families a
     compare study takes."""
-    with _app(tmp_path, tokens=False) as client:
+    with _app(migrated(tmp_path), tokens=False) as client:
         components = client.get("/openapi.json").json()["components"]["schemas"]
 
     def ref(cls) -> list[dict]:

@@ -34,8 +34,8 @@ BIG = 1 << 20  # the largest integer or magnitude drawn where the schema sets no
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    app = create_app(Settings(data_dir=tmp_path_factory.mktemp("schema-data")), FakeExecutor())
+def api(tmp_path_factory, migrated):
+    app = create_app(Settings(data_dir=migrated(tmp_path_factory.mktemp("schema-data"))), FakeExecutor())
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 

@@ -112,6 +112,8 @@ def test_a_resumed_phase_re_forms_its_batches_from_the_members_not_finished(tmp_
     _data_dir(tmp_path / "data", monkeypatch)
     data = load_catalog("tiny").as_dict()
     data["resources"]["batch_members"] = 8
+    data["train"].update(steps=10, eval_every=5, log_every=5, warmup_steps=2)  # the grouping, not the training
+    data["verify"]["steps"] = 10
     from studies.spec import StudySpec
 
     spec = StudySpec.model_validate(data)

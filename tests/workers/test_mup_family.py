@@ -234,6 +234,8 @@ def test_a_study_records_each_trials_infshapes_and_mups_learning_rates(tmp_path,
                                                                             "max_len": 32}}
     data["tune"]["num_trials"] = 2
     data["verify"]["n_samples"] = 2
+    data["train"].update(steps=10, eval_every=5, log_every=5, warmup_steps=2)  # what is recorded, not learning
+    data["verify"]["steps"], data["tune"]["asha"]["grace_steps"] = 10, 5
     data.pop("space")
     tracker = Recorder()
     state = run_study(StudySpec.model_validate(data), "nanogpt-tiny", runner=InProcessRunner(), tracker=tracker)

@@ -97,6 +97,7 @@ def test_stored_path_refuses_autocast_clearly():
         model(ids, mask)
 
 
+@pytest.mark.slow  # torch.compile: 7 s, most of it the compiler
 @pytest.mark.skipif(not torch._dynamo.is_dynamo_supported(), reason="torch.compile unsupported here")
 def test_compiled_step_matches_eager():
     torch.manual_seed(0)
