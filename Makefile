@@ -23,7 +23,7 @@ test: install
 # test-fast: one pytest worker per core (pytest-xdist), one torch thread each, and bytecode caching on (where the
 # environment turns it off, every run would compile the tests and ptctl again)
 test-fast:  # no install: it would add its pip time to every run
-	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -m "not slow" -n auto
+	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -p no:benchmark -m "not slow" -n auto
 
 bench: install  # every benchmark; each prepares its own data (a fresh clone and an empty ~/.ptctl work)
 	$(PY) benchmarks/bench_pt.py --device cpu
