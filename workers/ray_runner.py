@@ -71,6 +71,11 @@ def ensure_ray() -> None:
     """Join `RAY_ADDRESS` when set (e.g. `auto` or `ray://head:10001`), else start a private local Ray."""
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS") or "local"
+        if address == "local" and "RAY_AUTH_MODE" not in os.environ:
+            # Ray turns token authentication on for a new local cluster and says so on the terminal unless
+            # RAY_AUTH_MODE is set: the private Ray keeps that default, chosen here, so the terminal stays ptctl's
+            os.environ["RAY_AUTH_MODE"] = "token"
+            ray._raylet.Config.initialize("")  # type: ignore[attr-defined]  # Ray read the mode at import
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      logging_level=logging.WARNING, configure_logging=False)

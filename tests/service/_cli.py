@@ -22,7 +22,9 @@ def ptctl(args: list[str], data: Path, tracking_uri: str | None = None, timeout:
           **env: str) -> subprocess.CompletedProcess:
     """Run `ptctl ARGS` with PTCTL_DATA_DIR=data, a local Ray (unless `env` names RAY_ADDRESS) and MLflow at
     `tracking_uri` (default: the data directory's SQLite); MLflow's HTTP retries off, so failures are quick."""
-    full = {**os.environ, "PTCTL_DATA_DIR": str(data), "RAY_ADDRESS": "", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+    inherited = {k: v for k, v in os.environ.items()  # a user's shell: no embedded head's token from earlier tests
+                 if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
+    full = {**inherited, "PTCTL_DATA_DIR": str(data), "RAY_ADDRESS": "", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
             "PTCTL_MLFLOW_RETRY_S": "3",
             "MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "COLUMNS": "200", **env}
     full.pop("MLFLOW_TRACKING_URI", None)
