@@ -20,9 +20,9 @@ test: install
 	$(PY) -m mypy  # pyproject [tool.mypy]: strict on analysis/ and studies/, the default checks on the other packages
 	$(PY) -m pytest -q -p no:cacheprovider
 
-# test-fast: one pytest worker per core (pytest-xdist), one torch thread each, and bytecode caching on (where the
-# environment turns it off, every run would compile the tests and ptctl again)
-test-fast:  # no install: it would add its pip time to every run
+# test-fast: no install (it would add its pip time to every run); one pytest worker per core (pytest-xdist), one
+# torch thread each, and bytecode caching on (where the environment turns it off, every run compiles everything again)
+test-fast:
 	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -p no:benchmark -m "not slow" -n auto
 
 bench: install  # every benchmark; each prepares its own data (a fresh clone and an empty ~/.ptctl work)
