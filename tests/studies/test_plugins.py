@@ -68,7 +68,8 @@ def site(tmp_path) -> Path:
 
 
 def test_an_installed_plugin_family_appears_everywhere_the_built_ins_do(site, tmp_path, migrated):
-    migrated(tmp_path / "open"), migrated(tmp_path / "narrow")  # the apps' MLflow stores, ready
+    for name in ("open", "narrow"):  # the two apps' data directories, their MLflow stores ready
+        migrated(tmp_path / name)
     out = _python(site, f"""
         import contextlib, copy, io, json
         from fastapi.testclient import TestClient
