@@ -174,7 +174,10 @@ class NodeWatch(tune.Callback):
 
     @staticmethod
     def head() -> str:
-        """The cluster's GCS address, for the fix's `ray start --address=...`."""
+        """The cluster's GCS address, for the fix's `ray start --address=...` (not connected: a placeholder, since
+        `ray.get_runtime_context` would start a local Ray)."""
+        if not ray.is_initialized():
+            return "<head:port>"
         try:
             return ray.get_runtime_context().gcs_address or "<head:port>"
         except Exception:

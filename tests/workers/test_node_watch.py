@@ -2,6 +2,7 @@
 and a node that (re)joins in time resets it. (With real nodes: tests/service/test_cluster.py.)"""
 
 import pytest
+import ray
 
 from workers.errors import InfrastructureLost
 from workers.ray_runner import NO_NODE_S, NodeWatch, fits, no_node_wait_s
@@ -36,6 +37,9 @@ def test_no_fitting_node_for_the_wait_ends_the_phase_naming_the_fix():
     message = str(lost.value)
     assert lost.value.status == "interrupted" and "no live node that can run the verify phase's trials" in message
     assert "1 CPU each" in message and "ray start --address=" in message and "resume" in message, message
+    # with no Ray connected the head is a placeholder: naming it must not start a local Ray (ray.get_runtime_context
+    # would, taking seconds and leaving its processes running)
+    assert "--address=<head:port>" in message and not ray.is_initialized()
 
 
 def test_zero_waits_forever_and_the_wait_is_a_setting(monkeypatch):
