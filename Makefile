@@ -15,10 +15,13 @@ install:
 demo: install
 	ptctl study run studies/catalog/cpu_demo.yaml
 
+# test: the tests not marked slow as test-fast runs them, then the slow ones in one process (they start Ray
+# clusters and servers of their own, and time their faults: two at once would share the cores they wait on)
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy  # pyproject [tool.mypy]: strict on analysis/ and studies/, the default checks on the other packages
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(MAKE) --no-print-directory test-fast
+	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
 # test-fast: no install (it would add its pip time to every run); one pytest worker per core (pytest-xdist), one
 # torch thread each, and bytecode caching on (where the environment turns it off, every run compiles everything again)

@@ -116,17 +116,12 @@ def cluster(tmp_path_factory, s3) -> Iterator[tuple[Cluster, Path]]:
         assert set(ids) == {"head", *WORKERS}, f"the cluster did not come up: {ids}"
         yield Cluster(address, {k: client[k] for k in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", *s3)},
                       {k: v for k, v in ids.items() if k != "head"}, ids["head"], nodes, join), data
-    finally:
+    finally:  # kill -9, as the tests kill nodes: `ray start --block` takes 32 s to exit on SIGTERM
         procs += nodes.values()  # as they are now: a test may have started a node again
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
         shutil.rmtree(root, ignore_errors=True)
 
 
