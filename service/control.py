@@ -125,7 +125,9 @@ class Control:
         return self.store.get(study_id)
 
     def _start(self, study: Study) -> None:
-        """Create the driver, move `study.status` → running (only from the status read), launch it."""
+        """Create the driver, move `study.status` → running (only from the status read), launch it. A start that
+        failed because the study moved on meanwhile (a cancel's kill of the driver being created or launched) raises
+        `IllegalTransition`: the study stands as it is now."""
         try:
             handle = self.executor.start(study.id)
         except DriverRunning:
@@ -133,9 +135,8 @@ class Control:
         except Exception as exc:
             log.exception("could not start the driver of %s", study.id)
             message = f"could not start the study's driver on Ray ({type(exc).__name__}: {exc})"
-            if study.status == StudyStatus.PENDING:
-                with suppress(IllegalTransition):  # cancelled meanwhile
-                    self.store.transition(study.id, StudyStatus.FAILED, error=message, expect=[StudyStatus.PENDING])
+            if study.status == StudyStatus.PENDING:  # IllegalTransition: cancelled meanwhile
+                self.store.transition(study.id, StudyStatus.FAILED, error=message, expect=[StudyStatus.PENDING])
             raise ExecutionUnavailable(f"{message}; check GET /readyz, then POST /studies/{study.id}/resume") from exc
         try:
             running = self.store.transition(study.id, StudyStatus.RUNNING, expect=[study.status])
@@ -148,9 +149,8 @@ class Control:
             log.exception("the driver of %s did not begin", study.id)
             self.executor.stop(study.id)
             message = f"the study's driver did not begin on Ray ({type(exc).__name__}: {exc})"
-            with suppress(IllegalTransition):  # cancelled meanwhile
-                self.store.transition(study.id, StudyStatus.INTERRUPTED, error=f"{message}: resume it",
-                                      expect=[StudyStatus.RUNNING], attempt=running.attempts)
+            self.store.transition(study.id, StudyStatus.INTERRUPTED, error=f"{message}: resume it",
+                                  expect=[StudyStatus.RUNNING], attempt=running.attempts)  # or cancelled meanwhile
             raise ExecutionUnavailable(f"{message}; check GET /readyz, then POST /studies/{study.id}/resume") from exc
 
     def cancel(self, study_id: str) -> Study:

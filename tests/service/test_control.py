@@ -40,6 +40,40 @@ def test_a_cancel_during_submit_wins_and_no_driver_is_left(control):
     assert executor.launched == [] and not executor.alive(study.id)
 
 
+class CancelledWhileCreating(FakeExecutor):
+    """The cancel's `ray.kill` lands while Ray is still creating the driver actor, so the creation fails (seen
+    in test_sharing.py's cancel race: `RaySystemError: System error: Actor creation cancelled.`)."""
+
+    def __init__(self, control: Control) -> None:
+        super().__init__()
+        self.control = control
+
+    def start(self, study_id: str) -> str:
+        self.control.cancel(study_id)
+        raise RuntimeError("System error: Actor creation cancelled.")
+
+
+class CancelledWhileLaunching(CancelledWhileCreating):
+    """The cancel lands after the driver was created and the study moved to running, before it began."""
+
+    def start(self, study_id: str) -> str:
+        return FakeExecutor.start(self, study_id)
+
+    def launch(self, handle, spec, study_id: str, attempt: int) -> None:
+        self.control.cancel(study_id)
+        raise RuntimeError("the driver died before it began")
+
+
+@pytest.mark.parametrize("executor", [CancelledWhileCreating, CancelledWhileLaunching])
+def test_a_driver_start_failed_by_a_racing_cancel_answers_the_cancelled_study(control, executor):
+    """The start failed because the study was cancelled meanwhile: the submit answers the study as it is now
+    (cancelled), not that Ray could not start the driver and the study should be resumed."""
+    control.executor = executor(control)
+    study, created = control.submit(SPEC)
+    assert created and study.status == "cancelled" and study.error == "cancelled by request"
+    assert not control.executor.alive(study.id)
+
+
 def test_resume_moves_only_from_the_status_it_saw(control):
     study, _ = control.submit(SPEC)
     control.cancel(study.id)

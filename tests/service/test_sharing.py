@@ -65,6 +65,24 @@ def _submit(api, name: str, **kw) -> str:
     return response.json()["id"]
 
 
+def _submitting(api, n: int, prefix: str, **kw) -> tuple[list[threading.Thread], list[str], list[str]]:
+    """`n` submits at once, a started thread each: the threads, the ids answered 201 and the other answers (a
+    failed submit fails the test, not only its thread)."""
+    ids: list[str] = []
+    failed: list[str] = []
+
+    def one(i: int) -> None:
+        try:
+            ids.append(_submit(api, f"{prefix}-{i}", seed=i, **kw))
+        except AssertionError as exc:
+            failed.append(str(exc))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads, ids, failed
+
+
 def _status(api, study_id: str) -> dict:
     return api.get(f"/studies/{study_id}").json()
 
@@ -77,14 +95,11 @@ def test_first_studies_submitted_together_all_run(fresh):
     """Four studies at once on a fresh data directory: none fails creating the MLflow store."""
     assert (fresh.data / "mlflow.db").exists(), "the API did not create the MLflow store at start-up"
     with fresh.client() as api:
-        ids: list[str] = []
         # one tune trial each: what can fail here is the drivers' first use of the store, not the trials
-        threads = [threading.Thread(target=lambda i=i: ids.append(_submit(api, f"first-{i}", trials=1, seed=i)))
-                   for i in range(4)]
-        for t in threads:
-            t.start()
+        threads, ids, failed = _submitting(api, 4, "first", trials=1)
         for t in threads:
             t.join()
+        assert not failed, failed
         finals = [wait_for(lambda s=s: (d := _status(api, s))["status"] in TERMINAL and d, 420,
                            f"study {s} to finish", interval=2) for s in ids]
     assert [f["status"] for f in finals] == ["succeeded"] * 4, [(f["id"], f["error"]) for f in finals]
@@ -95,18 +110,15 @@ def test_first_studies_submitted_together_all_run(fresh):
 def test_a_cancel_answered_200_always_ends_cancelled(fresh):
     """20 submits at once while a second client cancels every study it sees `pending` (their submits still in
     flight), then every other one. Each ends cancelled, with no driver and no trial left running."""
-    ids: list[str] = []
     with fresh.client() as api, fresh.client() as other:
-        submits = [threading.Thread(target=lambda i=i: ids.append(_submit(api, f"race-{i}", seed=i)))
-                   for i in range(20)]
-        for t in submits:
-            t.start()
+        submits, ids, failed = _submitting(api, 20, "race")
         answered = {}
         while any(t.is_alive() for t in submits):
             for study in other.get("/studies", params={"status": "pending", "limit": 100}).json()["items"]:
                 answered.setdefault(study["id"], other.post(f"/studies/{study['id']}/cancel"))
         for t in submits:
             t.join()
+        assert not failed, failed  # a submit whose study a cancel stopped answers 201 with the cancelled study
         for study_id in ids:
             answered.setdefault(study_id, other.post(f"/studies/{study_id}/cancel"))
         assert all(r.status_code == 200 for r in answered.values()), {s: r.text for s, r in answered.items()}
