@@ -88,14 +88,14 @@ def phase_start_and_steady(spans: list[tuple[int, float, float, float]], started
     training (the actor's process and imports, then that trial's set-up beyond a later trial's); `steady_ms`: median
     over every later trial of the gap since the actor's previous trial left plus its trainable's time beyond
     training (reset, Tune's scheduling, TPE, reporting)."""
-    by_actor: dict[int, list[tuple[float, float, float]]] = {}
-    for pid, entered, left, train in sorted(spans, key=lambda s: s[1]):
-        by_actor.setdefault(pid, []).append((entered, left, train))
-    steady = [1000 * (entered - before[1] + (left - entered - train))
-              for trials in by_actor.values() for before, (entered, left, train) in itertools.pairwise(trials)]
+    by_actor: dict[int, list[tuple[float, float]]] = {}  # each actor's trials in order: (left, training s)
+    for pid, _, left, train in sorted(spans, key=lambda s: s[1]):  # by when each entered
+        by_actor.setdefault(pid, []).append((left, train))
+    # a trial's time not training: since the actor's previous trial left (for its first, since the phase's start)
+    steady = [1000 * (left - train - before) for trials in by_actor.values()
+              for (before, _), (left, train) in itertools.pairwise(trials)]
     extra = statistics.median(s / 1000 for s in steady) if steady else 0.0  # a later trial's own cost, from the start
-    start = [entered - started_at + (left - entered - train) - extra
-             for entered, left, train in (trials[0] for trials in by_actor.values())]
+    start = [left - train - started_at - extra for left, train in (trials[0] for trials in by_actor.values())]
     return {"start_s": statistics.median(start), "steady_ms": statistics.median(steady) if steady else float("nan"),
             "actors": len(by_actor)}
 

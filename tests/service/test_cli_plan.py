@@ -37,7 +37,7 @@ CALLS = {
     "dry_run": ["transfer", "--spec", str(GPU_SPEC), "--from-width", "128", "--to", "1024", "--dry-run"],
     "gpu": ["study", "plan", str(GPU_SPEC)],
     "compare": ["study", "plan", str(CATALOG / "compare_cpu.yaml")],
-    "batched": ["study", "plan", "BATCHED"],  # cpu_demo with resources.batch_members = 16, written by `plans`
+    "batched": ["study", "plan"],  # and cpu_demo with resources.batch_members = 16, which `plans` writes
     "horizon": ["study", "plan", str(CATALOG / "horizon_cpu.yaml")],
     "cpu_demo": ["study", "plan", str(CATALOG / "cpu_demo.yaml")],
     "tau": ["study", "plan", str(CATALOG / "tau_cpu.yaml")],
@@ -62,8 +62,8 @@ def plans(tmp_path_factory) -> dict[str, tuple[int, str, list[str]]]:
     data["resources"]["batch_members"] = 16
     batched = tmp_path_factory.mktemp("plan") / "batched.yaml"
     batched.write_text(json.dumps(data))
-    calls = [[str(batched) if a == "BATCHED" else a for a in args] for args in CALLS.values()]
-    return dict(zip(CALLS, _ptctl(calls), strict=True))
+    calls = {**CALLS, "batched": [*CALLS["batched"], str(batched)]}
+    return dict(zip(calls, _ptctl(list(calls.values())), strict=True))
 
 
 def test_transfer_dry_run_prints_the_gpu_specs_cost_share_without_training(plans):
