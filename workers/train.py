@@ -67,6 +67,21 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+class EagerAdamW(torch.optim.AdamW):
+    """`torch.optim.AdamW` less the wrappers that import `torch._dynamo` on their first call (0.9 s of a fresh trial
+    process: each phase's trial actors, `ptctl train`) only to keep these methods out of a compiled graph; ptctl
+    never compiles its optimiser. The same arithmetic, state and state dict as AdamW's (tests/workers/test_train.py)."""
+
+    add_param_group = torch.optim.Optimizer.add_param_group.__wrapped__  # type: ignore[attr-defined]
+    zero_grad = torch.optim.Optimizer.zero_grad.__wrapped__  # type: ignore[attr-defined]
+    state_dict = torch.optim.Optimizer.state_dict.__wrapped__  # type: ignore[attr-defined]
+    load_state_dict = torch.optim.Optimizer.load_state_dict.__wrapped__  # type: ignore[attr-defined]
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        return torch.optim.AdamW.step.__wrapped__(self, closure)  # type: ignore[attr-defined,no-any-return]
+
+
 def make_optimizer(model: LanguageModel, cfg: TrialConfig) -> torch.optim.Optimizer:
     """The model's own optimiser when it has one (a mup family's MuAdamW), else AdamW with one group per parameter
     group; μP enters through `model.lr_multipliers()`, a depth parametrization's ε through `model.eps_multipliers()`."""
@@ -85,7 +100,7 @@ def make_optimizer(model: LanguageModel, cfg: TrialConfig) -> torch.optim.Optimi
         for name, params in model.groups.items()
         if params
     ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=ADAM_EPS)
+    return EagerAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=ADAM_EPS)
 
 
 def lr_factor(step: int, cfg: TrialConfig) -> float:

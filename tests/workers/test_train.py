@@ -1,10 +1,13 @@
+import copy
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from studies.spec import DataSpec
-from workers.train import TrialConfig, lr_factor, train_trial
+from workers.train import EagerAdamW, TrialConfig, lr_factor, train_trial
 
 DATA = DataSpec(max_tokens=150_000, seq_len=32)
 HP = {"width": 32, "base_width": 32, "n_channels": 2, "rank": 8, "n_iter": 2, "gamma": 2, "parametrization": "mup"}
@@ -173,3 +176,36 @@ def test_an_eval_loss_worse_than_uniform_prediction_is_diverged():
     assert train_trial(_cfg(steps=10, eval_every=10, uniform_margin=None)).status == "completed"
     idle = train_trial(_cfg(steps=10, eval_every=10, lr=1e-12, uniform_margin=0.3))
     assert idle.status == "completed"
+
+
+def test_a_fresh_process_trains_without_importing_torch_dynamo():
+    """torch.optim's wrappers import torch._dynamo on their first call, 0.9 s of every fresh trial process (a phase's
+    trial actors, `ptctl train`), only to mark the optimiser's methods uncompilable: a trial never compiles them."""
+    code = ("import sys; from tests.workers.test_train import _cfg; from workers.train import train_trial; "
+            "r = train_trial(_cfg(steps=2, eval_every=2)); print(r.status, 'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["completed", "False"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_optimiser_is_torchs_adamw_to_the_bit(dtype):
+    """`EagerAdamW` is `torch.optim.AdamW` less the dynamo import: the same parameters after every step, and each
+    loads the other's state dict (checkpoints written before it resume)."""
+    def groups(model):
+        return [{"params": [model[0].weight], "lr": 3e-2, "weight_decay": 0.1},
+                {"params": [model[0].bias, model[1].weight], "lr": 1e-2, "weight_decay": 0.0, "eps": 1e-6}]
+
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 3, bias=False)).to(dtype)
+    b = copy.deepcopy(a)
+    ref, ours = torch.optim.AdamW(groups(a), betas=(0.9, 0.95)), EagerAdamW(groups(b), betas=(0.9, 0.95))
+    x = torch.randn(16, 8, dtype=dtype)
+    for step in range(6):
+        for model, opt in ((a, ref), (b, ours)):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+        assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True)), step
+    assert str(ours.state_dict()) == str(ref.state_dict())
+    ours.load_state_dict(ref.state_dict())
+    ref.load_state_dict(ours.state_dict())
