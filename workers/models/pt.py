@@ -103,7 +103,8 @@ def gather_indexed(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: boo
 
 
 # the diagonal kernels (recompute=True): the same sums as the indexed ones above, with each near bucket
-# one diagonal of the (n, n) score matrix and one shifted slice of x, and the far masks as triu/tril.
+# one diagonal of the (n, n) score matrix and one shifted slice of x, and the far buckets as masked products
+# (a product with the (n, n) mask: half the time of triu/tril on CPU, the same values).
 def _near_slices(s: int, n: int) -> tuple[slice, slice]:
     """Dependents i and heads j = i − s of the pairs at signed offset s, as slices of 0..n−1."""
     i0, i1 = max(s, 0), n + min(s, 0)
@@ -112,9 +113,8 @@ def _near_slices(s: int, n: int) -> tuple[slice, slice]:
 
 def head_scores(q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
     """F[b,c,i,j] = Σ_k M[k,i,j] <q_k[i], k_k[j]>.  q, k: (B, n, K, h, r) → (B, h, n, n)."""
-    g = o.gamma
-    F_ = (q[:, :, 0].transpose(1, 2) @ k[:, :, 0].permute(0, 2, 3, 1)).triu(g + 1)  # far_neg: j > i + γ
-    F_ += (q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1)).tril(-g - 1)  # far_pos: j < i − γ
+    F_ = (q[:, :, 0].transpose(1, 2) @ k[:, :, 0].permute(0, 2, 3, 1)) * o.far_neg  # j > i + γ
+    F_ += (q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1)) * o.far_pos  # j < i − γ
     for s, kb in o.near:  # F[i, i − s], one diagonal per near bucket
         dep, head = _near_slices(s, o.n)
         F_.diagonal(-s, -2, -1).copy_((q[:, dep, kb] * k[:, head, kb]).sum(-1).transpose(1, 2))
@@ -126,9 +126,9 @@ def gather(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> to
 
     A: (B, h, n, n); x: (B, n, K, h, r) → (B, n, K, h, r); no index ops, no autograd.
     """
-    g, n = o.gamma, o.n
+    n = o.n
     ctx = torch.empty_like(x)
-    far_neg, far_pos = A.triu(g + 1), A.tril(-g - 1)
+    far_neg, far_pos = A * o.far_neg, A * o.far_pos
     if transpose:
         far_neg, far_pos = far_neg.transpose(-1, -2), far_pos.transpose(-1, -2)
     ctx[:, :, 0] = (far_neg @ x[:, :, 0].transpose(1, 2)).transpose(1, 2)  # (B, h, n, r) → (B, n, h, r)
