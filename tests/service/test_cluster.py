@@ -93,8 +93,10 @@ def cluster(tmp_path_factory, s3) -> Iterator[tuple[Cluster, Path]]:
     port = _free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "PTCTL_DATA_DIR": str(data), **s3}
     env.pop("RAY_AUTH_TOKEN", None)
+    # a node killed -9 is marked dead after 3 missed health checks 1 s apart (≈ 5 s), not Ray's default 5 × 3 s
+    detect = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
     procs = [subprocess.Popen(["ray", "start", "--head", "--block", "--num-cpus=0", f"--port={port}",
-                               "--include-dashboard=false", f"--temp-dir={root / 'head'}"], env=env,
+                               "--include-dashboard=false", f"--temp-dir={root / 'head'}"], env={**env, **detect},
                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)]
     address = f"127.0.0.1:{port}"
     time.sleep(5)
