@@ -217,11 +217,6 @@ class Store:
             raise IllegalTransition(study_id, study.status, target, allowed)
         return study
 
-    def is_current(self, study_id: str, attempt: int) -> bool:
-        """True while the study is `running` under `attempt`: what a driver checks before it trains."""
-        study = self.get(study_id)
-        return study.status == StudyStatus.RUNNING and study.attempts == attempt
-
     def begin(self, study_id: str, attempt: int) -> bool:
         """A driver of `attempt` begins: records it (`began`) if the study is still `running` under `attempt`, and
         says whether it is (else the driver must exit without training). A study whose `began` is 0 never had a

@@ -110,10 +110,9 @@ def test_expect_narrows_the_sources_to_what_the_caller_saw(store):
 def test_a_driver_writes_only_under_its_own_attempt(store):
     store.create("a", SPEC, "h")
     first = store.transition("a", "running").attempts
-    assert store.is_current("a", first)
     store.transition("a", "cancelled")
-    store.transition("a", "running", expect=["cancelled"])  # resumed: attempt 2
-    assert not store.is_current("a", first) and store.is_current("a", first + 1)
+    assert store.transition("a", "running", expect=["cancelled"]).attempts == first + 1  # resumed: attempt 2
+    assert not store.begin("a", first) and store.begin("a", first + 1)  # only the current attempt's driver begins
     with pytest.raises(IllegalTransition, match="attempt 2"):
         store.transition("a", "succeeded", attempt=first)  # the stale driver's last word is refused
     with pytest.raises(IllegalTransition):

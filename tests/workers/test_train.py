@@ -181,8 +181,9 @@ def test_an_eval_loss_worse_than_uniform_prediction_is_diverged():
 def test_a_fresh_process_trains_without_importing_torch_dynamo():
     """torch.optim's wrappers import torch._dynamo on their first call, 0.9 s of every fresh trial process (a phase's
     trial actors, `ptctl train`), only to mark the optimiser's methods uncompilable: a trial never compiles them."""
-    code = ("import sys; from tests.workers.test_train import _cfg; from workers.train import train_trial; "
-            "r = train_trial(_cfg(steps=2, eval_every=2)); print(r.status, 'torch._dynamo' in sys.modules)")
+    cfg = _cfg(steps=2, eval_every=2, batch_size=2, eval_batches=1).model_dump_json()
+    code = ("import sys; from workers.train import TrialConfig, train_trial; "
+            f"r = train_trial(TrialConfig.model_validate_json({cfg!r})); print(r.status, 'torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["completed", "False"]
 
