@@ -183,7 +183,8 @@ def test_a_fresh_process_trains_without_importing_torch_dynamo():
     trial actors, `ptctl train`), only to mark the optimiser's methods uncompilable: a trial never compiles them."""
     cfg = _cfg(steps=2, eval_every=2, batch_size=2, eval_batches=1).model_dump_json()
     code = ("import sys; from workers.train import TrialConfig, train_trial; "
-            f"r = train_trial(TrialConfig.model_validate_json({cfg!r})); print(r.status, 'torch._dynamo' in sys.modules)")
+            f"r = train_trial(TrialConfig.model_validate_json({cfg!r})); "
+            "print(r.status, 'torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["completed", "False"]
 
