@@ -94,10 +94,10 @@ def phase_start_and_steady(spans: list[tuple[int, float, float, float]], started
     # a trial's time not training: since the actor's previous trial left (for its first, since the phase's start)
     steady = [1000 * (left - train - before) for trials in by_actor.values()
               for (before, _), (left, train) in itertools.pairwise(trials)]
-    extra = statistics.median(s / 1000 for s in steady) if steady else 0.0  # a later trial's own cost, from the start
+    steady_ms = statistics.median(steady) if steady else float("nan")
+    extra = steady_ms / 1000 if steady else 0.0  # a later trial's own cost, taken off the first's
     start = [left - train - started_at - extra for left, train in (trials[0] for trials in by_actor.values())]
-    return {"start_s": statistics.median(start), "steady_ms": statistics.median(steady) if steady else float("nan"),
-            "actors": len(by_actor)}
+    return {"start_s": statistics.median(start), "steady_ms": steady_ms, "actors": len(by_actor)}
 
 
 def main() -> None:

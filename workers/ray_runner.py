@@ -176,10 +176,11 @@ class NodeWatch(tune.Callback):
     def head() -> str:
         """The cluster's GCS address, for the fix's `ray start --address=...` (not connected: a placeholder, since
         `ray.get_runtime_context` would start a local Ray)."""
+        address = None
         if ray.is_initialized():
             with contextlib.suppress(Exception):
-                return ray.get_runtime_context().gcs_address or "<head:port>"
-        return "<head:port>"
+                address = ray.get_runtime_context().gcs_address
+        return address or "<head:port>"
 
 
 def planned_trial(spec: StudySpec, phase: str, config: dict[str, Any], trial_id: str) -> PlannedTrial:
