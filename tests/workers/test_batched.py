@@ -5,9 +5,12 @@ At dropout 0 a member's per-step losses and final eval loss equal `train_trial`'
 trial to ≤ 1e-3 — for PT (μP and standard, recompute on and off), BERT, UT and TauGPT, with members that differ in
 lr and in the family's hparams. A diverging member is recorded diverged and the others go on; with dropout the
 members draw independent masks; a batch resumed from its checkpoint ends where an undisturbed one ends.
+
+`PTCTL_TEST_DEVICE=cuda` runs every test here on a GPU (the solo trial it is compared with on the same device).
 """
 
 import math
+import os
 
 import pytest
 import torch
@@ -23,6 +26,8 @@ PT = {"width": 16, "base_width": 8, "n_channels": 2, "rank": 4, "n_iter": 2, "ga
 BERT = {"width": 32, "base_width": 16, "head_dim": 16, "n_layers": 1, "max_len": 16}
 UT = {"width": 32, "base_width": 16, "head_dim": 16, "n_steps": 2, "max_len": 16, "act": True}
 TAU = {"width": 32, "base_width": 16, "head_dim": 8, "n_layers": 1, "max_len": 16}
+DEVICE = os.environ.get("PTCTL_TEST_DEVICE", "cpu")
+TAU_CUDA_REL = 1e-4
 # members differ in lr and in each family's hparams
 PT_MEMBERS = [({"lr": 1e-2}, {}), ({"lr": 3e-2}, {"w_H": 1.7, "w_dep": 0.6}), ({"lr": 5e-3}, {"w_unary": 0.4})]
 ENC_MEMBERS = [({"lr": 1e-2}, {}), ({"lr": 3e-3}, {"output_mult": 2.0, "attn_mult": 0.5, "init_std": 0.1})]
@@ -31,7 +36,7 @@ TAU_MEMBERS = [({"lr": 3e-3}, {}), ({"lr": 1e-2}, {"output_mult": 0.5, "temperat
 
 def _configs(model, hp, data, members, **kw):
     base = dict(model=model, data=data, steps=20, batch_size=8, eval_every=10, eval_batches=2, warmup_steps=3,
-                device="cpu")
+                device=DEVICE)
     return [TrialConfig(**{**base, **kw, **top, "model_hp": {**hp, **extra}}) for top, extra in members]
 
 
@@ -66,7 +71,11 @@ def test_pt_members_equal_solo_trials_in_float64(float64, recompute, parametriza
 @pytest.mark.parametrize(("model", "hp", "data", "members"), [
     ("bert", BERT, DATA, ENC_MEMBERS), ("ut", UT, DATA, ENC_MEMBERS), ("tauformer", TAU, CLM, TAU_MEMBERS)])
 def test_every_family_equals_its_solo_trials_in_float64(float64, model, hp, data, members):
-    _assert_equal(_configs(model, {**hp, "parametrization": "mup"}, data, members), rel=1e-8)
+    # TauGPT computes E, λ and its logits in float32 whatever the model's dtype. On CPU the batched and the solo
+    # float32 products round alike; on CUDA they do not, and the temperature-0.05 member's 20× logits carry that to
+    # 4e-5 relative after 20 steps (H100, docs/LOG.md): there the bound is float32's.
+    rel = TAU_CUDA_REL if model == "tauformer" and DEVICE != "cpu" else 1e-8
+    _assert_equal(_configs(model, {**hp, "parametrization": "mup"}, data, members), rel=rel)
 
 
 @pytest.mark.slow

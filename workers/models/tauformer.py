@@ -99,7 +99,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def _quantiles(values: torch.Tensor) -> list[float]:
     """p05, p50, p95 of `values` (of the first 10⁶ values: `torch.quantile` takes at most 2²⁴)."""
     kept = values.detach().float().flatten()[:1_000_000]
-    return torch.quantile(kept, torch.tensor(QUANTILES, dtype=kept.dtype)).tolist()
+    return torch.quantile(kept, torch.tensor(QUANTILES, dtype=kept.dtype, device=kept.device)).tolist()
 
 
 def temperature(log_temp: torch.Tensor) -> torch.Tensor:
