@@ -38,6 +38,7 @@ import torch  # noqa: E402
 from ray import tune  # noqa: E402
 from ray.tune.result import AUTO_RESULT_KEYS  # noqa: E402
 from ray.tune.schedulers import ASHAScheduler  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from analysis.table import TrialStatus  # noqa: E402
 from studies.members import auto_members, batches  # noqa: E402
@@ -635,16 +636,50 @@ class RayRunner:
 
 def _grid(spec: StudySpec, phase: str, planned: list[PlannedTrial]) -> list[dict[str, Any]]:
     """A grid phase's Tune trials: each planned trial alone (`as_dict`), or batches of them (`{"members": [...],
-    "batch": "i/n"}`) when `resources.batch_members` (auto: the cluster's GPUs and trial slots) makes any."""
+    "batch": "i/n"}`) when `resources.batch_members` (auto: the cluster's GPUs, their memory and the trial slots)
+    makes any."""
     ensure_ray()
     res, total = spec.resources, ray.cluster_resources()
     gpus = _phase_gpus(spec, phase)
     slots = int(total.get("GPU", 0) // gpus) if gpus else int(total.get("CPU", 1) // res.cpus_per_trial)
-    k = auto_members(spec, planned, slots=max(slots, 1), memory_bytes=None, gpu=gpus > 0)
+    memory = worker_gpu_memory(gpus) if gpus and res.batch_members == "auto" else None
+    k = auto_members(spec, planned, slots=max(slots, 1), memory_bytes=memory, gpu=gpus > 0)
     groups = batches(spec, planned, k)
     return [group[0].as_dict() if len(group) == 1 else
             {"members": [t.as_dict() for t in group], "batch": f"{i + 1}/{len(groups)}"}
             for i, group in enumerate(groups)]
+
+
+GPU_PROBE_S = 120.0  # seconds the GPU nodes have to report their device's memory (`worker_gpu_memory`)
+
+
+@ray.remote(num_cpus=0)
+def _device_memory() -> int | None:
+    """The total memory of the CUDA device this Ray worker was given; None where torch sees none."""
+    return torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else None
+
+
+def worker_gpu_memory(gpus: float) -> float | None:
+    """The device memory one trial of `gpus` GPUs holds, on the cluster's smallest GPU: each live GPU node is asked
+    by a task pinned there that holds a trial's share of a GPU (min(gpus, 1): a batch trains on one device, and a
+    fraction of a GPU holds that fraction of its memory). None: no node reported within `GPU_PROBE_S` (batches are
+    then sized by the trial slots alone)."""
+    share = min(gpus, 1.0)
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) >= share]
+    refs = [_device_memory.options(num_gpus=share, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+            .remote() for node in nodes]
+    ready, pending = ray.wait(refs, num_returns=len(refs), timeout=GPU_PROBE_S) if refs else ([], [])
+    for ref in pending:
+        ray.cancel(ref, force=True)
+    sizes = []
+    for ref in ready:
+        with contextlib.suppress(ray.exceptions.RayError):
+            sizes.append(ray.get(ref))
+    known = [size for size in sizes if size]
+    if pending or len(known) < len(nodes):
+        log.warning("%d of %d GPU nodes did not report their device memory: batches sized from %s", len(nodes) -
+                    len(known), len(nodes), "the others" if known else "the trial slots alone")
+    return min(known) * share if known else None
 
 
 def _phase_gpus(spec: StudySpec, phase: str) -> float:
