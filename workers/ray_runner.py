@@ -676,7 +676,7 @@ def worker_gpu_memory(gpus: float) -> float | None:
         with contextlib.suppress(ray.exceptions.RayError):
             sizes.append(ray.get(ref))
     known = [size for size in sizes if size]
-    if pending or len(known) < len(nodes):
+    if len(known) < len(nodes):
         log.warning("%d of %d GPU nodes did not report their device memory: batches sized from %s", len(nodes) -
                     len(known), len(nodes), "the others" if known else "the trial slots alone")
     return min(known) * share if known else None

@@ -47,7 +47,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.slow  # a private Ray in a child process: ≈ 15 s
+@pytest.mark.slow  # a private Ray in a child process: ≈ 9 s
 def test_auto_batches_on_gpus_fit_the_memory_the_gpu_workers_report(tmp_path):
     done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PTCTL_DATA_DIR": str(tmp_path)})
