@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import pandas as pd
 from pydantic import BaseModel
 
-from analysis import compare_table, plot_compare
+import analysis  # its plots load matplotlib when first drawn, not when a phase is imported
 from studies.arch import ModelSpec, rebase
 from studies.budget import train_flops, width_for_budget
 from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Stage, Verdict
@@ -162,9 +162,9 @@ class Compare(Phase):
         spec, c = ctx.spec, required(ctx.spec.compare, "compare")
         tunes = [ctx.tables(stage.table) for stage in self.stages(ctx)]
         pd.concat(tunes, ignore_index=True).to_csv(out.artifact("compare_tune_trials.csv"), index=False)
-        summary = compare_table(table)
+        summary = analysis.compare_table(table)
         summary.to_csv(out.artifact("compare_summary.csv"), index=False)
-        plot_compare(table, out.figure("compare"))
+        analysis.plot_compare(table, out.figure("compare"))
         vocab = ctx.vocab_size()
         return CompareResult(stages=_record(ctx).stages, vocab_size=vocab, widths=compare_widths(spec, vocab),
                              summary=summary.to_dict(orient="records"), budgets=c.budgets, tokens=c.tokens)

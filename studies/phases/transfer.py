@@ -7,7 +7,8 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from analysis import plot_transfer, transfer_table
+import analysis  # its plots load matplotlib when first drawn, not when a phase is imported
+from analysis import transfer_table
 from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Verdict
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec, required
@@ -38,7 +39,7 @@ class Transfer(Phase):
 
     def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> TransferResult:
         summary = transfer_table(table)
-        plot_transfer(pd.concat([ctx.tables("tune"), table], ignore_index=True), out.figure("transfer"))
+        analysis.plot_transfer(pd.concat([ctx.tables("tune"), table], ignore_index=True), out.figure("transfer"))
         summary.to_csv(out.artifact("transfer_summary.csv"), index=False)
         return TransferResult(widths=summary.to_dict(orient="records"))
 

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import pandas as pd
 
-from analysis import plot_tune_history
+import analysis  # its plots load matplotlib when first drawn, not when a phase is imported
 from analysis.table import TrialStatus, judged_loss, phase_rows
 from studies.phases.base import Artifacts, Context, Phase, PhaseFailed, PhaseResult, Verdict
 from studies.plan import PlannedTrial
@@ -99,7 +99,7 @@ class Tune(Phase):
 
     def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> TuneResult:
         best = best_hparams(ctx.spec, table)
-        plot_tune_history(table, out.figure("tune_history"))
+        analysis.plot_tune_history(table, out.figure("tune_history"))
         done = table[table.status == TrialStatus.COMPLETED]
         return TuneResult(best_hparams=best, best_eval_loss=float(done.eval_loss.min()), n_trials=len(table),
                           n_diverged=int((table.status == TrialStatus.DIVERGED).sum()))

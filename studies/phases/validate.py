@@ -15,18 +15,8 @@ from typing import ClassVar
 
 import pandas as pd
 
-from analysis import (
-    LRDrift,
-    Regret,
-    depth_sweep,
-    lr_drift,
-    plot_depth,
-    plot_horizon,
-    plot_mutransfer,
-    regret_line,
-    transfer_regret,
-    without_depth_sweep,
-)
+import analysis  # its plots load matplotlib when first drawn, not when a phase is imported
+from analysis import LRDrift, Regret, depth_sweep, lr_drift, regret_line, transfer_regret, without_depth_sweep
 from studies.arch import DEPTH_SWEEP
 from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Verdict
 from studies.plan import PlannedTrial
@@ -125,7 +115,7 @@ def _depth_drift(v: ValidateSpec, depths: pd.DataFrame, out: Artifacts) -> LRDri
     `validate.depths`."""
     if not v.depths:
         return None
-    plot_depth(depths, out.figure("depth"))
+    analysis.plot_depth(depths, out.figure("depth"))
     return lr_drift(depths, threshold=v.drift_threshold, axis="depth")
 
 
@@ -154,14 +144,14 @@ class Validate(Phase):
         drift, hparam_drift = None, {}
         if len(v.widths) > 1:  # one width: a horizon sweep alone
             for hparam in v.sweeps():
-                plot_mutransfer(table, out.figure(_figure(hparam)), hparam)
+                analysis.plot_mutransfer(table, out.figure(_figure(hparam)), hparam)
             drift = lr_drift(table, threshold=v.drift_threshold)  # first: it names the fix for a sweep that diverged
             hparam_drift = {h: lr_drift(table, threshold=v.drift_threshold, hparam=h) for h in v.hparams}
         regret = transfer_regret(table, ctx.centre(), regret_widths(ctx.spec), hparams=list(v.sweeps()),
                                  parametrization=ctx.spec.model.parametrization, proxy_width=ctx.spec.tune.base_width)
         horizon_drift = []
         if horizon is not None:
-            plot_horizon(horizon, out.figure("horizon"))
+            analysis.plot_horizon(horizon, out.figure("horizon"))
             horizon_drift = [lr_drift(horizon[horizon["width"] == w], threshold=v.drift_threshold, axis="horizon")
                              for w in v.widths]
         return ValidateResult(lr_drift=drift, hparam_drift=hparam_drift, regret=regret, horizon_drift=horizon_drift,

@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from analysis import Certificate, certify, plot_verify
+import analysis  # its plots load matplotlib when first drawn, not when a phase is imported
+from analysis import Certificate, certify
 from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Verdict
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec, required
@@ -92,7 +93,7 @@ class Verify(Phase):
         v = required(ctx.spec.verify, "verify")
         cert = certify(table, p=v.p, alpha=v.alpha, tolerance=v.tolerance)
         out.write_artifact("certificate.json", cert.model_dump())
-        plot_verify(table, ctx.centre(), list(ctx.spec.space.searched()), out.figure("verify"), cert.tolerance)
+        analysis.plot_verify(table, ctx.centre(), list(ctx.spec.space.searched()), out.figure("verify"), cert.tolerance)
         return VerifyResult(certificate=cert)
 
     def figures(self, result: PhaseResult) -> dict[str, str]:
