@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import pandas as pd
 from pydantic import BaseModel
 
-import analysis  # its plots load matplotlib when first drawn, not when a phase is imported
+import analysis
 from studies.arch import ModelSpec, rebase
 from studies.budget import train_flops, width_for_budget
 from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Stage, Verdict

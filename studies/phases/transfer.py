@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-import analysis  # its plots load matplotlib when first drawn, not when a phase is imported
+import analysis
 from analysis import transfer_table
 from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Verdict
 from studies.plan import PlannedTrial

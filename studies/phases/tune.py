@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import pandas as pd
 
-import analysis  # its plots load matplotlib when first drawn, not when a phase is imported
+import analysis
 from analysis.table import TrialStatus, judged_loss, phase_rows
 from studies.phases.base import Artifacts, Context, Phase, PhaseFailed, PhaseResult, Verdict
 from studies.plan import PlannedTrial

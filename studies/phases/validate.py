@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import pandas as pd
 
-import analysis  # its plots load matplotlib when first drawn, not when a phase is imported
+import analysis
 from analysis import LRDrift, Regret, depth_sweep, lr_drift, regret_line, transfer_regret, without_depth_sweep
 from studies.arch import DEPTH_SWEEP
 from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Verdict
