@@ -77,6 +77,7 @@ def trial_flops(width: int, steps: int) -> float:
 
 
 def sync(device: str) -> None:
+    """Wait for the GPU's queued work, so that a clock read after it times finished work."""
     if device == "cuda":
         import torch
 
