@@ -28,6 +28,7 @@ as such and the larger K of that width are skipped.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -49,13 +50,20 @@ DATA = {"max_tokens": 60_000, "seq_len": 64, "vocab_size": 2000}
 BATCH = 16
 
 
-def configs(width: int, k: int, steps: int, device: str) -> list[dict]:
-    """K trial configs at `width` that differ in lr and w_H only."""
+@functools.cache
+def demo_spec():
+    """cpu_demo's study spec with this benchmark's data (`DATA`)."""
     from studies import load_catalog
     from studies.spec import DataSpec
 
     spec = load_catalog("cpu_demo")
-    data = DataSpec(**DATA).model_dump(mode="json")
+    return spec.model_copy(update={"data": DataSpec(**DATA)})
+
+
+def configs(width: int, k: int, steps: int, device: str) -> list[dict]:
+    """K trial configs at `width` that differ in lr and w_H only."""
+    spec = demo_spec()
+    data = spec.data.model_dump(mode="json")
     out = []
     for i in range(k):
         u = (i + 0.5) / k - 0.5
@@ -67,13 +75,9 @@ def configs(width: int, k: int, steps: int, device: str) -> list[dict]:
 
 def trial_flops(width: int, steps: int) -> float:
     """Model FLOPs of one trial's training steps at `width` (matmuls, forward + backward)."""
-    from studies import load_catalog
     from studies.cost import sequence_flops
-    from studies.spec import DataSpec
 
-    spec = load_catalog("cpu_demo")
-    spec = spec.model_copy(update={"data": DataSpec(**DATA)})
-    return sequence_flops(spec, width) * BATCH * steps
+    return sequence_flops(demo_spec(), width) * BATCH * steps
 
 
 def sync(device: str) -> None:
@@ -135,6 +139,7 @@ def width_rows(width: int, args: argparse.Namespace) -> tuple[dict, list[dict]]:
     solo_cfgs = configs(width, args.solo_trials, args.steps, args.device)
     n = args.process_trials
     runs: dict[str, list[float]] = {"alone": [], "process": [], "concurrent": []}
+    batch_cfgs = {k: configs(width, k, args.steps, args.device) for k in args.members}
     per_k: dict[int, dict] = {k: {"s": [], "mem": [], "not_completed": 0, "oom": False} for k in args.members}
     not_completed = 0
     for _ in range(args.repeats):
@@ -148,7 +153,7 @@ def width_rows(width: int, args: argparse.Namespace) -> tuple[dict, list[dict]]:
             if per_k[k]["oom"]:
                 continue
             try:
-                s, bad, mem = batched(configs(width, k, args.steps, args.device))
+                s, bad, mem = batched(batch_cfgs[k])
             except torch.OutOfMemoryError:
                 for kk in args.members[args.members.index(k):]:
                     per_k[kk]["oom"] = True
