@@ -53,6 +53,7 @@ from workers.runner import (  # noqa: E402
     PhaseJob,
     TrialRecorder,
     batch_tag,
+    gpu_memory,
     optuna_space,
     trial_frame,
     trial_row,
@@ -655,8 +656,8 @@ GPU_PROBE_S = 120.0  # seconds the GPU nodes have to report their device's memor
 
 @ray.remote(num_cpus=0)
 def _device_memory() -> int | None:
-    """The total memory of the CUDA device this Ray worker was given; None where torch sees none."""
-    return torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else None
+    """`gpu_memory` of the CUDA device this Ray worker was given."""
+    return gpu_memory()
 
 
 def worker_gpu_memory(gpus: float) -> float | None:

@@ -178,13 +178,17 @@ def batch_tag(batch: str, members: int) -> str:
     return f"{batch} ({members} members)"
 
 
-def local_members(spec: StudySpec, trials: list[PlannedTrial]) -> int:
-    """K for batches trained in this process (`studies.members.auto_members`: one slot, this machine's GPU)."""
+def gpu_memory() -> int | None:
+    """The total memory of this process's CUDA device; None where torch sees none."""
     import torch
 
-    gpu = torch.cuda.is_available() and spec.train.device != "cpu"
-    memory = torch.cuda.mem_get_info()[1] if gpu else None
-    return auto_members(spec, trials, slots=1, memory_bytes=memory, gpu=gpu)
+    return torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else None
+
+
+def local_members(spec: StudySpec, trials: list[PlannedTrial]) -> int:
+    """K for batches trained in this process (`studies.members.auto_members`: one slot, this machine's GPU)."""
+    memory = gpu_memory() if spec.train.device != "cpu" else None
+    return auto_members(spec, trials, slots=1, memory_bytes=memory, gpu=memory is not None)
 
 
 def trial_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
