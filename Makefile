@@ -15,13 +15,16 @@ install:
 demo: install
 	ptctl study run studies/catalog/cpu_demo.yaml
 
-# test: the tests not marked slow as test-fast runs them, then the slow ones in one process (they start Ray
-# clusters and servers of their own, and time their faults: two at once would share the cores they wait on)
+# test: the tests not marked slow as test-fast runs them, then the slow ones on two pytest workers, one torch thread
+# each; a file runs whole on one worker (`--dist loadfile`: a module's Ray cluster or server is started once). They
+# wait on process starts, Ray and servers as well as computing: two workers took 13 min 30 s where one process took
+# 19 min (docs/LOG.md)
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy  # pyproject [tool.mypy]: strict on analysis/ and studies/, the default checks on the other packages
 	$(MAKE) --no-print-directory test-fast
-	$(PY) -m pytest -q -p no:cacheprovider -m slow
+	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -p no:benchmark -m slow -n 2 \
+		--dist loadfile
 
 # test-fast: no install (it would add its pip time to every run); one pytest worker per core (pytest-xdist), one
 # torch thread each, and bytecode caching on (where the environment turns it off, every run compiles everything again)
