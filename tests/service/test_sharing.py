@@ -193,7 +193,8 @@ def test_losing_the_ray_head_interrupts_and_resume_finishes(fresh):
         os.killpg(head.pgid, signal.SIGKILL)  # the whole head: GCS, raylet, the driver and its trials
         killed = time.monotonic()
         lost = wait_for(lambda: (d := _status(api, study_id))["status"] == "interrupted" and d, 60,
-                        "the study to be marked interrupted")
+                        "the study to be marked interrupted",
+                        seen=lambda: {k: _status(api, study_id)[k] for k in ("status", "phase", "progress")})
         assert "Ray head stopped" in lost["error"] and "resume" in lost["error"]
         assert fresh.proc.poll() is None, "the API died with the Ray head"
         # past Ray's GCS timeout, which ends a client still connected to a dead head (measured: it exits at the timeout)
