@@ -25,6 +25,7 @@ import os
 import re
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -762,14 +763,21 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
     return trial_table(spec, phase, grid, {k: r["trial_id"] for k, r in finished.items()})
 
 
-CHATTER = ("ray.tune", "ray.train", "ray.air", "tensorboardX")  # Tune's loggers and the TensorBoard writer under it
+# Tune's loggers, the TensorBoard writer under it, and the warnings shown meanwhile (`py.warnings`, as
+# `logging.captureWarnings` names them)
+CHATTER = ("ray.tune", "ray.train", "ray.air", "tensorboardX", "py.warnings")
+
+
+def _log_warning(message, category, filename, lineno, file=None, line=None) -> None:  # warnings.showwarning's
+    logging.getLogger("py.warnings").warning(warnings.formatwarning(message, category, filename, lineno, line).rstrip())
 
 
 @contextlib.contextmanager
 def tune_log(path: Path):
     """While a phase runs, what Tune logs (a failed trial's traceback, its snapshot warnings, TensorBoard's NaN
-    warning for a diverged trial) goes to `path` beside the experiment, not to the terminal: ptctl's own output
-    (progress, the trial table, the error line) says what happened, and the log file has the detail."""
+    warning for a diverged trial) and what the libraries warn (Optuna, when a retried trial reports a step again)
+    goes to `path` beside the experiment, not to the terminal: ptctl's own output (progress, the trial table, the
+    error line) says what happened, and the log file has the detail."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -778,7 +786,9 @@ def tune_log(path: Path):
     for each in loggers:
         each.handlers, each.propagate = [handler], False
     try:
-        yield
+        with warnings.catch_warnings():  # the filters and `showwarning` as they were, after
+            warnings.showwarning = _log_warning
+            yield
     finally:
         for each, (handlers, propagate) in zip(loggers, saved, strict=True):
             each.handlers, each.propagate = handlers, propagate

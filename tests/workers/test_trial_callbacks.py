@@ -237,3 +237,22 @@ def test_a_trial_asking_for_gpus_the_cluster_lacks_fails_naming_the_fix():
         check_gpus("tune", 0.25, 0.0)
     with pytest.raises(StudyFailed, match="resources.transfer_gpus"):
         check_gpus("verify", 2, 1)
+
+
+def test_warnings_shown_during_a_phase_go_to_its_log_file_not_the_terminal(tmp_path, capfd):
+    """What a library warns while a phase runs is chatter like Tune's logs (Optuna warns when a retried trial
+    reports a step again): it lands in the phase's log file with its source, and the terminal stays ptctl's. The
+    filters and the display are as before once the phase ends."""
+    import warnings
+
+    from workers.ray_runner import tune_log
+
+    before = warnings.showwarning
+    with tune_log(tmp_path / "phase.log"):
+        warnings.warn_explicit("The reported value is ignored because this `step=2` is already reported.",
+                               UserWarning, "optuna/trial/_trial.py", 505)
+    assert warnings.showwarning is before
+    out, err = capfd.readouterr()
+    assert "step=2" not in out + err
+    logged = (tmp_path / "phase.log").read_text()
+    assert "optuna/trial/_trial.py:505: UserWarning: The reported value is ignored" in logged, logged
