@@ -41,7 +41,7 @@ def _spec(name: str, trials: int = 2, seed: int = 0, steps: int = 20) -> str:
 
 
 @pytest.fixture(scope="module")
-def fresh(tmp_path_factory):
+def served(tmp_path_factory):
     """`ptctl serve` on an empty data directory (only the corpus cache linked), MLflow on SQLite there."""
     data = tmp_path_factory.mktemp("ptctl-fresh")
     (DEFAULT_DATA / "corpora").mkdir(parents=True, exist_ok=True)
@@ -57,6 +57,15 @@ def fresh(tmp_path_factory):
     finally:
         srv.stop()
         ray_head.stop(data)
+
+
+@pytest.fixture
+def fresh(served):
+    """The module's server; started again first when a test before stopped it and failed before starting it again
+    (its failure alone, not every test after it)."""
+    if served.proc.poll() is not None:
+        served.start()
+    return served
 
 
 def _submit(api, name: str, **kw) -> str:
@@ -234,8 +243,8 @@ def test_a_driver_never_told_to_run_is_started_at_start_up(fresh):
     fresh.proc.wait(30)
     subprocess.run([sys.executable, "-c", _HALF_SUBMIT], input=_spec("half", trials=2), text=True,
                    env=fresh.env, check=True, timeout=120)
-    idle = _drivers(fresh.data)
-    assert idle, "the half submit left no idle driver"
+    # the submit returns once Ray has the named actor, before its process has started
+    idle = wait_for(lambda: _drivers(fresh.data), 60, "the half submit's idle driver")
     fresh.start()
     with fresh.client() as api:
         started = _status(api, "half-submitted")  # start-up started it before the API answered
