@@ -2,7 +2,9 @@
 had finished before it (the CLI's progress bar), and runs with this run's callback and retry settings."""
 
 import json
+import sys
 import time
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +19,7 @@ from workers.ray_runner import (
     ReportClock,
     _renew,
     failure_cause,
+    tune_log,
 )
 
 
@@ -243,15 +246,17 @@ def test_warnings_shown_during_a_phase_go_to_its_log_file_not_the_terminal(tmp_p
     """What a library warns while a phase runs is chatter like Tune's logs (Optuna warns when a retried trial
     reports a step again): it lands in the phase's log file with its source, and the terminal stays ptctl's. The
     filters and the display are as before once the phase ends."""
-    import warnings
 
-    from workers.ray_runner import tune_log
+    def terminal(message, category, filename, lineno, file=None, line=None):  # Python's display, not pytest's record
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
-    before = warnings.showwarning
-    with tune_log(tmp_path / "phase.log"):
-        warnings.warn_explicit("The reported value is ignored because this `step=2` is already reported.",
-                               UserWarning, "optuna/trial/_trial.py", 505)
-    assert warnings.showwarning is before
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = terminal
+        with tune_log(tmp_path / "phase.log"):
+            warnings.warn_explicit("The reported value is ignored because this `step=2` is already reported.",
+                                   UserWarning, "optuna/trial/_trial.py", 505)
+        assert warnings.showwarning is terminal
     out, err = capfd.readouterr()
     assert "step=2" not in out + err
     logged = (tmp_path / "phase.log").read_text()
