@@ -2,6 +2,9 @@
 # `make test-fast` is the edit loop: the tests not marked slow, without ruff, mypy or the install (run
 # `make install` once first).
 PY ?= python3
+# pytest as both test targets run it: bytecode caching on (where the environment turns it off, every run compiles
+# everything again), one torch thread per worker, no cache folder, no benchmark plugin
+PYTEST = PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -p no:benchmark
 
 .PHONY: install demo test test-fast lint bench bench-quick
 
@@ -23,13 +26,11 @@ test: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy  # pyproject [tool.mypy]: strict on analysis/ and studies/, the default checks on the other packages
 	$(MAKE) --no-print-directory test-fast
-	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -p no:benchmark -m slow -n 2 \
-		--dist loadfile
+	$(PYTEST) -m slow -n 2 --dist loadfile
 
-# test-fast: no install (it would add its pip time to every run); one pytest worker per core (pytest-xdist), one
-# torch thread each, and bytecode caching on (where the environment turns it off, every run compiles everything again)
+# test-fast: no install (it would add its pip time to every run); one pytest worker per core (pytest-xdist)
 test-fast:
-	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -p no:benchmark -m "not slow" -n auto
+	$(PYTEST) -m "not slow" -n auto
 
 bench: install  # every benchmark; each prepares its own data (a fresh clone and an empty ~/.ptctl work)
 	$(PY) benchmarks/bench_pt.py --device cpu
