@@ -32,6 +32,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import ray
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 NAMESPACE = "ptctl"
 LAUNCH_S = 120.0  # how long a submit or resume waits for its driver actor to begin (start-up included)
+STOP_S = 30.0  # how long a cancel waits for its killed driver's process to end
 
 
 def actor_name(study_id: str) -> str:
@@ -55,10 +57,10 @@ def actor_name(study_id: str) -> str:
 
 
 # Ray's overloads of `ray.remote` omit some actor options (concurrency_groups), hence the ignore
-@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"control": 1})  # type: ignore[call-overload]
+@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"control": 2})  # type: ignore[call-overload]
 class StudyDriverActor:
-    """Runs one study to its end in a Ray worker process, reporting to the store. `ordered` answers on a
-    thread of its own while `run` trains."""
+    """Runs one study to its end in a Ray worker process, reporting to the store. `ordered` and `process`
+    answer on threads of their own while `run` trains."""
 
     def __init__(self) -> None:
         self._ordered = threading.Event()
@@ -67,6 +69,11 @@ class StudyDriverActor:
     def ordered(self, timeout: float) -> bool:
         """Whether `run` has begun, waiting up to `timeout` s: a live driver that never began is idle."""
         return self._ordered.wait(timeout)
+
+    @ray.method(concurrency_group="control")
+    def process(self) -> str | None:
+        """This process's `process_id`, for `RayExecutor.stop` to watch it end."""
+        return process_id(os.getpid())
 
     def run(self, spec: dict[str, Any], study_id: str, database_url: str, attempt: int) -> str:
         self._ordered.set()
@@ -98,6 +105,18 @@ class StudyDriverActor:
             log.warning("not recording %s: %s", outcome, exc)
         ray.actor.exit_actor()
         return outcome  # not reached: exit_actor raises
+
+
+def process_id(pid: int) -> str | None:
+    """'<boot id>/<pid>/<start time>' of a live process on this machine (None once it has ended, a zombie
+    included): equal strings name the same process, a reused pid gives another."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # after the command's name
+    except OSError:
+        return None
+    state, start = fields[0], fields[19]  # stat(5) fields 3 and 22
+    return None if state in "ZXx" else f"{boot}/{pid}/{start}"
 
 
 @contextmanager
@@ -199,12 +218,25 @@ class RayExecutor:
             return True
 
     def stop(self, study_id: str) -> bool:
-        """Kill the study's driver (and so its Tune trials); False if it had none."""
+        """Kill the study's driver (and so its Tune trials) and return once its process has ended; False if it had
+        none. `ray.kill` only asks: until the process ends, its MLflow writer can still open or write runs, after a
+        cancel has closed them. The driver runs on this node; in another process namespace (a container of its
+        own) its process cannot be watched, and `stop` returns once the kill is asked."""
         self.connect()
         handle = self._handle(study_id)
         if handle is None:
             return False
+        try:
+            ident = ray.get(handle.process.remote(), timeout=10)
+        except (ray.exceptions.RayError, TimeoutError):  # already dying, or not answering: kill it all the same
+            ident = None
         ray.kill(handle, no_restart=True)
+        deadline = time.monotonic() + STOP_S
+        while ident is not None and process_id(int(ident.split("/")[1])) == ident:
+            if time.monotonic() > deadline:
+                log.error("the killed driver of %s still runs after %.0f s", study_id, STOP_S)
+                break
+            time.sleep(0.05)
         return True
 
     def lost(self) -> str | None:

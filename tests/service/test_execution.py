@@ -3,7 +3,11 @@ test_sharing.py::test_losing_the_ray_head_interrupts_and_resume_finishes)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
@@ -53,3 +57,41 @@ def test_reconcile_interrupts_running_studies_when_the_head_is_lost(dead_head, t
     interrupted = store.get("s-1")
     assert interrupted.status == "interrupted" and "Ray head stopped" in interrupted.error
     assert "resume" in interrupted.error
+
+
+def test_stop_returns_once_the_killed_driver_process_is_gone(monkeypatch, tmp_path):
+    """`ray.kill` only asks for the kill: the driver lives on for a moment and can still write to MLflow (its trial
+    writer thread's queue), after a cancel has closed the study's runs. `stop` returns once the process is gone."""
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed_at: list[float] = []
+
+    def kill_later(handle, no_restart):  # as Ray does: the process dies after the call has returned
+        threading.Timer(0.5, lambda: (killed_at.append(time.monotonic()), driver.kill(), driver.wait())).start()
+
+    class Handle:
+        class process:  # noqa: N801  # the actor method's `.remote()`
+            @staticmethod
+            def remote():
+                return execution.process_id(driver.pid)
+
+    monkeypatch.setattr(execution.ray, "kill", kill_later)
+    monkeypatch.setattr(execution.ray, "get", lambda ref, timeout=None: ref)
+    executor = RayExecutor(Settings(data_dir=tmp_path))
+    monkeypatch.setattr(executor, "connect", lambda: None)
+    monkeypatch.setattr(executor, "_handle", lambda study_id: Handle)
+    try:
+        assert executor.stop("s-1") is True
+        assert killed_at and time.monotonic() >= killed_at[0], "stop returned while the driver process lived"
+        assert execution.process_id(driver.pid) is None
+    finally:
+        driver.kill()
+        driver.wait()
+
+
+def test_process_id_names_one_live_process():
+    me = execution.process_id(os.getpid())
+    assert me is not None and me == execution.process_id(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert execution.process_id(child.pid) is None  # gone (reaped)
+    assert execution.process_id(2**22 + 1) is None  # no such pid
