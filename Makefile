@@ -18,14 +18,13 @@ install:
 demo: install
 	ptctl study run studies/catalog/cpu_demo.yaml
 
-# test: the tests not marked slow as test-fast runs them, then the slow ones in one process. Two workers took 13½–14
-# min where one takes 19 (docs/LOG.md), but one of six such runs failed a cancel test's timing (an MLflow run still
-# open); they stay in one process until that is understood
+# test: the tests not marked slow as test-fast runs them, then the slow ones on two workers, a test file whole on
+# one (its module's Ray cluster or server starts once): 13½–14 min where one process takes 19 (docs/LOG.md)
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy  # pyproject [tool.mypy]: strict on analysis/ and studies/, the default checks on the other packages
 	$(MAKE) --no-print-directory test-fast
-	$(PYTEST) -m slow
+	$(PYTEST) -m slow -n 2 --dist loadfile
 
 # test-fast: no install (it would add its pip time to every run); one pytest worker per core (pytest-xdist)
 test-fast:
