@@ -57,10 +57,10 @@ def actor_name(study_id: str) -> str:
 
 
 # Ray's overloads of `ray.remote` omit some actor options (concurrency_groups), hence the ignore
-@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"control": 2})  # type: ignore[call-overload]
+@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"control": 1})  # type: ignore[call-overload]
 class StudyDriverActor:
-    """Runs one study to its end in a Ray worker process, reporting to the store. `ordered` and `process`
-    answer on threads of their own while `run` trains."""
+    """Runs one study to its end in a Ray worker process, reporting to the store. `ordered` answers on a
+    thread of its own while `run` trains."""
 
     def __init__(self) -> None:
         self._ordered = threading.Event()
@@ -69,11 +69,6 @@ class StudyDriverActor:
     def ordered(self, timeout: float) -> bool:
         """Whether `run` has begun, waiting up to `timeout` s: a live driver that never began is idle."""
         return self._ordered.wait(timeout)
-
-    @ray.method(concurrency_group="control")
-    def process(self) -> str | None:
-        """This process's `process_id`, for `RayExecutor.stop` to watch it end."""
-        return process_id(os.getpid())
 
     def run(self, spec: dict[str, Any], study_id: str, database_url: str, attempt: int) -> str:
         self._ordered.set()
@@ -107,16 +102,13 @@ class StudyDriverActor:
         return outcome  # not reached: exit_actor raises
 
 
-def process_id(pid: int) -> str | None:
-    """'<boot id>/<pid>/<start time>' of a live process on this machine (None once it has ended, a zombie
-    included): equal strings name the same process, a reused pid gives another."""
+def running_driver(pid: int) -> bool:
+    """Whether `pid` is a live study driver's process on this machine (Ray titles it `ray::StudyDriverActor…`;
+    a zombie has no command line)."""
     try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # after the command's name
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::StudyDriverActor")
     except OSError:
-        return None
-    state, start = fields[0], fields[19]  # stat(5) fields 3 and 22
-    return None if state in "ZXx" else f"{boot}/{pid}/{start}"
+        return False
 
 
 @contextmanager
@@ -220,24 +212,33 @@ class RayExecutor:
     def stop(self, study_id: str) -> bool:
         """Kill the study's driver (and so its Tune trials) and return once its process has ended; False if it had
         none. `ray.kill` only asks: until the process ends, its MLflow writer can still open or write runs, after a
-        cancel has closed them. The driver runs on this node; in another process namespace (a container of its
-        own) its process cannot be watched, and `stop` returns once the kill is asked."""
+        cancel has closed them. A driver not started yet never will be; one this process cannot see (in a container
+        of its own) is not waited for."""
         self.connect()
         handle = self._handle(study_id)
         if handle is None:
             return False
-        try:
-            ident = ray.get(handle.process.remote(), timeout=10)
-        except (ray.exceptions.RayError, TimeoutError):  # already dying, or not answering: kill it all the same
-            ident = None
+        pid = self._driver_pid(handle)
         ray.kill(handle, no_restart=True)
         deadline = time.monotonic() + STOP_S
-        while ident is not None and process_id(int(ident.split("/")[1])) == ident:
+        while pid is not None and running_driver(pid):
             if time.monotonic() > deadline:
-                log.error("the killed driver of %s still runs after %.0f s", study_id, STOP_S)
+                log.error("the killed driver of %s (pid %d) still runs after %.0f s", study_id, pid, STOP_S)
                 break
             time.sleep(0.05)
         return True
+
+    @staticmethod
+    def _driver_pid(handle) -> int | None:
+        """The pid of the driver's process if it has started on this node (Ray's actor table; no public API
+        gives an actor's pid without the dashboard, which the embedded head does not run)."""
+        try:
+            info = ray._private.state.state.actor_table(handle._actor_id.hex())
+        except Exception:  # no pid: the kill is asked all the same
+            log.warning("could not read the driver's pid from Ray", exc_info=True)
+            return None
+        here = ray.get_runtime_context().get_node_id()
+        return (info.get("Pid") or None) if info.get("Address", {}).get("NodeID") == here else None
 
     def lost(self) -> str | None:
         """Why Ray went away, taking every driver with it, once per loss (None while it is there). The embedded

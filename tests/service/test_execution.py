@@ -3,7 +3,6 @@ test_sharing.py::test_losing_the_ray_head_interrupts_and_resume_finishes)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -59,39 +58,54 @@ def test_reconcile_interrupts_running_studies_when_the_head_is_lost(dead_head, t
     assert "resume" in interrupted.error
 
 
+def _driver_process() -> subprocess.Popen:
+    """A process titled as Ray titles a study's driver."""
+    return subprocess.Popen(["bash", "-c", "exec -a ray::StudyDriverActor sleep 60"])
+
+
 def test_stop_returns_once_the_killed_driver_process_is_gone(monkeypatch, tmp_path):
     """`ray.kill` only asks for the kill: the driver lives on for a moment and can still write to MLflow (its trial
     writer thread's queue), after a cancel has closed the study's runs. `stop` returns once the process is gone."""
-    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    killed_at: list[float] = []
+    driver = _driver_process()
+    killed = threading.Event()
 
     def kill_later(handle, no_restart):  # as Ray does: the process dies after the call has returned
-        threading.Timer(0.5, lambda: (killed_at.append(time.monotonic()), driver.kill(), driver.wait())).start()
-
-    class Handle:
-        class process:  # noqa: N801  # the actor method's `.remote()`
-            @staticmethod
-            def remote():
-                return execution.process_id(driver.pid)
+        threading.Timer(0.5, lambda: (killed.set(), driver.kill(), driver.wait())).start()
 
     monkeypatch.setattr(execution.ray, "kill", kill_later)
-    monkeypatch.setattr(execution.ray, "get", lambda ref, timeout=None: ref)
     executor = RayExecutor(Settings(data_dir=tmp_path))
     monkeypatch.setattr(executor, "connect", lambda: None)
-    monkeypatch.setattr(executor, "_handle", lambda study_id: Handle)
+    monkeypatch.setattr(executor, "_handle", lambda study_id: object())
+    monkeypatch.setattr(executor, "_driver_pid", lambda handle: driver.pid)
     try:
         assert executor.stop("s-1") is True
-        assert killed_at and time.monotonic() >= killed_at[0], "stop returned while the driver process lived"
-        assert execution.process_id(driver.pid) is None
+        assert killed.is_set(), "stop returned while the driver process lived"
     finally:
         driver.kill()
         driver.wait()
 
 
-def test_process_id_names_one_live_process():
-    me = execution.process_id(os.getpid())
-    assert me is not None and me == execution.process_id(os.getpid())
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    assert execution.process_id(child.pid) is None  # gone (reaped)
-    assert execution.process_id(2**22 + 1) is None  # no such pid
+def test_running_driver_is_a_live_process_titled_as_a_driver():
+    driver = _driver_process()
+    time.sleep(0.2)  # bash has exec'd
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert execution.running_driver(driver.pid)
+        assert not execution.running_driver(other.pid)
+        driver.kill()
+        assert wait_until(lambda: not execution.running_driver(driver.pid))  # a zombie until reaped: not running
+        driver.wait()
+        assert not execution.running_driver(driver.pid)
+    finally:
+        for proc in (driver, other):
+            proc.kill()
+            proc.wait()
+
+
+def wait_until(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
