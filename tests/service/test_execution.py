@@ -59,8 +59,10 @@ def test_reconcile_interrupts_running_studies_when_the_head_is_lost(dead_head, t
 
 
 def _driver_process() -> subprocess.Popen:
-    """A process titled as Ray titles a study's driver."""
-    return subprocess.Popen(["bash", "-c", "exec -a ray::StudyDriverActor sleep 60"])
+    """A process titled as Ray titles a study's driver, returned once bash has taken that title."""
+    proc = subprocess.Popen(["bash", "-c", "exec -a ray::StudyDriverActor sleep 60"])
+    assert wait_until(lambda: execution.running_driver(proc.pid)), "bash did not exec the titled process"
+    return proc
 
 
 def test_stop_returns_once_the_killed_driver_process_is_gone(monkeypatch, tmp_path):
@@ -87,7 +89,6 @@ def test_stop_returns_once_the_killed_driver_process_is_gone(monkeypatch, tmp_pa
 
 def test_running_driver_is_a_live_process_titled_as_a_driver():
     driver = _driver_process()
-    time.sleep(0.2)  # bash has exec'd
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         assert execution.running_driver(driver.pid)
