@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -17,6 +16,7 @@ from service.progress import MlflowView
 from service.settings import Settings
 from service.store import Store
 from studies import load_catalog
+from tests.service.conftest import wait_for
 
 
 @pytest.fixture()
@@ -61,7 +61,7 @@ def test_reconcile_interrupts_running_studies_when_the_head_is_lost(dead_head, t
 def _driver_process() -> subprocess.Popen:
     """A process titled as Ray titles a study's driver, returned once bash has taken that title."""
     proc = subprocess.Popen(["bash", "-c", "exec -a ray::StudyDriverActor sleep 60"])
-    assert wait_until(lambda: execution.running_driver(proc.pid)), "bash did not exec the titled process"
+    wait_for(lambda: execution.running_driver(proc.pid), 5, "bash to exec the titled process", interval=0.01)
     return proc
 
 
@@ -94,7 +94,8 @@ def test_running_driver_is_a_live_process_titled_as_a_driver():
         assert execution.running_driver(driver.pid)
         assert not execution.running_driver(other.pid)
         driver.kill()
-        assert wait_until(lambda: not execution.running_driver(driver.pid))  # a zombie until reaped: not running
+        # a zombie until reaped: not running
+        wait_for(lambda: not execution.running_driver(driver.pid), 5, "the killed driver to end", interval=0.01)
         driver.wait()
         assert not execution.running_driver(driver.pid)
     finally:
@@ -102,11 +103,3 @@ def test_running_driver_is_a_live_process_titled_as_a_driver():
             proc.kill()
             proc.wait()
 
-
-def wait_until(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
