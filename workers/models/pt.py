@@ -64,8 +64,16 @@ class _Offsets:
         self.i = torch.cat(di) if di else empty  # (P,) dependent
         self.j = torch.cat(hj) if hj else empty  # (P,) head
         self.n, self.gamma = n, gamma
+        self._weights: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
         # the same near pairs as whole diagonals: (s = i - j, bucket) for 0 < |s| ≤ γ, |s| < n
         self.near = [(s, s + gamma + 1 if s < 0 else s + gamma) for s in range(-gamma, gamma + 1) if 0 < abs(s) < n]
+
+    def far_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """`far_neg`, `far_pos` as 0/1 tensors of `dtype`, built once per dtype: a product with a mask of the
+        operand's own dtype is one vectorised pass (a boolean one converts every element on the way)."""
+        if dtype not in self._weights:
+            self._weights[dtype] = (self.far_neg.to(dtype), self.far_pos.to(dtype))
+        return self._weights[dtype]
 
 
 def head_scores_indexed(q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
@@ -103,8 +111,10 @@ def gather_indexed(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: boo
 
 
 # the diagonal kernels (recompute=True): the same sums as the indexed ones above, with each near bucket
-# one diagonal of the (n, n) score matrix and one shifted slice of x, and the far buckets as masked products
-# (a product with the (n, n) mask: half the time of triu/tril on CPU, the same values).
+# one diagonal of the (n, n) score matrix and one shifted slice of x, and the far buckets as products with 0/1
+# masks (half the time of triu/tril on CPU, the same values). The (B, h, n, n) passes are most of a CPU step's
+# memory traffic, so each is made once: the masked products in place, and a matrix gathered from more than once
+# (A in `_Messages`, dF in `_Scores`) split into its far parts once (`far_parts`).
 def _near_slices(s: int, n: int) -> tuple[slice, slice]:
     """Dependents i and heads j = i − s of the pairs at signed offset s, as slices of 0..n−1."""
     i0, i1 = max(s, 0), n + min(s, 0)
@@ -113,22 +123,31 @@ def _near_slices(s: int, n: int) -> tuple[slice, slice]:
 
 def head_scores(q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
     """F[b,c,i,j] = Σ_k M[k,i,j] <q_k[i], k_k[j]>.  q, k: (B, n, K, h, r) → (B, h, n, n)."""
-    F_ = (q[:, :, 0].transpose(1, 2) @ k[:, :, 0].permute(0, 2, 3, 1)) * o.far_neg  # j > i + γ
-    F_ += (q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1)) * o.far_pos  # j < i − γ
+    neg, pos = o.far_weights(q.dtype)
+    F_ = (q[:, :, 0].transpose(1, 2) @ k[:, :, 0].permute(0, 2, 3, 1)).mul_(neg)  # j > i + γ
+    F_.addcmul_(q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1), pos)  # j < i − γ
     for s, kb in o.near:  # F[i, i − s], one diagonal per near bucket
         dep, head = _near_slices(s, o.n)
         F_.diagonal(-s, -2, -1).copy_((q[:, dep, kb] * k[:, head, kb]).sum(-1).transpose(1, 2))
     return F_
 
 
-def gather(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> torch.Tensor:
+def far_parts(A: torch.Tensor, o: _Offsets) -> tuple[torch.Tensor, torch.Tensor]:
+    """A's two far buckets, A·M_far_neg and A·M_far_pos, each (B, h, n, n): `gather`'s far operands."""
+    neg, pos = o.far_weights(A.dtype)
+    return A * neg, A * pos
+
+
+def gather(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool,
+           far: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """ctx[b,i,k,c] = Σ_j A[c,i,j]·M[k,i,j]·x_k[j]   (transpose: Σ_j A[c,j,i]·M[k,j,i]·x_k[j]).
 
-    A: (B, h, n, n); x: (B, n, K, h, r) → (B, n, K, h, r); no index ops, no autograd.
+    A: (B, h, n, n); x: (B, n, K, h, r) → (B, n, K, h, r); no index ops, no autograd. `far`: `far_parts(A, o)`,
+    when the caller gathers from A more than once.
     """
     n = o.n
     ctx = torch.empty_like(x)
-    far_neg, far_pos = A * o.far_neg, A * o.far_pos
+    far_neg, far_pos = far if far is not None else far_parts(A, o)
     if transpose:
         far_neg, far_pos = far_neg.transpose(-1, -2), far_pos.transpose(-1, -2)
     ctx[:, :, 0] = (far_neg @ x[:, :, 0].transpose(1, 2)).transpose(1, 2)  # (B, h, n, r) → (B, n, h, r)
@@ -140,6 +159,11 @@ def gather(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> to
         a = A.diagonal(-s, -2, -1).transpose(1, 2)[..., None]  # (B, n − |s|, h, 1): A[c, i, i − s]
         ctx[:, recv, kb] = a * x[:, send, kb]
     return ctx
+
+
+def _damped(beta: float, prev: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """MFVI damping β·prev + (1−β)·new; at β = 0 (the default) `new` itself, the same values without the passes."""
+    return beta * prev + (1 - beta) * new if beta else new
 
 
 class _Scores(torch.autograd.Function):
@@ -165,7 +189,8 @@ class _Scores(torch.autograd.Function):
     def backward(ctx, dF):
         q, k = ctx.saved_tensors
         dF = dF.to(q.dtype)  # backward runs outside autocast: one dtype, as in forward
-        return gather(dF, k, ctx.o, transpose=False), gather(dF, q, ctx.o, transpose=True), None
+        far = far_parts(dF, ctx.o)
+        return gather(dF, k, ctx.o, False, far), gather(dF, q, ctx.o, True, far), None
 
 
 class _Messages(torch.autograd.Function):
@@ -180,17 +205,18 @@ class _Messages(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(A, q, k, Wu, Wv, o, head, gather_fn):
+    def forward(A, q, k, Wu, Wv, o, head):
         Bsz, n = q.shape[:2]
         # one compute dtype, q's: under autocast the bf16 projections, else the model's (autograd casts
         # each gradient back to its input's dtype, e.g. float32 for A and the weights)
         A, k, Wu, Wv = (t.to(q.dtype) for t in (A, k, Wu, Wv))
-        dep = gather_fn(A, k, o, False).view(Bsz, n, -1) @ Wu.T
-        return dep, (gather_fn(A, q, o, True).view(Bsz, n, -1) @ Wv.T if head else torch.zeros_like(dep))
+        far = far_parts(A, o)
+        dep = gather(A, k, o, False, far).view(Bsz, n, -1) @ Wu.T
+        return dep, (gather(A, q, o, True, far).view(Bsz, n, -1) @ Wv.T if head else torch.zeros_like(dep))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        A, q, k, Wu, Wv, o, head, _ = inputs
+        A, q, k, Wu, Wv, o, head = inputs
         ctx.save_for_backward(*(t.to(q.dtype) for t in (A,)), q, *(t.to(q.dtype) for t in (k, Wu, Wv)))
         ctx.o, ctx.head = o, head
 
@@ -200,15 +226,16 @@ class _Messages(torch.autograd.Function):
         o, shape = ctx.o, q.shape
         g_dep, g_head = g_dep.to(q.dtype), g_head.to(q.dtype)
         rows = shape[0] * shape[1]
+        far = far_parts(A, o)
         c = (g_dep @ Wu).view(shape)  # d loss / d ctx_dep
-        dWu = g_dep.reshape(rows, -1).T @ gather(A, k, o, False).view(rows, -1)
-        dA, dk, dq, dWv = head_scores(c, k, o), gather(A, c, o, True), None, None
+        dWu = g_dep.reshape(rows, -1).T @ gather(A, k, o, False, far).view(rows, -1)
+        dA, dk, dq, dWv = head_scores(c, k, o), gather(A, c, o, True, far), None, None
         if ctx.head:
             c = (g_head @ Wv).view(shape)
-            dWv = g_head.reshape(rows, -1).T @ gather(A, q, o, True).view(rows, -1)
-            dA = dA + head_scores(q, c, o)
-            dq = gather(A, c, o, False)
-        return dA, dq, dk, dWu, dWv, None, None, None
+            dWv = g_head.reshape(rows, -1).T @ gather(A, q, o, True, far).view(rows, -1)
+            dA += head_scores(q, c, o)
+            dq = gather(A, c, o, False, far)
+        return dA, dq, dk, dWu, dWv, None, None
 
 
 class ProbabilisticTransformer(LanguageModel):
@@ -321,7 +348,7 @@ class ProbabilisticTransformer(LanguageModel):
         """G_dep = gather(A, k)·Uᵀ and G_head = gatherᵀ(A, q)·Vᵀ (None with block_msg), each (B, n, d)."""
         head = not self.cfg.block_msg
         if self.cfg.recompute:
-            dep, msg_head = _Messages.apply(A, q, k, Wu, Wv, o, head, self._gather)
+            dep, msg_head = _Messages.apply(A, q, k, Wu, Wv, o, head)
             return dep, (msg_head if head else None)
         Bsz, n = q.shape[:2]
         dep = self._gather(A, k, o, False).view(Bsz, n, -1) @ Wu.T
@@ -386,13 +413,13 @@ class ProbabilisticTransformer(LanguageModel):
             k = (P @ Wv).view(qk_shape)
             F_h = (cfg.w_H * h_scale) * self._head_scores(q, k, o)  # (B, h, n, n) the new H message
             if cfg.async_update:  # H from the current Z, then Z from the new H; dropout on the probabilities
-                L_h = (cfg.damping_H * L_h + (1 - cfg.damping_H) * F_h).masked_fill(invalid, NEG)
+                L_h = _damped(cfg.damping_H, L_h, F_h).masked_fill(invalid, NEG)
                 A = self._mix_h(torch.softmax(L_h, -1), A_prev, t)
                 A = A_prev = self.drop_h(A)
                 shown = L_h
             else:  # both from the previous iteration; the authors drop the H *logits* here
                 A = A_prev = self._mix_h(torch.softmax(L_h.masked_fill(invalid, NEG), -1), A_prev, t)
-                shown = (cfg.damping_H * L_h + (1 - cfg.damping_H) * F_h).masked_fill(invalid, NEG)
+                shown = _damped(cfg.damping_H, L_h, F_h).masked_fill(invalid, NEG)
                 L_h = self.drop_h(shown)  # masked again when used, so a dropped NEG never opens a head
             msg_dep, msg_head = self._messages(A, q, k, Wu, Wv, o)  # G_dep, G_head (B, n, d)
             msg = cfg.w_unary * X + cfg.w_dep * msg_dep
@@ -403,9 +430,7 @@ class ProbabilisticTransformer(LanguageModel):
                 P_g = self.drop_h(torch.softmax(L_g, -1)) * topic_out
                 msg_topic = P_g @ self.B  # (B, n, d)
                 msg = msg + cfg.w_topic_z * msg_topic
-            if cfg.damping_Z:
-                msg = cfg.damping_Z * L_z + (1 - cfg.damping_Z) * msg
-            L_z = self.drop_z(msg)  # λ_Z = 1; unnormalised (softmax at the next iteration)
+            L_z = self.drop_z(_damped(cfg.damping_Z, L_z, msg))  # λ_Z = 1; unnormalised (softmax at the next iteration)
             if trace is not None:
                 valid = ~invalid.expand_as(shown)
                 trace[f"head_logits.iter{t}"] = shown[valid]
