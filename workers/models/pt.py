@@ -114,7 +114,8 @@ def gather_indexed(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: boo
 # one diagonal of the (n, n) score matrix and one shifted slice of x, and the far buckets as products with 0/1
 # masks (half the time of triu/tril on CPU, the same values). The (B, h, n, n) passes are most of a CPU step's
 # memory traffic, so each is made once: the masked products in place, and a matrix gathered from more than once
-# (A in `_Messages`, dF in `_Scores`) split into its far parts once (`far_parts`).
+# (A in `_Messages`, dF in `_Scores`) split into its far parts once (`far_parts`). In-place ops are ones vmap
+# batches (`mul_`, `+=`; `addcmul_` has no batching rule and would loop over the members).
 def _near_slices(s: int, n: int) -> tuple[slice, slice]:
     """Dependents i and heads j = i − s of the pairs at signed offset s, as slices of 0..n−1."""
     i0, i1 = max(s, 0), n + min(s, 0)
@@ -125,7 +126,7 @@ def head_scores(q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
     """F[b,c,i,j] = Σ_k M[k,i,j] <q_k[i], k_k[j]>.  q, k: (B, n, K, h, r) → (B, h, n, n)."""
     neg, pos = o.far_weights(q.dtype)
     F_ = (q[:, :, 0].transpose(1, 2) @ k[:, :, 0].permute(0, 2, 3, 1)).mul_(neg)  # j > i + γ
-    F_.addcmul_(q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1), pos)  # j < i − γ
+    F_ += (q[:, :, -1].transpose(1, 2) @ k[:, :, -1].permute(0, 2, 3, 1)).mul_(pos)  # j < i − γ
     for s, kb in o.near:  # F[i, i − s], one diagonal per near bucket
         dep, head = _near_slices(s, o.n)
         F_.diagonal(-s, -2, -1).copy_((q[:, dep, kb] * k[:, head, kb]).sum(-1).transpose(1, 2))
