@@ -69,8 +69,8 @@ class _Offsets:
         self.near = [(s, s + gamma + 1 if s < 0 else s + gamma) for s in range(-gamma, gamma + 1) if 0 < abs(s) < n]
 
     def far_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """`far_neg`, `far_pos` as 0/1 tensors of `dtype`, built once per dtype: a product with a mask of the
-        operand's own dtype is one vectorised pass (a boolean one converts every element on the way)."""
+        """`far_neg`, `far_pos` as 0/1 tensors of `dtype`, built once per dtype (a boolean mask in a product is
+        converted on every call)."""
         if dtype not in self._weights:
             self._weights[dtype] = (self.far_neg.to(dtype), self.far_pos.to(dtype))
         return self._weights[dtype]
