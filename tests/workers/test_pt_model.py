@@ -385,10 +385,11 @@ def test_sync_logit_dropout_never_opens_a_masked_head():
     torch.manual_seed(0)
     model = build_model("pt", **SMALL, gamma=1, dropout=0.9, async_update=False).train()
     seen: list[torch.Tensor] = []
-    model._gather = lambda A, x, o, transpose, f=model._gather: seen.append(A.detach()) or f(A, x, o, transpose)
+    model._messages = lambda A, *rest, f=model._messages: seen.append(A.detach()) or f(A, *rest)
     mask = torch.ones(2, 7, dtype=torch.bool)
     mask[1, 5:] = False
     model(torch.randint(0, 50, (2, 7)), mask)
+    assert len(seen) == SMALL["n_iter"]  # every iteration's H marginals, whichever kernels compute the messages
     for A in seen:  # rows of real dependents (a padding row has no valid head and is never read)
         assert A[0].diagonal(dim1=-2, dim2=-1).abs().max() == 0
         assert A[1, :, :5].diagonal(dim1=-2, dim2=-1).abs().max() == 0
