@@ -140,15 +140,15 @@ def far_parts(A: torch.Tensor, o: _Offsets) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def gather(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool,
-           far: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+           far: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """ctx[b,i,k,c] = Σ_j A[c,i,j]·M[k,i,j]·x_k[j]   (transpose: Σ_j A[c,j,i]·M[k,j,i]·x_k[j]).
 
     A: (B, h, n, n); x: (B, n, K, h, r) → (B, n, K, h, r); no index ops, no autograd. `far`: `far_parts(A, o)`,
-    when the caller gathers from A more than once.
+    made once by the caller for every gather from A.
     """
     n = o.n
     ctx = torch.empty_like(x)
-    far_neg, far_pos = far if far is not None else far_parts(A, o)
+    far_neg, far_pos = far
     if transpose:
         far_neg, far_pos = far_neg.transpose(-1, -2), far_pos.transpose(-1, -2)
     ctx[:, :, 0] = (far_neg @ x[:, :, 0].transpose(1, 2)).transpose(1, 2)  # (B, h, n, r) → (B, n, h, r)
@@ -342,9 +342,6 @@ class ProbabilisticTransformer(LanguageModel):
     def _head_scores(self, q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
         return _Scores.apply(q, k, o) if self.cfg.recompute else head_scores_indexed(q, k, o)
 
-    def _gather(self, A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: bool) -> torch.Tensor:
-        return (gather if self.cfg.recompute else gather_indexed)(A, x, o, transpose)
-
     def _messages(self, A, q, k, Wu, Wv, o) -> tuple[torch.Tensor, torch.Tensor | None]:
         """G_dep = gather(A, k)·Uᵀ and G_head = gatherᵀ(A, q)·Vᵀ (None with block_msg), each (B, n, d)."""
         head = not self.cfg.block_msg
@@ -352,8 +349,8 @@ class ProbabilisticTransformer(LanguageModel):
             dep, msg_head = _Messages.apply(A, q, k, Wu, Wv, o, head)
             return dep, (msg_head if head else None)
         Bsz, n = q.shape[:2]
-        dep = self._gather(A, k, o, False).view(Bsz, n, -1) @ Wu.T
-        return dep, (self._gather(A, q, o, True).view(Bsz, n, -1) @ Wv.T if head else None)
+        dep = gather_indexed(A, k, o, False).view(Bsz, n, -1) @ Wu.T
+        return dep, (gather_indexed(A, q, o, True).view(Bsz, n, -1) @ Wv.T if head else None)
 
     def _mix_h(self, A: torch.Tensor, A_prev: torch.Tensor | None, t: int) -> torch.Tensor:
         """The authors' H step size: A^t = α·A + (1−α)·A^{t−1} after the first iteration."""
