@@ -102,12 +102,13 @@ def test_compiled_step_matches_eager():
     # asked here, not in a skipif: `torch._dynamo` takes 0.9 s to import, and every pytest worker collects this module
     if not torch._dynamo.is_dynamo_supported():
         pytest.skip("torch.compile unsupported here")
-    torch.manual_seed(0)
-    model = build_model("pt", **HP).train()
     ids, mask = batch()
-    ref_logits, ref_grads = grads_of(model, ids, mask)
+    torch.manual_seed(0)
+    compiled = build_model("pt", **HP).train()  # compiled before it ever runs eagerly: nothing cached yet
     torch._dynamo.reset()
-    logits, grads = grads_of(torch.compile(model, backend="aot_eager"), ids, mask)
+    logits, grads = grads_of(torch.compile(compiled, backend="aot_eager"), ids, mask)
+    torch.manual_seed(0)
+    ref_logits, ref_grads = grads_of(build_model("pt", **HP).train(), ids, mask)
     assert rel(logits, ref_logits) <= 1e-6
     for name, g in grads.items():
         assert rel(g, ref_grads[name.removeprefix("_orig_mod.")]) <= 1e-5, name

@@ -64,16 +64,16 @@ class _Offsets:
         self.i = torch.cat(di) if di else empty  # (P,) dependent
         self.j = torch.cat(hj) if hj else empty  # (P,) head
         self.n, self.gamma = n, gamma
-        self._weights: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+        # the far masks as 0/1 factors (a boolean mask in a product is converted on every call); built here, not
+        # cached on first use, which torch.compile cannot trace inside the autograd Functions below
+        self._far_weights = (self.far_neg.float(), self.far_pos.float())
         # the same near pairs as whole diagonals: (s = i - j, bucket) for 0 < |s| ≤ γ, |s| < n
         self.near = [(s, s + gamma + 1 if s < 0 else s + gamma) for s in range(-gamma, gamma + 1) if 0 < abs(s) < n]
 
     def far_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """`far_neg`, `far_pos` as 0/1 tensors of `dtype`, built once per dtype (a boolean mask in a product is
-        converted on every call)."""
-        if dtype not in self._weights:
-            self._weights[dtype] = (self.far_neg.to(dtype), self.far_pos.to(dtype))
-        return self._weights[dtype]
+        """`far_neg`, `far_pos` as 0/1 tensors of `dtype` (float32's are kept; another dtype's, an (n, n) cast)."""
+        neg, pos = self._far_weights
+        return neg.to(dtype), pos.to(dtype)
 
 
 def head_scores_indexed(q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
