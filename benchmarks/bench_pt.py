@@ -52,6 +52,7 @@ if str(REPO) not in sys.path:
 
 CONFIGS = {
     "small": {"d": 128, "h": 8, "r": 16, "T": 3, "gamma": 3},
+    "cpu_demo": {"d": 64, "h": 4, "r": 8, "T": 3, "gamma": 2},  # the verify trials of studies/catalog/cpu_demo.yaml
     "ptb": {"d": 384, "h": 16, "r": 64, "T": 5, "gamma": 3},  # PT paper Table 2 (MLM-PTB)
 }
 
