@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager, suppress
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -38,6 +39,64 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.5, seen=N
             return value
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}" + (f"; instead: {seen()}" if seen else ""))
+
+
+def listeners(port: int) -> set[int]:
+    """The process groups holding a listening TCP socket on `port`, read from /proc."""
+    sockets = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    sockets.add(f"socket:[{fields[9]}]")
+    groups: set[int] = set()
+    for entry in Path("/proc").iterdir() if sockets else ():
+        with suppress(OSError, ValueError):
+            if entry.name.isdigit() and any(os.readlink(fd) in sockets for fd in (entry / "fd").iterdir()):
+                groups.add(os.getpgid(int(entry.name)))
+    return groups
+
+
+def start_serving(launch, ready, log: Path, what: str, timeout: float = 180) -> tuple[subprocess.Popen, int]:
+    """`launch(port)` (a server in a session of its own) on a free port, once its own process group listens there
+    and `ready(port)`; returns the process and the port. The port is picked before the server binds it, so another
+    process (another pytest worker's server) may take it meanwhile: then the server exits, the answers on that port
+    are the stranger's and do not count, and a fresh port is tried."""
+    for _ in range(3):
+        port = free_port()
+        proc, state = launch(port), None
+        try:
+            waiting = f"{what} on port {port} (log: {log})"
+            state = wait_for(partial(_serving, proc, port, ready, what, log), timeout, waiting)
+        finally:
+            if state != "up":
+                with suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        if state == "up":
+            return proc, port
+    pytest.fail(f"{what}: other processes took three free ports before it could listen on them (log: {log})")
+
+
+def _serving(proc: subprocess.Popen, port: int, ready, what: str, log: Path) -> str | None:
+    """"up" once `proc`'s group listens on `port` and `ready(port)`; "taken" if it exited while another process
+    listens there; None meanwhile."""
+    holders = listeners(port)
+    if proc.poll() is not None:
+        if holders:
+            return "taken"
+        pytest.fail(f"{what} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+    return "up" if proc.pid in holders and ready(port) else None
+
+
+def http_ok(path: str):
+    """A `ready` for `start_serving`: the server answers 200 on `path`."""
+    def ready(port: int) -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+    return ready
 
 
 class FakeExecutor:
@@ -76,26 +135,20 @@ class FakeExecutor:
 
 
 class Server:
-    """`ptctl serve` as a subprocess (its own session), logging to `log`; restartable."""
+    """`ptctl serve` as a subprocess (its own session), logging to `log`; restartable (on a fresh port)."""
 
     def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env, self.log, self.port = env, log, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.env, self.log, self.url = env, log, ""
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        with open(self.log, "a") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)],
-                                         env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(self._ready, 180, f"ptctl serve on {self.url} (log: {self.log})")
+        def launch(port: int) -> subprocess.Popen:
+            with open(self.log, "a") as out:
+                return subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+                                        env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def _ready(self) -> bool:
-        if self.proc.poll() is not None:
-            pytest.fail(f"ptctl serve exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-        try:
-            return httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200
-        except httpx.TransportError:
-            return False
+        self.proc, port = start_serving(launch, http_ok("/readyz"), self.log, "ptctl serve")
+        self.url = f"http://127.0.0.1:{port}"
 
     def kill(self) -> None:
         """SIGKILL the API process only (the Ray head and the drivers live in other sessions)."""
@@ -142,31 +195,25 @@ def postgres():
 def running_mlflow(backend_uri: str, root: Path):
     """A real MLflow tracking server on `backend_uri`, artifacts and log under `root` (job execution off: ~10 s to
     start, 2 processes); yields its URL and log path."""
-    port = free_port()
     root.mkdir(parents=True, exist_ok=True)
     log = open(root / "mlflow.log", "w")  # noqa: SIM115 (closed at exit)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(["mlflow", "server", "--backend-store-uri", backend_uri,
-                             "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
 
-    def up() -> bool:
-        if proc.poll() is not None:
-            pytest.fail(f"mlflow server exited:\n{(root / 'mlflow.log').read_text()[-3000:]}")
-        try:
-            return httpx.get(f"{url}/health", timeout=5).status_code == 200
-        except httpx.TransportError:
-            return False
+    def launch(port: int) -> subprocess.Popen:
+        return subprocess.Popen(["mlflow", "server", "--backend-store-uri", backend_uri,
+                                 "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
+                                 "--port", str(port), "--workers", "1"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
+    proc = None
     try:
-        wait_for(up, 120, "the MLflow server")
-        yield url, root / "mlflow.log"
+        proc, port = start_serving(launch, http_ok("/health"), root / "mlflow.log", "the MLflow server", timeout=120)
+        yield f"http://127.0.0.1:{port}", root / "mlflow.log"
     finally:
-        with suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+        if proc is not None:
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
         log.close()
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.service.conftest import free_port, wait_for
+from tests.service.conftest import start_serving
 
 MISSING = ("no PostgreSQL binaries: the `pgserver` test extra ships them; run `make install` "
            "(pip install -e '.[test]')")
@@ -53,7 +53,7 @@ class Postgres:
     def __init__(self, install: Path) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="ptctl-pg-"))  # not under pytest's 0700 tmp: `nobody` enters it
         self.root.chmod(0o755)
-        self.port, self.user = free_port(), "ptctl"
+        self.port, self.user = 0, "ptctl"  # picked by `start`
         self.as_root = os.geteuid() == 0
         self.bin = install / "bin"
         if self.as_root:  # a copy `nobody` can reach, each part at its place relative to the others (the
@@ -81,20 +81,24 @@ class Postgres:
     def start(self) -> Postgres:
         began = time.monotonic()
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", self.user, "-E", "UTF8", "--no-sync")
-        with open(self.log, "w") as log:
-            if self.as_root:
-                os.chown(self.log, self._ids["user"], self._ids["group"])
-            self.proc = subprocess.Popen(
-                [str(self.bin / "postgres"), "-D", str(self.data), "-p", str(self.port), "-h", "127.0.0.1",
-                 "-k", str(self.data), "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200"],
-                stdout=log, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True, **self._ids)
-        wait_for(self._up, 60, f"the throwaway PostgreSQL server (log: {self.log})", interval=0.1)
+        self.log.touch()
+        if self.as_root:
+            os.chown(self.log, self._ids["user"], self._ids["group"])
+
+        def launch(port: int) -> subprocess.Popen:
+            self.port = port
+            with open(self.log, "a") as log:
+                return subprocess.Popen(
+                    [str(self.bin / "postgres"), "-D", str(self.data), "-p", str(port), "-h", "127.0.0.1",
+                     "-k", str(self.data), "-c", "fsync=off", "-c", "full_page_writes=off",
+                     "-c", "max_connections=200"],
+                    stdout=log, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True, **self._ids)
+
+        self.proc, _ = start_serving(launch, self._answers, self.log, "the throwaway PostgreSQL server", timeout=60)
         self.start_s = time.monotonic() - began
         return self
 
-    def _up(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            pytest.fail(f"postgres exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+    def _answers(self, port: int) -> bool:
         try:
             self.execute("SELECT 1")
             return True

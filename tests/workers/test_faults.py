@@ -16,6 +16,7 @@ from mlflow import MlflowClient
 
 from studies import load_catalog
 from studies.spec import StudySpec
+from tests.service.conftest import listeners
 from tests.service.test_cancel import ray_work
 
 pytestmark = pytest.mark.slow
@@ -98,7 +99,8 @@ def test_killed_trial_worker_is_retried_from_its_checkpoint(study_data_dir):
 
 
 def _mlflow_server(root: Path, port: int) -> subprocess.Popen:
-    """A real MLflow tracking server on SQLite in `root` (as tests/service/conftest.py starts it)."""
+    """A real MLflow tracking server on SQLite in `root` (as tests/service/conftest.py starts it), on `port` (the
+    outage test restarts it there); up once it answers, from its own processes (`listeners`)."""
     log = open(root / "mlflow.log", "a")  # noqa: SIM115 (the server's own; closed with the test process)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = subprocess.Popen(["mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
@@ -109,7 +111,7 @@ def _mlflow_server(root: Path, port: int) -> subprocess.Popen:
     while time.time() < deadline:
         assert proc.poll() is None, (root / "mlflow.log").read_text()[-3000:]
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+            if proc.pid in listeners(port) and httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).is_success:
                 return proc
         except httpx.TransportError:
             pass
