@@ -15,7 +15,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import yaml
 
 from studies.spec import CATALOG_DIR
 from tests.service._cli import data_dir, ptctl
-from tests.service.conftest import ADMIN, READ, Server, wait_for
+from tests.service.conftest import ADMIN, READ, Server, free_port, start_serving, wait_for
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
@@ -49,12 +48,6 @@ class Cluster:
     join: Callable[[str], subprocess.Popen]  # start the worker node of this custom resource (again)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _node_ids(env: dict[str, str]) -> dict[str, str]:
     """Each live node's id by its custom resource (the head: `head`)."""
     probe = ("import json, ray; ray.init(); print(json.dumps({next((r for r in n['Resources'] if r.startswith("
@@ -64,21 +57,26 @@ def _node_ids(env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def s3() -> Iterator[dict[str, str]]:
+def s3(tmp_path_factory) -> Iterator[dict[str, str]]:
     """A real S3-compatible server on loopback (moto's) with a bucket `ptctl`: the AWS environment every node gets."""
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-           "AWS_DEFAULT_REGION": "us-east-1"}
+    log = tmp_path_factory.mktemp("s3") / "moto.log"
+
+    def launch(port: int) -> subprocess.Popen:
+        with open(log, "a") as out:
+            return subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def bucket_made(port: int) -> bool:
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/ptctl", method="PUT"))
+            return True
+        except OSError:
+            return False
+
+    server, port = start_serving(launch, bucket_made, log, "moto's S3 server", timeout=60)
     try:
-        for _ in range(60):
-            try:
-                urllib.request.urlopen(urllib.request.Request(f"{env['AWS_ENDPOINT_URL']}/ptctl", method="PUT"))
-                break
-            except OSError:
-                time.sleep(0.5)
-        yield env
+        yield {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+               "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
     finally:
         os.killpg(server.pid, signal.SIGKILL)
 
@@ -90,7 +88,7 @@ def cluster(tmp_path_factory, s3) -> Iterator[tuple[Cluster, Path]]:
     token = root / "token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "PTCTL_DATA_DIR": str(data), **s3}
     env.pop("RAY_AUTH_TOKEN", None)
     # a node killed -9 is marked dead after 3 missed health checks 1 s apart (≈ 5 s), not Ray's default 5 × 3 s
@@ -220,7 +218,7 @@ def test_a_study_on_the_cluster_is_the_same_study_as_on_one_node(cluster, tmp_pa
     from tests.workers.test_faults import _mlflow_server
 
     c, data = cluster
-    port = _free_port()
+    port = free_port()
     server = _mlflow_server(tmp_path, port)
     try:
         uri = f"http://127.0.0.1:{port}"

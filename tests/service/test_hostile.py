@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from studies import load_catalog
-from tests.service.conftest import ADMIN, free_port, wait_for
+from tests.service.conftest import ADMIN, http_ok, start_serving
 from tests.service.test_limits import BOMB
 
 pytestmark = pytest.mark.slow  # a real uvicorn process (≈20 s)
@@ -51,21 +51,17 @@ print(json.dumps(latencies))
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """uvicorn in a process of its own (attackers in this process must not share its GIL)."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(tmp_path_factory.mktemp("hostile")), str(port),
-                             f"admin:{ADMIN}"])
-    url = f"http://127.0.0.1:{port}"
+    data = tmp_path_factory.mktemp("hostile")
+    log = data / "serve.log"
 
-    def up() -> bool:
-        assert proc.poll() is None, "the server exited"
-        try:
-            return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
+    def launch(port: int) -> subprocess.Popen:
+        with open(log, "a") as out:
+            return subprocess.Popen([sys.executable, "-c", SERVE, str(data), str(port), f"admin:{ADMIN}"],
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
+    proc, port = start_serving(launch, http_ok("/healthz"), log, "uvicorn", timeout=60)
     try:
-        wait_for(up, 60, "uvicorn", interval=0.1)
-        yield url
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait(30)
