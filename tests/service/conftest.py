@@ -59,23 +59,29 @@ def listeners(port: int) -> set[int]:
 
 
 def start_serving(launch, ready, log: Path, what: str, timeout: float = 180) -> tuple[subprocess.Popen, int]:
-    """`launch(port)` (a server in a session of its own) on a free port, once its own process group listens there
-    and `ready(port)`; returns the process and the port. The port is picked before the server binds it, so another
-    process (another pytest worker's server) may take it meanwhile: then the server exits, the answers on that port
-    are the stranger's and do not count, and a fresh port is tried."""
+    """`launch(port)` (a server in a session of its own) on a free port, once `serving`; returns the process and the
+    port. The port is picked before the server binds it, so another process (another pytest worker's server) may
+    take it meanwhile: then the server exits, the answers on that port are the stranger's and do not count, and a
+    fresh port is tried."""
     for _ in range(3):
         port = free_port()
-        proc, state = launch(port), None
+        proc, up = launch(port), False
         try:
-            waiting = f"{what} on port {port} (log: {log})"
-            state = wait_for(partial(_serving, proc, port, ready, what, log), timeout, waiting)
+            up = serving(proc, port, ready, what, log, timeout)
         finally:
-            if state != "up":
+            if not up:
                 with suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-        if state == "up":
+        if up:
             return proc, port
     pytest.fail(f"{what}: other processes took three free ports before it could listen on them (log: {log})")
+
+
+def serving(proc: subprocess.Popen, port: int, ready, what: str, log: Path, timeout: float) -> bool:
+    """Wait until `proc`'s own process group listens on `port` and `ready(port)`: True; False if it exited while
+    another process listens there (the port was taken). Fails on its exit otherwise, or after `timeout` s."""
+    state = wait_for(partial(_serving, proc, port, ready, what, log), timeout, f"{what} on port {port} (log: {log})")
+    return state == "up"
 
 
 def _serving(proc: subprocess.Popen, port: int, ready, what: str, log: Path) -> str | None:
@@ -191,20 +197,23 @@ def postgres():
         server.stop()
 
 
+def launch_mlflow(backend_uri: str, root: Path, log, port: int) -> subprocess.Popen:
+    """`mlflow server` on `backend_uri` and 127.0.0.1:`port` in a session of its own, artifacts under `root`,
+    writing to the open file `log` (job execution off: ~10 s to start, 2 processes)."""
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    return subprocess.Popen(["mlflow", "server", "--backend-store-uri", backend_uri,
+                             "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", "1"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 @contextmanager
 def running_mlflow(backend_uri: str, root: Path):
-    """A real MLflow tracking server on `backend_uri`, artifacts and log under `root` (job execution off: ~10 s to
-    start, 2 processes); yields its URL and log path."""
+    """A real MLflow tracking server on `backend_uri` (`launch_mlflow`), artifacts and log under `root`, on a free
+    port; yields its URL and log path."""
     root.mkdir(parents=True, exist_ok=True)
     log = open(root / "mlflow.log", "w")  # noqa: SIM115 (closed at exit)
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-
-    def launch(port: int) -> subprocess.Popen:
-        return subprocess.Popen(["mlflow", "server", "--backend-store-uri", backend_uri,
-                                 "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
-                                 "--port", str(port), "--workers", "1"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
+    launch = partial(launch_mlflow, backend_uri, root, log)
     proc = None
     try:
         proc, port = start_serving(launch, http_ok("/health"), root / "mlflow.log", "the MLflow server", timeout=120)

@@ -30,7 +30,7 @@ import yaml
 
 from studies.spec import CATALOG_DIR
 from tests.service._cli import data_dir, ptctl
-from tests.service.conftest import ADMIN, READ, Server, free_port, start_serving, wait_for
+from tests.service.conftest import ADMIN, READ, Server, free_port, running_mlflow, start_serving, wait_for
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
@@ -215,20 +215,12 @@ def test_a_study_on_the_cluster_is_the_same_study_as_on_one_node(cluster, tmp_pa
     """The same spec on the cluster — trials on the worker nodes, Tune's state and checkpoints in S3, MLflow a
     server that stores the artifacts — and on one local Ray node with MLflow on SQLite: the same study id, the same
     trials with the same eval losses (to 1e-5), the same certificate, the same trial runs and study artifacts."""
-    from tests.workers.test_faults import _mlflow_server
-
     c, data = cluster
-    port = free_port()
-    server = _mlflow_server(tmp_path, port)
-    try:
-        uri = f"http://127.0.0.1:{port}"
+    with running_mlflow(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path) as (uri, _):
         spread = _certified_spec(tmp_path, "cluster", checkpoint_every_s=0, storage="s3://ptctl/same")
         done = ptctl(["study", "run", str(spread)], data, uri, **c.env)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         on_cluster = _study_outcome(data, uri)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(30)
     alone = data_dir(tmp_path, "one-node")
     done = ptctl(["study", "run", str(_certified_spec(tmp_path, "alone", checkpoint_every_s=0))], alone)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -9,14 +9,13 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
 from studies import load_catalog
 from studies.spec import StudySpec
-from tests.service.conftest import listeners
+from tests.service.conftest import http_ok, launch_mlflow, serving
 from tests.service.test_cancel import ray_work
 
 pytestmark = pytest.mark.slow
@@ -99,24 +98,12 @@ def test_killed_trial_worker_is_retried_from_its_checkpoint(study_data_dir):
 
 
 def _mlflow_server(root: Path, port: int) -> subprocess.Popen:
-    """A real MLflow tracking server on SQLite in `root` (as tests/service/conftest.py starts it), on `port` (the
-    outage test restarts it there); up once it answers, from its own processes (`listeners`)."""
+    """A real MLflow tracking server on SQLite in `root`, on `port` (the outage test restarts it there)."""
     log = open(root / "mlflow.log", "a")  # noqa: SIM115 (the server's own; closed with the test process)
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(["mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-                             "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        assert proc.poll() is None, (root / "mlflow.log").read_text()[-3000:]
-        try:
-            if proc.pid in listeners(port) and httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).is_success:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    pytest.fail("the MLflow server did not start")
+    proc = launch_mlflow(f"sqlite:///{root / 'mlflow.db'}", root, log, port)
+    if not serving(proc, port, http_ok("/health"), "the MLflow server", root / "mlflow.log", 120):
+        pytest.fail(f"another process took port {port} before the MLflow server could listen on it")
+    return proc
 
 
 def test_an_mlflow_outage_mid_phase_delays_logging_and_loses_no_run(study_data_dir, tmp_path, caplog):
