@@ -293,9 +293,12 @@ def _print_horizon(spec) -> None:
 def _print_batches(spec) -> None:
     """How the grid phases' trials are packed into processes (`resources.batch_members`, `studies.members`)."""
     from studies.cost import planned_trials
-    from studies.members import batches
+    from studies.members import batches, solo_note
 
-    k = spec.resources.batch_members
+    k, note = spec.resources.batch_members, solo_note(spec.model.family)
+    if note and k != 1:
+        console.print(f"batches: {note}")
+        return
     if k == "auto":
         console.print("batches: resources.batch_members is auto: each trial alone on CPU; on GPUs as many members "
                       "per batch as a GPU's memory holds, decided when each phase starts")

@@ -4,7 +4,7 @@ about a family.
 A `Family` names its fixed architecture (`model.arch`), its model config (the arch plus a trial's width,
 parametrization and hparams), its search space, the data objective it trains with, the trace name of its output
 logits (the coordinate check's one-sided readout), the coordinate check's small model and the activations it
-lets vanish, the per-step metrics its monitoring adds and the MLflow tags they raise, its parameter and FLOP
+lets vanish, the MLflow tags its monitoring's per-step metrics raise, its parameter and FLOP
 counts (`studies.budget`; a family without them cannot join a compare study) and its `nn.Module` — as a
 "module:Class" path, so `studies` imports no torch (`workers.models.build_model` imports it). `ModelSpec.family`,
 `TrialConfig.model`, the arch and space a study validates and the objective it defaults to are all looked up
@@ -71,12 +71,14 @@ class Family:
     # the coordinate check's model hparams -> the activations (name prefixes) μP lets shrink with width, judged
     # one-sidedly like the readout
     coord_may_vanish: Callable[[dict[str, Any]], tuple[str, ...]] = lambda hp: ()
-    metric_prefixes: tuple[str, ...] = ()  # per-step metrics its `eval_metrics` hook adds (kept by the runners)
     flag_tags: dict[str, str] = field(default_factory=dict)  # metric prefix -> the trial run's tag when one is nonzero
     param_count: Callable[..., int] | None = None  # (arch, width, vocab_size, base_width) -> parameters
     forward_flops: Callable[..., dict[str, float]] | None = None  # (arch, width, vocab, seq_len, n_dec, base_width)
     width_multiples: bool = False  # the budget solver steps by `width_step` (PT) instead of every integer
     mup: MupRecipe | None = None  # a `from_mup` family: how its model is built and trained (trained alone, unbatched)
+    # the hparams in which the members of one batched model may differ (`workers.batched`: each member's own values
+    # reach its forward through its config, attributes and buffers, stacked); None: its trials train one at a time
+    batchable: tuple[str, ...] | None = None
 
     @property
     def comparable(self) -> bool:
@@ -219,6 +221,9 @@ def _malformed(family: Family) -> str | None:
         return "Family.space must be a studies.space.Space subclass (its HPARAMS and a Range per hparam)"
     if not (isinstance(family.model, type) or (isinstance(family.model, str) and ":" in family.model)):
         return "Family.model must be the nn.Module's \"module:Class\" path (or the class itself)"
+    if family.batchable is not None and not set(family.batchable) <= set(family.space.HPARAMS):
+        unknown = sorted(set(family.batchable) - set(family.space.HPARAMS))
+        return f"Family.batchable names {unknown}, which are not hparams of its space {list(family.space.HPARAMS)}"
     if family.objective not in get_args(Objective):
         return f"Family.objective must be one of {list(get_args(Objective))}, not {family.objective!r}"
     return None

@@ -1,7 +1,7 @@
 """Batched trials, planned: which of a grid phase's trials train together as one batched model (`workers.batched`).
 
-Trials may share a batch when their trial configs are equal but for the base `lr` and the family's hparams
-(`member_key`): the same width, steps, seed (so the same init draw and data order), schedule and data. A phase's
+Trials may share a batch when their trial configs are equal but for the hparams their family declares batchable
+(`Family.batchable`, `member_key`; a family that declares none trains each trial alone): the same width, steps, seed (so the same init draw and data order), schedule and data. A phase's
 planned trials are grouped by that key in plan order and each group is cut into batches of at most K members,
 as even as they come (59 trials at K = 30: 30 and 29). The grouping is a pure function of the plan and K, so a
 restored phase re-forms the same batches.
@@ -29,17 +29,26 @@ MEMORY_SHARE = 0.5  # of a worker's memory that auto's batches may fill (the res
 
 
 def member_key(config: dict[str, Any]) -> str:
-    """What trials sharing a batch must have in common: their trial config but the lr and the family's hparams."""
-    hparams = set(get_family(config.get("model", "pt")).space.HPARAMS)
+    """What trials sharing a batch must have in common: their trial config but the family's batchable hparams."""
+    hparams = set(get_family(config.get("model", "pt")).batchable or ())
     model_hp = {k: v for k, v in (config.get("model_hp") or {}).items() if k not in hparams}
-    rest = {k: v for k, v in config.items() if k not in ("lr", "model_hp")}
+    rest = {k: v for k, v in config.items() if k != "model_hp" and k not in hparams}
     return repr(sorted({**rest, "model_hp": sorted(model_hp.items())}.items()))
+
+
+def solo_note(family: str) -> str | None:
+    """Why a family's trials are never batched (None: they may be), one line for the plan and the report."""
+    if get_family(family).batchable is not None:
+        return None
+    return (f"family {family!r} declares no batchable hparams (Family.batchable): each of its trials trains alone, "
+            "one at a time")
 
 
 def batches(spec: StudySpec, trials: Sequence[PlannedTrial], k: int) -> list[list[PlannedTrial]]:
     """The planned trials as batches of at most `k` members each (module docstring); `k` = 1: one per trial, as
-    always for a `from_mup` family (mup reads a width from each parameter, which a stacked one does not carry)."""
-    if get_family(spec.model.family).mup is not None:
+    always for a family that declares no batchable hparams (`solo_note`; a `from_mup` family: mup reads a width from
+    each parameter, which a stacked one does not carry)."""
+    if solo_note(spec.model.family):
         k = 1
     groups: dict[str, list[PlannedTrial]] = {}
     for trial in trials:

@@ -1,106 +1,125 @@
-"""K trials of one shape trained as one batched model in one process: `train_batch(configs) -> [TrialResult]`.
+"""K trials of one shape as one batched model: `Stacked`, the engine `workers.train.train` uses for K > 1.
 
-Members share everything but their base `lr` and their family's hparams (`studies.members.member_key`): the
-width, the steps, the seed (so the init draw and the data order) and the schedule. Each member is built alone,
-exactly as `workers.train.train_trial` builds it, and the K models are stacked (`torch.func.stack_module_state`):
-every parameter gets a leading member dimension, and one `vmap(functional_call)` runs the K forward and backward
-passes as batched kernels (K small GEMMs become one batched GEMM; the Python and dispatch cost of a step is paid
-once, not K times). A member's hparams that differ from the others' enter its model as per-member values: its
-config is swapped, inside the vmapped call, for one whose differing fields are that member's slice of a (K,) tensor
-(the models read every hparam from `cfg` at forward time). Its lr enters the optimiser: AdamW written over the
-stacked tensors (`_adamw`, torch's single-tensor arithmetic), with a (K,) learning rate per parameter group and a
-per-member gradient-norm clip.
+Members share everything but the hparams their family declares batchable (`studies.family.Family.batchable`,
+`studies.members.member_key`): the width, the steps, the seed (so the init draw and the data order) and the
+schedule. Each member is built alone, exactly as a solo trial builds it, and the K models are stacked
+(`torch.func.stack_module_state`): every parameter and buffer gets a leading member dimension, and one
+`vmap(functional_call)` runs the K forward and backward passes as batched kernels (the Python and dispatch cost
+of a step is paid once, not K times).
 
-Each member is still a trial: its own eval curve, divergence (a member whose loss goes non-finite or blows up is
-recorded `diverged` with the reason and its slice stops updating; the others go on), plateau scale and result (its
-wall time and tokens/s are its share of the batch's: the batch's time / K, so a phase's trial times add up to its
-compute time as solo trials' do). At
-dropout 0 a member's losses equal the same trial trained alone (tests/workers/test_batched.py: float64 ≤ 1e-8
-after 20 steps). With dropout the members draw independent masks (vmap's randomness="different").
+Every value a member's model holds that differs from the other members' reaches that member's forward: besides
+its parameters and buffers (stacked), each attribute of its modules that differs — a number or tensor stored when
+the model was built (a readout multiplier, an init scale), or a config whose numeric fields differ (the built-in
+families read their hparams from `cfg`) — is stacked too and set to the member's own slice inside the vmapped
+call. A difference that cannot be stacked (a string, an int, a structure), a family that declares no batchable
+hparams, a model with its own optimiser, or members whose hparams differ while their models do not (the hparam
+reaches the model some way the batch cannot see) is a `BatchingError` naming the fix: never a member trained with
+another member's value. The lr enters the optimiser: AdamW over the stacked tensors (`_AdamW`, torch's
+single-tensor arithmetic) with a (K,) learning rate per parameter group and a per-member gradient-norm clip.
 
-The K models stay: their parameters and buffers are views into the stacked tensors, so the family's hooks
-(`before_step`: TauGPT's τ calibration; `eval_metrics`) run on each member's own module as in a solo trial.
+At dropout 0 a member equals the same trial trained alone (tests/workers/test_batched.py: float64 ≤ 1e-8 after
+20 steps); with dropout the members draw independent masks (vmap's randomness="different"). The K models stay:
+their parameters and buffers are views into the stacked tensors, so the family's hooks run on each member's own
+module as in a solo trial.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from pydantic import BaseModel
+from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from analysis.constants import TrialStatus
+from studies.family import get_family
+from studies.members import member_key
 from studies.spec import TrialConfig
+from workers.batches import Batch
 from workers.models import build_model
 from workers.models.contract import ADAM_EPS, UNDECAYED, LanguageModel
-from workers.train import (
-    TrainState,
-    TrialResult,
-    blown_up,
-    check_objective,
-    load_data,
-    lr_factor,
-    resolve_device,
-    system_usage,
-    trial_result,
-)
 
-MemberProgress = Callable[[int, dict[str, Any]], None]  # (member index, row) at every logged step
-BatchCheckpoint = Callable[[dict[int, dict[str, Any]], TrainState], None]  # (rows of the live members, state)
+MODULE_FIELDS = frozenset(vars(nn.Module()))  # nn.Module's own bookkeeping, not the model's state
+Swap = tuple[str, str, str | None]  # (module path, attribute, a config's field or None): one stacked value
 
 
-class _Loss(torch.nn.Module):
-    """`model.loss(batch)`'s first term as a forward, for `functional_call`."""
+class BatchingError(ValueError):
+    """These trials cannot train as one batched model (the message names why and the fix)."""
+
+
+class _Loss(nn.Module):
+    """`model.loss(batch)`'s first term (or the eval loss) as a forward, for `functional_call`."""
 
     def __init__(self, model: LanguageModel, eval_only: bool = False) -> None:
         super().__init__()
         self.model, self.eval_only = model, eval_only
 
-    def forward(self, batch):
+    def forward(self, batch: Batch) -> torch.Tensor:
         return self.model.token_loss(batch) if self.eval_only else self.model.loss(batch)[0]
 
 
-class Members:
+class Stacked:
     """The stacked models of one batch: parameters (K, ...) as leaves, the members' own modules as views."""
 
     def __init__(self, configs: Sequence[TrialConfig], vocab_size: int, device: torch.device) -> None:
-        self.models: list[LanguageModel] = []
+        check_members(configs)
+        self.cfgs, self.device, self.models = list(configs), device, []
         for cfg in configs:  # each built exactly as a solo trial builds it (same seed → same init)
             torch.manual_seed(cfg.seed)
             self.models.append(build_model(cfg.model, vocab_size=vocab_size, **cfg.model_hp).to(device))
+        first = configs[0]
+        if self.models[0].make_optimizer(first.lr, first.weight_decay, first.betas) is not None:
+            raise BatchingError(f"family {first.model!r}'s model brings its own optimiser, which a batch cannot "
+                                "stack: declare no batchable hparams (Family.batchable=None) to train it alone")
+        self.swaps, self.hp = differing_state(self.models, device)
         params, buffers = stack_module_state(self.models)
         self.params: dict[str, torch.Tensor] = params
         self.buffers: dict[str, torch.Tensor] = buffers
+        if not self.swaps and any(c.model_hp != first.model_hp for c in configs) and not any(
+                not torch.equal(t[0], t[i]) for t in (*params.values(), *buffers.values()) for i in range(len(t))):
+            raise BatchingError(f"the members of a batch of family {first.model!r} differ in their hparams but their "
+                                "built models hold the same values: the hparams reach the model some way a batch "
+                                "cannot stack. Store them on the model (an attribute, buffer or `cfg` field) or "
+                                "declare no batchable hparams (Family.batchable=None)")
         base = self.models[0]
         group_of = {id(p): g for g, ps in base.groups.items() for p in ps}
         self.group = {name: group_of[id(p)] for name, p in base.named_parameters()}
-        # float64, as the Python floats of a solo trial's config: a product of hparams rounds once, to the model's dtype
-        self.hp = {k: torch.tensor([float(getattr(m.cfg, k)) for m in self.models], device=device,
-                                   dtype=torch.float64) for k in _varying(self.models)}
-        self.base_cfg = base.cfg
+        self.groups = list(dict.fromkeys(self.group.values()))  # the groups that hold parameters, in order
+        self.mults = base.lr_multipliers()
         self._point_models_at_stack()
-        for model in self.models:
-            model.before_trial(configs[0])
         self.train_loss = self._member(_Loss(base))
         self.eval_loss = self._member(_Loss(base, eval_only=True))
+        dtype = next(iter(params.values())).dtype
+        self.opt = _AdamW(self, first.betas, first.weight_decay)
+        self.lrs: dict[str, torch.Tensor] = {}
+        self.dtype, self.loss = dtype, torch.zeros(0)
+        self.n_params = sum(p.numel() for p in base.parameters())
 
-    def _member(self, module: torch.nn.Module) -> Callable[..., torch.Tensor]:
-        """module's loss for one member: its parameters, buffers and hparam values (vmapped over all three)."""
-        models = [m for m in module.modules() if getattr(m, "cfg", None) is self.base_cfg]
+    def _member(self, module: nn.Module) -> Callable[..., torch.Tensor]:
+        """`module`'s loss for one member: its parameters, buffers and differing values (vmapped over all three)."""
+        owners = {swap: module.get_submodule(f"model.{swap[0]}".rstrip(".")) for swap in self.swaps}
 
-        def loss(params, buffers, hp, batch):
-            cfg = self.base_cfg.model_copy(update=hp)
-            for m in models:
-                m.cfg = cfg
+        def loss(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], hp: dict[Swap, torch.Tensor],
+                 batch: Batch) -> torch.Tensor:
+            saved = {(path, attr): getattr(owners[(path, attr, f)], attr) for path, attr, f in self.swaps}
+            copies: dict[int, Any] = {}
+            for (path, attr, name), value in hp.items():
+                owner = owners[(path, attr, name)]
+                if name is None:
+                    setattr(owner, attr, value)
+                    continue
+                cfg = saved[(path, attr)]  # a config: one copy per config object, with every differing field
+                copy = copies.setdefault(id(cfg), cfg.model_copy())
+                object.__setattr__(copy, name, value)
+                setattr(owner, attr, copy)
             try:
                 prefixed = {f"model.{k}": v for k, v in {**params, **buffers}.items()}
-                return functional_call(module, prefixed, (batch,))
+                out: torch.Tensor = functional_call(module, prefixed, (batch,))
+                return out
             finally:
-                for m in models:
-                    m.cfg = self.base_cfg
+                for swap in self.swaps:
+                    setattr(owners[swap], swap[1], saved[(swap[0], swap[1])])
 
         return vmap(loss, in_dims=(0, 0, 0, None), randomness="different")
 
@@ -114,12 +133,38 @@ class Members:
                 module = model.get_submodule(owner) if owner else model
                 module._buffers[attr] = self.buffers[name][i]
 
-    def losses(self, batch, train: bool = True) -> torch.Tensor:
-        """(K,) losses of every member on `batch` (train mode: the training loss, with aux terms)."""
+    def info(self, i: int) -> tuple[int, dict[str, float], dict[str, str]]:
+        return self.n_params, {g: self.mults[g] for g in self.groups}, self.models[i].run_params()
+
+    def set_lrs(self, factors: list[float]) -> list[dict[str, float]]:
+        rows = [{g: c.lr * self.mults[g] * f for g in self.groups} for c, f in zip(self.cfgs, factors, strict=True)]
+        self.lrs = {g: torch.tensor([r[g] for r in rows], device=self.device, dtype=self.dtype) for g in self.groups}
+        return rows
+
+    def losses(self, batch: Batch, train: bool = True) -> list[float]:
+        """Every member's loss on `batch` (train mode: the training loss with aux terms, its graph kept)."""
         for model in self.models:
             model.train(train)
-        fn = self.train_loss if train else self.eval_loss
-        return fn(self.params, self.buffers, self.hp, batch)
+        self.loss = (self.train_loss if train else self.eval_loss)(self.params, self.buffers, self.hp,
+                                                                  batch.to(self.device))
+        values: list[float] = self.loss.detach().tolist()
+        return values
+
+    def update(self, live: list[bool]) -> None:
+        keep = torch.tensor(live, device=self.device)
+        torch.autograd.backward(torch.where(keep, self.loss, 0.0).sum())
+        if self.cfgs[0].grad_clip > 0:
+            self.opt.clip(self.cfgs[0].grad_clip, keep)
+        self.opt.step(self.lrs, keep)
+
+    @torch.no_grad()
+    def eval_losses(self, batches: list[Batch]) -> list[float]:
+        totals, count = [0.0] * len(self.models), 0
+        for each in batches:
+            values = self.losses(each, train=False)
+            totals = [t + v * each.n_masked for t, v in zip(totals, values, strict=True)]
+            count += each.n_masked
+        return [t / max(count, 1) for t in totals]
 
     @torch.no_grad()
     def retire(self, i: int) -> None:
@@ -128,31 +173,96 @@ class Members:
         for t in self.params.values():
             t[i] = 0.0
 
-    def load(self, state: dict[str, Any]) -> None:
-        with torch.no_grad():
-            for name, t in state["params"].items():
-                self.params[name].copy_(t)
-            for name, t in state["buffers"].items():
-                self.buffers[name].copy_(t)
+    def state_dict(self) -> dict[str, Any]:
+        return {"params": self.params, "buffers": self.buffers, "optimizer": self.opt.state_dict()}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("params", "buffers"):
+            for name, t in state[key].items():
+                getattr(self, key)[name].copy_(t)
+        self.opt.load_state_dict(state["optimizer"])
 
 
-def _varying(models: Sequence[LanguageModel]) -> list[str]:
-    """The model config's fields whose values differ between members (each must be a number: a per-member tensor)."""
-    dumps: list[dict[str, Any]] = [m.cfg.model_dump() for m in models]  # type: ignore[union-attr,operator]
-    first, others = dumps[0], dumps[1:]
-    keys = sorted(k for k in first if any(o[k] != first[k] for o in others))
-    for k in keys:
-        if any(isinstance(v, bool) or not isinstance(v, int | float) for v in (first[k], *(o[k] for o in others))):
-            raise ValueError(f"batched members differ in model hparam {k!r}, which is not a number: only numeric "
-                             "hparams may vary within a batch (studies.members.member_key groups the others apart)")
-    return keys
+def check_members(configs: Sequence[TrialConfig]) -> None:
+    """The configs may share a batch: their family declares batchable hparams and they differ in no other field."""
+    family = get_family(configs[0].model)
+    if family.batchable is None:
+        raise BatchingError(f"family {family.name!r} declares no batchable hparams (Family.batchable): its trials "
+                            "train one at a time; set resources.batch_members: 1 or declare the hparams")
+    keys = {member_key(c.model_dump()) for c in configs}
+    if len(keys) > 1:
+        raise BatchingError(f"the members of a batch of family {family.name!r} differ in more than its batchable "
+                            f"hparams {list(family.batchable)}: batch only trials that differ in those")
+
+
+def differing_state(models: Sequence[nn.Module], device: torch.device) -> tuple[list[Swap], dict[Swap, torch.Tensor]]:
+    """The attributes of the members' modules whose values differ, each stacked as (K, ...) (module docstring);
+    a `BatchingError` naming the first that cannot be."""
+    swaps: list[Swap] = []
+    stacks: dict[Swap, torch.Tensor] = {}
+    refs = [{id(t) for t in (*m.parameters(), *m.buffers())} for m in models]
+    for path, module in models[0].named_modules():
+        others = [m.get_submodule(path) for m in models]
+        for attr in sorted(set(vars(module)) - MODULE_FIELDS):
+            values = [vars(o).get(attr) for o in others]
+            if all(_same(values[0], v, refs[0], r) for v, r in zip(values, refs, strict=True)):
+                continue
+            where = f"{type(models[0]).__name__}.{path + '.' if path else ''}{attr}"
+            if all(isinstance(v, BaseModel) for v in values):
+                dumps = [v.model_dump() for v in values]  # type: ignore[union-attr]
+                for name in sorted(dumps[0]):
+                    column = [d[name] for d in dumps]
+                    if all(c == column[0] for c in column):
+                        continue
+                    stacks[(path, attr, name)] = _stack(column, f"{where}.{name}", device)
+                    swaps.append((path, attr, name))
+                continue
+            stacks[(path, attr, None)] = _stack(values, where, device)
+            swaps.append((path, attr, None))
+    return swaps, stacks
+
+
+def _stack(values: list[Any], where: str, device: torch.device) -> torch.Tensor:
+    """The members' values of one attribute as one (K, ...) tensor: floats as float64 (as a solo trial's Python
+    floats: a product rounds once, to the model's dtype), tensors as they are."""
+    if all(isinstance(v, float) for v in values):
+        return torch.tensor(values, device=device, dtype=torch.float64)
+    if all(isinstance(v, torch.Tensor) and v.shape == values[0].shape for v in values):
+        return torch.stack([v.to(device) for v in values])
+    kinds = sorted({type(v).__name__ for v in values})
+    raise BatchingError(f"the batch's members differ in {where} ({', '.join(kinds)}), which cannot be stacked (only "
+                        "floats and tensors of one shape can): read it from a float, or declare the hparam behind it "
+                        "unbatchable (leave it out of Family.batchable)")
+
+
+def _same(a: Any, b: Any, refs_a: set[int], refs_b: set[int]) -> bool:
+    """Whether two members' values of an attribute are the same (a parameter or buffer is stacked anyway)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if id(a) in refs_a and id(b) in refs_b:
+            return True
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and bool(torch.equal(a, b)))
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, BaseModel):
+        return bool(a.model_dump() == b.model_dump())
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y, refs_a, refs_b) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], refs_a, refs_b) for k in a)
+    if isinstance(a, nn.Module | int | float | str | bytes | bool | type(None)) or callable(a):
+        return a is b or bool(a == b)
+    if hasattr(a, "__dict__"):
+        return _same(vars(a), vars(b), refs_a, refs_b)
+    return bool(a == b)
 
 
 class _AdamW:
     """torch.optim.AdamW's single-tensor arithmetic over stacked (K, ...) parameters, with a (K,) lr per group and
     a per-member gradient-norm clip; members not `live` keep their parameters and moments."""
 
-    def __init__(self, members: Members, betas: tuple[float, float], weight_decay: float) -> None:
+    def __init__(self, members: Stacked, betas: tuple[float, float], weight_decay: float) -> None:
         self.m, self.betas = members, betas
         self.decay = {name: 0.0 if g in UNDECAYED else weight_decay for name, g in members.group.items()}
         eps = members.models[0].eps_multipliers()  # a depth parametrization's blocks (group left out: 1)
@@ -207,167 +317,3 @@ class _AdamW:
             p.grad = None
 
 
-def train_batch(configs: Sequence[TrialConfig | dict[str, Any]], progress: MemberProgress | None = None,
-                checkpoint: BatchCheckpoint | None = None, resume: TrainState | None = None) -> list[TrialResult]:
-    """Train the members together; one `TrialResult` per member, in order (module docstring).
-
-    `progress(i, row)` gets member i's row at every logged step; `checkpoint(rows, state)` the rows of the members
-    still training and the whole batch's resumable state at every evaluation; `resume` continues from one."""
-    cfgs = [c if isinstance(c, TrialConfig) else TrialConfig.model_validate(c) for c in configs]
-    first = cfgs[0]
-    check_objective(first)
-    device = resolve_device(first.device)
-    data = load_data(first.data)
-    members = Members(cfgs, data.vocab_size, device)
-    k = len(cfgs)
-    mults = members.models[0].lr_multipliers()
-    opt = _AdamW(members, first.betas, first.weight_decay)
-    params = sum(p.numel() for p in members.models[0].parameters())
-    groups = list(dict.fromkeys(members.group.values()))  # the groups that hold parameters, in the model's order
-    infos = [(params, {g: c.lr * mults[g] / c.lr for g in groups}, members.models[i].run_params())
-             for i, c in enumerate(cfgs)]
-    batches = data.train_batches(first.batch_size, seed=first.seed)
-    eval_batches = data.eval_batches(first.batch_size)[: first.eval_batches]
-    probe = data.eval_batches(first.batch_size)[0]
-    dtype = next(iter(members.params.values())).dtype
-
-    loop: dict[str, Any] = {
-        "history": [[] for _ in cfgs], "monitored": [[] for _ in cfgs], "best": [math.inf] * k,
-        "eval_loss": [math.nan] * k, "train_loss": [math.nan] * k, "plateau_scale": [1.0] * k, "stale": [0] * k,
-        "start_loss": [math.nan] * k, "ended": [None] * k, "tokens": 0, "wall_time_s": 0.0}
-    first_step = 1
-    if resume is not None:
-        members.load(resume["members"])
-        opt.load_state_dict(resume["optimizer"])
-        first_step = resume["step"] + 1
-        for _ in range(resume["step"]):  # the data position: the seeded stream replayed
-            next(batches)
-        batches.take_diverted()
-        loop = {key: resume["loop"][key] for key in loop}
-        torch.set_rng_state(resume["rng"])
-    start = time.perf_counter() - loop["wall_time_s"]
-    usage_start = (time.perf_counter(), time.process_time())
-    results: list[TrialResult | None] = [_ended(e) for e in loop["ended"]]
-    retiring: list[int] = []  # members that diverged this step: zeroed once its backward and update are done
-
-    def end(i: int, status: str, step: int, message: str = "") -> None:
-        share_start = time.perf_counter() - (time.perf_counter() - start) / k  # its share of the batch's time
-        result = trial_result(status, loop["eval_loss"][i] if status == TrialStatus.COMPLETED else math.nan,
-                         loop["best"][i], loop["train_loss"][i], step, loop["tokens"], share_start, infos[i],
-                         loop["history"][i], message)
-        results[i], loop["ended"][i] = result, dict(vars(result), status=str(result.status))  # checkpointable
-        if status == TrialStatus.DIVERGED:
-            retiring.append(i)
-
-    for step in range(first_step, first.steps + 1):
-        live = [r is None for r in results]
-        if not any(live):
-            break
-        scale = list(loop["plateau_scale"])
-        diverted: list = []
-        lr_rows = [{g: c.lr * mults[g] * (lr_factor(step - 1, c) * s) for g in groups}  # as a solo trial's groups
-                   for c, s in zip(cfgs, scale, strict=True)]
-        lrs = {g: torch.tensor([r[g] for r in lr_rows], device=device, dtype=dtype) for g in groups}
-        batch = next(batches)
-        for i, model in enumerate(members.models):
-            if live[i]:
-                model.before_step(batch, step - 1)
-        losses = members.losses(batch.to(device))
-        values = losses.detach().tolist()
-        loop["tokens"] += int(batch.attention_mask.sum())
-        for i, value in enumerate(values):
-            if not live[i]:
-                continue
-            loop["train_loss"][i] = value
-            if step == 1:
-                loop["start_loss"][i] = value
-            if not math.isfinite(value) or value > cfgs[i].max_loss:
-                end(i, TrialStatus.DIVERGED, step, f"loss became {value} at step {step}")
-                live[i] = False
-        keep = torch.tensor(live, device=device)
-        torch.where(keep, losses, 0.0).sum().backward()
-        if first.grad_clip > 0:
-            opt.clip(first.grad_clip, keep)
-        opt.step(lrs, keep)
-        while retiring:
-            members.retire(retiring.pop())
-
-        evaluated = step % first.eval_every == 0 or step == first.steps
-        if evaluated:
-            totals, count = [0.0] * k, 0
-            with torch.no_grad():
-                for each in eval_batches:
-                    member_losses = members.losses(each.to(device), train=False).tolist()
-                    totals = [t + v * each.n_masked for t, v in zip(totals, member_losses, strict=True)]
-                    count += each.n_masked
-            for i in range(k):
-                if not live[i]:
-                    continue
-                eval_loss = totals[i] / max(count, 1)
-                loop["eval_loss"][i] = eval_loss
-                if not math.isfinite(eval_loss) or eval_loss > cfgs[i].max_loss:
-                    end(i, TrialStatus.DIVERGED, step, f"eval loss became {eval_loss} at step {step}")
-                    live[i] = False
-                    continue
-                blown = blown_up(eval_loss, data.vocab_size, loop["start_loss"][i], cfgs[i].uniform_margin)
-                if blown:
-                    end(i, TrialStatus.DIVERGED, step, f"eval loss {eval_loss:.4g} at step {step} is {blown}")
-                    live[i] = False
-                    continue
-                loop["stale"][i] = 0 if eval_loss < loop["best"][i] else loop["stale"][i] + 1
-                loop["best"][i] = min(loop["best"][i], eval_loss)
-                if cfgs[i].plateau_patience and loop["stale"][i] >= cfgs[i].plateau_patience:
-                    loop["plateau_scale"][i] *= cfgs[i].plateau_factor
-                    loop["stale"][i] = 0
-            diverted = batches.take_diverted()
-            while retiring:
-                members.retire(retiring.pop())
-        if evaluated or step % first.log_every == 0:
-            elapsed = time.perf_counter() - start
-            system = system_usage(*usage_start)
-            rows: dict[int, dict[str, Any]] = {}
-            stream = _stream_losses(members, diverted, device) if evaluated and diverted else None
-            for i in range(k):
-                if not live[i]:
-                    continue
-                row: dict[str, Any] = {"step": step, "train_loss": loop["train_loss"][i], "tokens": loop["tokens"],
-                                       "tokens_per_s": k * loop["tokens"] / elapsed}
-                row.update({f"lr_{g}": lr for g, lr in lr_rows[i].items()})
-                row.update(system)
-                if cfgs[i].plateau_patience:
-                    row["lr_scale"] = scale[i]
-                if evaluated:
-                    row["eval_loss"] = loop["eval_loss"][i]
-                    if stream is not None:
-                        row["stream_val_loss"] = stream[i]
-                    extra = members.models[i].eval_metrics(probe, step, loop["monitored"][i])
-                    if extra:
-                        loop["monitored"][i].append({"step": step, **extra})
-                        row.update(extra)
-                loop["history"][i].append(row)
-                rows[i] = row
-                if progress is not None:
-                    progress(i, row)
-            if evaluated and checkpoint is not None and step < first.steps:
-                loop["wall_time_s"] = time.perf_counter() - start
-                checkpoint(rows, {"step": step, "members": {"params": members.params, "buffers": members.buffers},
-                                  "optimizer": opt.state_dict(), "loop": loop, "rng": torch.get_rng_state()})
-    for i, r in enumerate(results):
-        if r is None:
-            end(i, TrialStatus.COMPLETED, first.steps)
-    return [r for r in results if r is not None]
-
-
-def _stream_losses(members: Members, diverted, device: torch.device) -> list[float]:
-    """Each member's mean loss on the train batches the stream diverted since the last eval (`stream_val_loss`)."""
-    totals, count = [0.0] * len(members.models), 0
-    with torch.no_grad():
-        for each in diverted:
-            values = members.losses(each.to(device), train=False).tolist()
-            totals = [t + v * each.n_masked for t, v in zip(totals, values, strict=True)]
-            count += each.n_masked
-    return [t / max(count, 1) for t in totals]
-
-
-def _ended(saved: dict[str, Any] | None) -> TrialResult | None:
-    return None if saved is None else TrialResult(**{**saved, "status": TrialStatus(saved["status"])})

@@ -42,6 +42,7 @@ import pandas as pd
 
 from analysis import neighbour_advice, render_report, report_html
 from studies.cost import measured_cost
+from studies.members import solo_note
 from studies.phases import PHASES, Phase, PhaseFailed, PhaseStatus, StudyState, ValidateResult, VerifyResult
 from studies.phases.base import Context, Stage
 from studies.phases.compare import CompareResult
@@ -52,6 +53,7 @@ from studies.status import StudyStatus
 from workers.errors import ConfigError, InfrastructureLost, StudyError, StudyFailed, one_line
 from workers.folder import PhaseIndex, StudyFolder, studies_dir, write_json
 from workers.paths import redact_uri
+from workers.report import TrialReport
 from workers.runner import PhaseJob, Runner, TrialRecorder, experiment_name
 from workers.tracker import RunTracker
 from workers.train import load_data
@@ -262,7 +264,7 @@ class StudyDriver:
                                  {h: float(getattr(row, h)) for h in hparams}, is_centre=bool(row.is_centre))
             run = recorder.start(trial, reused_from=str(row.message).removeprefix("reused from "))
             recorder.log_steps(run, [{"step": int(row.steps), "eval_loss": row.eval_loss}])
-            recorder.finish(run, str(row.status), str(row.message))
+            recorder.finish(run, TrialReport(status=row.status, message=str(row.message)))
             self.emit("trial_done", {"phase": phase, "trial_id": row.trial_id, "status": row.status,
                                      "eval_loss": float(row.eval_loss), "reused": True})
 
@@ -416,7 +418,9 @@ class StudyDriver:
                              advice=advice, cost=cost, regret=validate.regret if validate else (),
                              horizon_drift=validate.horizon_drift if validate else (),
                              depth_drift=validate.depth_drift if validate else None,
-                             flags=[f"horizon: {flag}" for flag in [horizon_flag(spec, validate)] if flag])
+                             flags=[f"horizon: {flag}" for flag in [horizon_flag(spec, validate)] if flag] +
+                             [f"batches: {note}" for note in [solo_note(spec.model.family)]
+                              if note and spec.resources.batch_members != 1])
         path = folder.report
         path.write_text(text)
         # report.md beside its figures, which it links by file name; report.html with them inline, for MLflow's

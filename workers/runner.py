@@ -4,7 +4,7 @@ A runner takes one `PhaseJob` (the spec, the phase, its planned trials, or None 
 the phase's trial table (`analysis/__init__.py`), one row per trial, built by `trial_row`. It writes each trial's
 MLflow run through the job's tracker and tells the driver of each finished trial (`notify`).
 
-- `workers.ray_runner.RayRunner`: Ray Tune, Optuna TPE + ASHA for tune, trials in parallel, retries and
+- `workers.ray.RayRunner`: Ray Tune, Optuna TPE + ASHA for tune, trials in parallel, retries and
   restorable experiments; what the CLI and the service run.
 - `InProcessRunner` (here): trials one after another in this process, no Ray. Tune asks Optuna's TPE for
   `tune.num_trials` suggestions (ask/tell; no ASHA: every trial runs its budget); the other phases train their
@@ -29,20 +29,11 @@ from studies.family import FAMILIES
 from studies.members import auto_members, batches
 from studies.phases.tune import search_space
 from studies.plan import PlannedTrial
-from studies.spec import StudySpec
+from studies.spec import StudySpec, TrialConfig
 from workers.errors import one_line
+from workers.report import TrialReport
 from workers.tracker import RunTracker
 from workers.verdicts import trial_run_name
-
-METRIC_PREFIXES = ("lr_", "train_loss", "eval_loss", "stream_val_loss", "tokens", "system/")  # per step, any family
-
-
-def metric_prefixes() -> tuple[str, ...]:
-    """The per-step metrics a trial logs: every family's, and those its family registers (TauGPT: `tau.`)."""
-    return METRIC_PREFIXES + tuple(p for f in FAMILIES.values() for p in f.metric_prefixes)
-GROUP_MULT = "group_lr_mult."  # final-result prefix of the per-group lr multipliers (μP), logged as `lr_mult.*` params
-RUN_PARAM = "run_param."  # final-result prefix of the model's own run params (a mup family's `infshape.*`)
-
 
 def flag_tags(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     """The MLflow tags a trial's metric rows raise (`Family.flag_tags`; TauGPT: a nonzero `tau.collapse.<layer>`
@@ -115,9 +106,8 @@ class TrialRecorder:
         return run
 
     def log_steps(self, run: str, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Per-step metrics (every family's and its family's own), and the tags any of them raise."""
-        prefixes = metric_prefixes()
-        kept = [{k: v for k, v in row.items() if k == "step" or k.startswith(prefixes)} for row in rows]
+        """Per-step metrics (every key of a row is a metric at its `step`), and the tags any of them raise."""
+        kept = [dict(row) for row in rows]
         if not kept:
             return
         self.tracker.log_metrics(run, kept)
@@ -125,17 +115,17 @@ class TrialRecorder:
         if flags:
             self.tracker.set_tags(run, flags)
 
-    def finish(self, run: str, status: str, message: str | None = None, *, steps: int | None = None,
-               lr_multipliers: Mapping[str, float] | None = None, run_status: str = "FINISHED",
-               tags: Mapping[str, Any] | None = None, run_params: Mapping[str, str] | None = None) -> None:
+    def finish(self, run: str, report: TrialReport, *, run_status: str = "FINISHED",
+               tags: Mapping[str, Any] | None = None) -> None:
         """End the run: how far it trained (`steps_done`), its lr multipliers and the model's run params, its
         status and why it ended so."""
-        if steps is not None:
-            self.tracker.log_metrics(run, [{"step": int(steps), "steps_done": int(steps)}])
-        if lr_multipliers or run_params:
-            self.tracker.log_params(run, {**{f"lr_mult.{k}": v for k, v in (lr_multipliers or {}).items()},
-                                          **(run_params or {})})
-        self.tracker.set_tags(run, {"status": status, **end_tags(status, message), **(tags or {})})
+        if report.steps:
+            self.tracker.log_metrics(run, [{"step": report.steps, "steps_done": report.steps}])
+        if report.lr_multipliers or report.run_params:
+            self.tracker.log_params(run, {**{f"lr_mult.{k}": v for k, v in report.lr_multipliers.items()},
+                                          **report.run_params})
+        self.tracker.set_tags(run, {"status": report.status, **end_tags(report.status, report.message),
+                                    **(tags or {})})
         self.tracker.finish(run, run_status)
 
 
@@ -153,24 +143,17 @@ class Runner(Protocol):
         ...
 
 
-def trial_row(spec: StudySpec, trial: PlannedTrial, status: str, metrics: Mapping[str, Any], message: str = "",
-              batch: str | None = None) -> dict[str, Any]:
-    """One trial-table row: the planned trial's columns and its final metrics (`step`, `eval_loss`, ...); a
-    batched trial's row names its batch (`batch_tag`)."""
-    eval_loss = metrics.get("eval_loss", math.nan) if status in LOSS_STATUSES else math.nan
+def trial_row(spec: StudySpec, trial: PlannedTrial, report: TrialReport) -> dict[str, Any]:
+    """One trial-table row: the planned trial's columns and its report's final values; a batched trial's row names
+    its batch."""
+    eval_loss = report.eval_loss if report.status in LOSS_STATUSES else math.nan
     planned = trial.columns(spec)
     ident = {k: planned.pop(k) for k in ("trial_id", "phase", "width", "seed")}
-    return {**ident, "status": str(status), "eval_loss": eval_loss,
-            "best_eval_loss": metrics.get("best_eval_loss", eval_loss), "steps": metrics.get("step", 0),
-            "tokens": metrics.get("tokens", 0), "wall_time_s": metrics.get("wall_time_s"),
-            "params": metrics.get("params"), "is_centre": planned.pop("is_centre"), "message": message, **planned,
-            **({"batch": batch} if batch else {})}
-
-
-def result_metrics(result: Any) -> dict[str, Any]:
-    """A `workers.train.TrialResult`'s final metrics, as `trial_row` takes them."""
-    return {"eval_loss": result.eval_loss, "best_eval_loss": result.best_eval_loss, "step": result.steps,
-            "tokens": result.tokens, "wall_time_s": result.wall_time_s, "params": result.params}
+    return {**ident, "status": str(report.status), "eval_loss": eval_loss,
+            "best_eval_loss": report.best_eval_loss,
+            "steps": report.steps, "tokens": report.tokens, "wall_time_s": report.wall_time_s,
+            "params": report.params, "is_centre": planned.pop("is_centre"), "message": report.message, **planned,
+            **({"batch": report.batch} if report.batch else {})}
 
 
 def batch_tag(batch: str, members: int) -> str:
@@ -213,11 +196,12 @@ class _Journal:
             f.write(json.dumps(row, default=str) + "\n")
 
 
-Train = Callable[[Any], Any]  # `workers.train.train_trial`: a TrialConfig → a TrialResult
+Train = Callable[[list[TrialConfig]], list[TrialReport]]  # `workers.train.train`
 
 
 class InProcessRunner:
-    """Train a phase's trials one after another in this process (no Ray); `train` defaults to `train_trial`."""
+    """Train a phase's trials one batch (or one trial) after another in this process (no Ray); `train` defaults to
+    `workers.train.train`."""
 
     def __init__(self, train: Train | None = None) -> None:
         self.train = train
@@ -228,10 +212,9 @@ class InProcessRunner:
         if job.planned is None:
             return trial_frame(self._search(job, journal, done))
         todo = [t for t in job.planned if t.trial_key not in done]
-        groups = batches(job.spec, todo, local_members(job.spec, todo)) if self.train is None else [[t] for t in todo]
+        groups = batches(job.spec, todo, local_members(job.spec, todo))
         for i, group in enumerate(groups):
-            for row in (self._run_batch(job, group, f"{i + 1}/{len(groups)}", journal) if len(group) > 1
-                        else [self._run(job, group[0], journal)]):
+            for row in self._run(job, group, journal, f"{i + 1}/{len(groups)}"):
                 done[row["trial_id"]] = row
         return trial_frame([done[t.trial_key] for t in job.planned])
 
@@ -249,59 +232,35 @@ class InProcessRunner:
         for i in range(t.num_trials):
             asked = study.ask(space)
             trial = PlannedTrial.for_tune(spec, f"{i:05d}", asked.params)
-            row = done.get(trial.trial_key) or self._run(job, trial, journal)
+            row = done.get(trial.trial_key) or self._run(job, [trial], journal)[0]
             finished = row["status"] == TrialStatus.COMPLETED and math.isfinite(row["eval_loss"])
             study.tell(asked, row["eval_loss"] if finished else spec.train.max_loss)
             rows.append(row)
         return rows
 
-    def _run_batch(self, job: PhaseJob, group: list[PlannedTrial], batch: str, journal: _Journal
-                   ) -> list[dict[str, Any]]:
-        """Train `group` as one batched model (`workers.batched`), each member recorded as its own trial."""
-        from workers.batched import train_batch
-        from workers.train import TrialConfig
+    def _run(self, job: PhaseJob, group: list[PlannedTrial], journal: _Journal, batch: str = "") -> list[dict[str, Any]]:
+        """Train `group` (one trial, or a batch's members), each recorded as its own trial with its MLflow run; a
+        group that raises is `failed` whole."""
+        from workers.train import train
 
         recorder = job.recorder()
-        tag = batch_tag(batch, len(group))
-        runs = [recorder.start(trial, batch=tag) for trial in group]
+        tag = batch_tag(batch, len(group)) if len(group) > 1 else None
+        runs = [recorder.start(trial, None, **({"batch": tag} if tag else {})) for trial in group]
         try:
-            results = train_batch([TrialConfig.model_validate(t.trial_config(job.spec)) for t in group])
-        except Exception as exc:  # the whole batch could not train: every member is `failed`
-            message = one_line(exc)
+            reports = (self.train or train)([TrialConfig.model_validate(t.trial_config(job.spec)) for t in group])
+        except Exception as exc:  # Tune's `failed`: the trials could not train (no retries in process)
+            failed = TrialReport(status=TrialStatus.FAILED, message=one_line(exc))
+            reports = [failed] * len(group)
             for run in runs:
-                recorder.finish(run, TrialStatus.FAILED, run_status="FAILED", tags={"failure": message})
-            rows = [trial_row(job.spec, t, TrialStatus.FAILED, {}, message, batch=tag) for t in group]
+                recorder.finish(run, failed, run_status="FAILED", tags={"failure": failed.message})
         else:
-            rows = []
-            for trial, run, result in zip(group, runs, results, strict=True):
-                rows.append(trial_row(job.spec, trial, result.status, result_metrics(result), result.message,
-                                      batch=tag))
-                recorder.log_steps(run, result.history)
-                recorder.finish(run, result.status, result.message, steps=result.steps,
-                                lr_multipliers=result.lr_multipliers, run_params=result.run_params)
+            for run, report in zip(runs, reports, strict=True):
+                recorder.log_steps(run, report.rows)
+                recorder.finish(run, report)
+        rows = [trial_row(job.spec, t, r.model_copy(update={"batch": tag})) for t, r in zip(group, reports, strict=True)]
         for row in rows:
             _finished(job, row, journal)
         return rows
-
-    def _run(self, job: PhaseJob, trial: PlannedTrial, journal: _Journal) -> dict[str, Any]:
-        """Train one trial, recording its MLflow run; its row (a trial that raises is `failed`)."""
-        from workers.train import TrialConfig, train_trial
-
-        recorder = job.recorder()
-        run = recorder.start(trial)
-        try:
-            result = (self.train or train_trial)(TrialConfig.model_validate(trial.trial_config(job.spec)))
-        except Exception as exc:  # Tune's `failed`: the trial could not train (no retries in process)
-            message = one_line(exc)
-            row = trial_row(job.spec, trial, TrialStatus.FAILED, {}, message)
-            recorder.finish(run, TrialStatus.FAILED, run_status="FAILED", tags={"failure": message})
-        else:
-            row = trial_row(job.spec, trial, result.status, result_metrics(result), result.message)
-            recorder.log_steps(run, result.history)
-            recorder.finish(run, result.status, result.message, steps=result.steps,
-                            lr_multipliers=result.lr_multipliers, run_params=result.run_params)
-        _finished(job, row, journal)
-        return row
 
 
 def _finished(job: PhaseJob, row: dict[str, Any], journal: _Journal) -> None:

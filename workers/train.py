@@ -1,58 +1,46 @@
-"""One trial: build a model, train it with μP-aware AdamW, evaluate on a fixed held-out set.
+"""The trial loop: `train(configs) -> [TrialReport]` trains K ≥ 1 trials of one shape, `train_trial(config)` one.
 
-`train_trial(config) -> TrialResult` is pure torch (no Ray, no MLflow): the config is a `studies.spec.TrialConfig`
-(or its dict); the Ray layer passes a `progress` callback that receives a metrics dict at every logged step.
-A diverging run (NaN/inf loss) ends with status "diverged"; it never raises.
+A config is a `studies.spec.TrialConfig` (or its dict). One trial trains its model alone (`Solo`: the model and its
+optimiser); K > 1 trials that differ only in their family's batchable hparams (`studies.members`) train as one
+batched model (`workers.batched.Stacked`). Both are the same loop: each trial is a `Member` (its schedule,
+divergence, plateau, rows and report) and the engine only computes the K losses and updates the K models.
 
-The family's objective ("mlm" or "clm") must match the data's. The model owns its loss (`model.loss(batch)`,
-aux terms included) and is driven through the hooks of `workers.models.contract.LanguageModel`: `before_trial`
-once, `before_step` before every step (TauGPT: τ calibration) and `eval_metrics` at every evaluation, on a
-fixed held-out batch, whose metrics join the row (TauGPT: `tau.*` with collapse flags). Batches the data
-stream diverts (`data.stream_val_every`) give `stream_val_loss`.
+A diverging trial (NaN/inf loss, or eval worse than uniform prediction) ends with status "diverged" and the others
+go on; the loop never raises for it. The model owns its loss (`model.loss(batch)`) and is driven through the hooks
+of `workers.models.contract.LanguageModel`: `before_trial` once, `before_step` before every step and `eval_metrics`
+at every evaluation on a fixed held-out batch (its metrics join the row). Batches the data stream diverts
+(`data.stream_val_every`) give `stream_val_loss`.
 
-At every evaluation an optional `checkpoint(row, state)` hook receives the trial's whole resumable state
-(model, optimiser, step, RNG, plateau and history; the data position is the step: the seeded stream is
-replayed); `train_trial(..., resume=state)` continues from it and ends where an undisturbed run ends.
+`progress(i, row)` receives member i's row at every logged step; `checkpoint(rows, state)` at every evaluation but
+the last the rows of the members still training and the whole resumable state (engine, step, RNG, each member's
+bookkeeping; the data position is the step: the seeded stream is replayed); `train(..., resume=state)` continues
+from it and ends where an undisturbed run ends.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from analysis.constants import TrialStatus
 from studies.spec import DataSpec, TrialConfig
-from workers.data import Batch, MemoryData, PackedData, StreamData, prepare
+from workers.batches import Batch, MemoryData, PackedData, StreamData
+from workers.data import prepare
 from workers.models import build_model, objective_of
 from workers.models.contract import ADAM_EPS, UNDECAYED, LanguageModel
+from workers.report import Row, TrialReport
 
-Progress = Callable[[dict[str, Any]], None]
 TrainState = dict[str, Any]  # what `checkpoint` receives and `resume` takes; torch.save-able with weights_only
-Checkpoint = Callable[[dict[str, Any], TrainState], None]
-
-
-@dataclass
-class TrialResult:
-    status: TrialStatus  # completed | diverged
-    eval_loss: float  # last evaluation (NaN when diverged)
-    best_eval_loss: float
-    train_loss: float
-    steps: int
-    tokens: int
-    wall_time_s: float
-    tokens_per_s: float
-    params: int
-    history: list[dict[str, Any]] = field(default_factory=list)
-    message: str = ""
-    lr_multipliers: dict[str, float] = field(default_factory=dict)  # per parameter group: its lr / the base lr
-    run_params: dict[str, str] = field(default_factory=dict)  # the model's `run_params()` (a mup family's infshapes)
+Progress = Callable[[int, Row], None]  # (member index, row)
+Checkpoint = Callable[[dict[int, Row], TrainState], None]  # (rows of the members still training, state)
 
 
 @functools.lru_cache(maxsize=4)
@@ -139,109 +127,242 @@ def check_objective(cfg: TrialConfig) -> None:
                          f"{cfg.data.objective!r}: set data.objective to {objective!r}")
 
 
-def train_trial(config: TrialConfig | dict[str, Any], progress: Progress | None = None,
-                checkpoint: Checkpoint | None = None, resume: TrainState | None = None) -> TrialResult:
-    """Train one trial; `checkpoint` gets (row, state) at every evaluation, `resume` continues from a state."""
-    cfg = config if isinstance(config, TrialConfig) else TrialConfig.model_validate(config)
-    check_objective(cfg)
-    device = resolve_device(cfg.device)
-    data = load_data(cfg.data)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, vocab_size=data.vocab_size, **cfg.model_hp).to(device)
-    params = sum(p.numel() for p in model.parameters())
-    opt = make_optimizer(model, cfg)
-    base_lrs = [g["lr"] for g in opt.param_groups]
-    info = (params, {g["name"]: g["lr"] / cfg.lr for g in opt.param_groups}, model.run_params())  # model facts
-    batches = data.train_batches(cfg.batch_size, seed=cfg.seed)
-    probe = data.eval_batches(cfg.batch_size)[0]  # `eval_metrics`' batch: fixed, so comparable over steps
-    monitored: list[dict[str, float]] = []  # what `eval_metrics` returned so far, with the step
-    model.before_trial(cfg)
+class Engine(Protocol):
+    """What the loop needs of the K models it trains: `Solo` (K = 1) or `workers.batched.Stacked`."""
 
-    history: list[dict[str, Any]] = []
-    best = math.inf
-    eval_loss = math.nan
-    loss_value = math.nan
-    tokens = 0
-    plateau_scale, stale = 1.0, 0
-    start_loss = math.nan  # the untrained model's loss (the first batch's, before any update)
-    start = time.perf_counter()
-    usage_start = (time.perf_counter(), time.process_time())  # this run's own clock, unlike `start` on resume
-    first = 1
+    models: list[LanguageModel]  # each member's own module (the family's hooks run on it)
+
+    def info(self, i: int) -> tuple[int, dict[str, float], dict[str, str]]: ...  # params, lr mults, run params
+    def set_lrs(self, factors: list[float]) -> list[dict[str, float]]: ...  # each member's lr row
+    def losses(self, batch: Batch) -> list[float]: ...  # the training losses (the graph kept for `update`)
+    def update(self, live: list[bool]) -> None: ...  # backward, clip and step the live members
+    def eval_losses(self, batches: list[Batch]) -> list[float]: ...  # mean loss per scored token, in eval mode
+    def retire(self, i: int) -> None: ...  # member i diverged: it trains no further
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Solo:
+    """One trial's model and optimiser (the model's own, else AdamW over its groups)."""
+
+    def __init__(self, cfg: TrialConfig, vocab_size: int, device: torch.device) -> None:
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.device = cfg, device
+        self.model = build_model(cfg.model, vocab_size=vocab_size, **cfg.model_hp).to(device)
+        self.models = [self.model]
+        self.opt = make_optimizer(self.model, cfg)
+        self.base_lrs = [g["lr"] for g in self.opt.param_groups]
+        self._info = (sum(p.numel() for p in self.model.parameters()),
+                      {g["name"]: g["lr"] / cfg.lr for g in self.opt.param_groups}, self.model.run_params())
+        self.loss: torch.Tensor | None = None
+
+    def info(self, i: int) -> tuple[int, dict[str, float], dict[str, str]]:
+        return self._info
+
+    def set_lrs(self, factors: list[float]) -> list[dict[str, float]]:
+        for group, base in zip(self.opt.param_groups, self.base_lrs, strict=True):
+            group["lr"] = base * factors[0]
+        return [{g["name"]: g["lr"] for g in self.opt.param_groups}]
+
+    def losses(self, batch: Batch) -> list[float]:
+        self.loss = self.model.loss(batch)[0]
+        return [float(self.loss.detach())]
+
+    def update(self, live: list[bool]) -> None:
+        assert self.loss is not None
+        self.opt.zero_grad(set_to_none=True)
+        torch.autograd.backward(self.loss)
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.opt.step()
+
+    def eval_losses(self, batches: list[Batch]) -> list[float]:
+        return [mean_loss(self.model, batches, self.device)]
+
+    def retire(self, i: int) -> None:
+        """Nothing to do: the loop ends with its one member."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+
+
+@dataclass
+class Member:
+    """One trial's bookkeeping in the loop: its schedule, divergence, plateau, rows and end (checkpointed whole)."""
+
+    cfg: TrialConfig
+    rows: list[Row] = field(default_factory=list)
+    monitored: list[dict[str, float]] = field(default_factory=list)  # what `eval_metrics` returned, with the step
+    best: float = math.inf
+    eval_loss: float = math.nan
+    train_loss: float = math.nan
+    start_loss: float = math.nan  # the untrained model's loss (the first batch's, before any update)
+    plateau_scale: float = 1.0
+    stale: int = 0
+    ended: dict[str, Any] | None = None  # its report's fields once it ended
+
+    def lr_factor(self, step: int) -> float:
+        """Warmup and schedule, times the plateau's scale, on this step's base learning rates."""
+        return lr_factor(step - 1, self.cfg) * self.plateau_scale
+
+    def trained(self, step: int, loss: float) -> str:
+        """The training loss at `step`; why the trial diverged ('' if it did not)."""
+        self.train_loss = loss
+        if step == 1:
+            self.start_loss = loss
+        return "" if math.isfinite(loss) and loss <= self.cfg.max_loss else f"loss became {loss} at step {step}"
+
+    def evaluated(self, step: int, loss: float, vocab_size: int) -> str:
+        """The eval loss at `step` (plateau and best updated); why the trial diverged ('' if it did not)."""
+        self.eval_loss = loss
+        if not math.isfinite(loss) or loss > self.cfg.max_loss:
+            return f"eval loss became {loss} at step {step}"
+        blown = blown_up(loss, vocab_size, self.start_loss, self.cfg.uniform_margin)
+        if blown:
+            return f"eval loss {loss:.4g} at step {step} is {blown}"
+        self.stale = 0 if loss < self.best else self.stale + 1
+        self.best = min(self.best, loss)
+        if self.cfg.plateau_patience and self.stale >= self.cfg.plateau_patience:
+            self.plateau_scale, self.stale = self.plateau_scale * self.cfg.plateau_factor, 0
+        return ""
+
+    def report(self, status: TrialStatus, steps: int, tokens: int, wall: float,
+               info: tuple[int, dict[str, float], dict[str, str]], message: str = "") -> TrialReport:
+        params, multipliers, run_params = info
+        return TrialReport(status=status, eval_loss=self.eval_loss if status == TrialStatus.COMPLETED else math.nan,
+                           best_eval_loss=self.best, train_loss=self.train_loss, steps=steps, tokens=tokens,
+                           wall_time_s=wall, tokens_per_s=tokens / max(wall, 1e-9), params=params, rows=self.rows,
+                           message=message, lr_multipliers=multipliers, run_params=run_params)
+
+
+def train(configs: Sequence[TrialConfig | dict[str, Any]], progress: Progress | None = None,
+          checkpoint: Checkpoint | None = None, resume: TrainState | None = None) -> list[TrialReport]:
+    """Train the trials (one, or a batch's members); one `TrialReport` each, in order (module docstring)."""
+    cfgs = [c if isinstance(c, TrialConfig) else TrialConfig.model_validate(c) for c in configs]
+    first, k = cfgs[0], len(cfgs)
+    check_objective(first)
+    device = resolve_device(first.device)
+    data = load_data(first.data)
+    if k == 1:
+        engine: Engine = Solo(first, data.vocab_size, device)
+    else:
+        from workers.batched import Stacked
+
+        engine = Stacked(cfgs, data.vocab_size, device)
+    batches = data.train_batches(first.batch_size, seed=first.seed)
+    eval_batches = data.eval_batches(first.batch_size)[: first.eval_batches]
+    probe = data.eval_batches(first.batch_size)[0]  # `eval_metrics`' batch: fixed, so comparable over steps
+    for model, cfg in zip(engine.models, cfgs, strict=True):
+        model.before_trial(cfg)
+    members = [Member(cfg) for cfg in cfgs]
+    tokens, first_step, wall = 0, 1, 0.0
     if resume is not None:
-        model.load_state_dict(resume["model"])
-        opt.load_state_dict(resume["optimizer"])
-        first = resume["step"] + 1
+        engine.load_state_dict(resume["engine"])
+        first_step = resume["step"] + 1
         for _ in range(resume["step"]):  # the data position: the seeded stream replayed, diverted batches dropped
             next(batches)
         batches.take_diverted()
-        history, monitored = list(resume["history"]), list(resume["monitored"])
-        best, eval_loss, loss_value = resume["best"], resume["eval_loss"], resume["train_loss"]
-        tokens = resume["tokens"]
-        plateau_scale, stale = resume["plateau_scale"], resume["stale"]
-        start_loss = resume.get("start_loss", math.nan)
-        start -= resume["wall_time_s"]
+        members = [Member(cfg, **saved) for cfg, saved in zip(cfgs, resume["members"], strict=True)]
+        tokens, wall = resume["tokens"], resume["wall_time_s"]
         torch.set_rng_state(resume["rng"])
         if resume.get("cuda_rng") is not None and device.type == "cuda":
             torch.cuda.set_rng_state(resume["cuda_rng"], device)
-    for step in range(first, cfg.steps + 1):
-        step_scale = plateau_scale  # the plateau's scale on this step's lr (an eval below may lower the next)
-        factor = lr_factor(step - 1, cfg) * step_scale
-        for group, base in zip(opt.param_groups, base_lrs, strict=True):
-            group["lr"] = base * factor
-        batch = next(batches)
-        model.before_step(batch, step - 1)
-        loss, _ = model.loss(batch)
-        loss_value = float(loss.detach())
-        if step == 1:
-            start_loss = loss_value
-        tokens += int(batch.attention_mask.sum())
-        if not math.isfinite(loss_value) or loss_value > cfg.max_loss:
-            return trial_result(TrialStatus.DIVERGED, math.nan, best, loss_value, step, tokens, start, info, history,
-                                f"loss became {loss_value} at step {step}")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
+    start = time.perf_counter() - wall
+    usage_start = (time.perf_counter(), time.process_time())  # this run's own clock, unlike `start` on resume
+    reports = [None if m.ended is None else TrialReport(**m.ended, rows=m.rows) for m in members]
+    retiring: list[int] = []  # members that diverged this step: retired once its update or eval is done
 
-        evaluated = step % cfg.eval_every == 0 or step == cfg.steps
+    def end(i: int, status: TrialStatus, step: int, message: str = "") -> None:
+        wall = (time.perf_counter() - start) / k  # its share of the batch's time
+        report = members[i].report(status, step, tokens, wall, engine.info(i), message)
+        reports[i], members[i].ended = report, report.model_dump(mode="json", exclude={"rows"})
+        if status == TrialStatus.DIVERGED:
+            retiring.append(i)
+
+    for step in range(first_step, first.steps + 1):
+        live = [r is None for r in reports]
+        if not any(live):
+            break
+        scales = [m.plateau_scale for m in members]  # this step's (an eval below may lower the next)
+        lr_rows = engine.set_lrs([m.lr_factor(step) for m in members])
+        batch = next(batches)
+        for model, alive in zip(engine.models, live, strict=True):
+            if alive:
+                model.before_step(batch, step - 1)
+        losses = engine.losses(batch)
+        tokens += int(batch.attention_mask.sum())
+        for i, member in enumerate(members):
+            why = member.trained(step, losses[i]) if live[i] else ""
+            if why:
+                end(i, TrialStatus.DIVERGED, step, why)
+                live[i] = False
+        if not any(live):
+            break
+        engine.update(live)
+        while retiring:
+            engine.retire(retiring.pop())
+        evaluated = step % first.eval_every == 0 or step == first.steps
+        stream: list[float] = []
         if evaluated:
-            eval_loss = evaluate(model, data, cfg, device)
-            if not math.isfinite(eval_loss) or eval_loss > cfg.max_loss:
-                return trial_result(TrialStatus.DIVERGED, math.nan, best, loss_value, step, tokens, start, info,
-                                    history, f"eval loss became {eval_loss} at step {step}")
-            blown = blown_up(eval_loss, data.vocab_size, start_loss, cfg.uniform_margin)
-            if blown:
-                return trial_result(TrialStatus.DIVERGED, math.nan, best, loss_value, step, tokens, start, info,
-                                    history, f"eval loss {eval_loss:.4g} at step {step} is {blown}")
-            stale = 0 if eval_loss < best else stale + 1
-            best = min(best, eval_loss)
-            if cfg.plateau_patience and stale >= cfg.plateau_patience:
-                plateau_scale, stale = plateau_scale * cfg.plateau_factor, 0
-        if evaluated or step % cfg.log_every == 0:
+            for i, loss in enumerate(engine.eval_losses(eval_batches)):
+                why = members[i].evaluated(step, loss, data.vocab_size) if live[i] else ""
+                if why:
+                    end(i, TrialStatus.DIVERGED, step, why)
+                    live[i] = False
+            diverted = batches.take_diverted()
+            stream = engine.eval_losses(diverted) if diverted else []
+            while retiring:
+                engine.retire(retiring.pop())
+        if evaluated or step % first.log_every == 0:
             elapsed = time.perf_counter() - start
-            row: dict[str, Any] = {"step": step, "train_loss": loss_value, "tokens": tokens,
-                                   "tokens_per_s": tokens / elapsed}
-            row.update({f"lr_{g['name']}": g["lr"] for g in opt.param_groups})
-            row.update(system_usage(*usage_start))
-            if cfg.plateau_patience:
-                row["lr_scale"] = step_scale
-            if evaluated:
-                row["eval_loss"] = eval_loss
-                row.update(_stream_val(model, batches, device))
-                extra = model.eval_metrics(probe, step, monitored)
-                if extra:
-                    monitored.append({"step": step, **extra})
-                    row.update(extra)
-            history.append(row)
-            if progress is not None:
-                progress(row)
-            if evaluated and checkpoint is not None:
-                checkpoint(row, _state(step, model, opt, device, history=list(history), monitored=list(monitored),
-                                       best=best, eval_loss=eval_loss, train_loss=loss_value, tokens=tokens,
-                                       stale=stale, plateau_scale=plateau_scale, start_loss=start_loss,
-                                       wall_time_s=time.perf_counter() - start))
-    return trial_result(TrialStatus.COMPLETED, eval_loss, best, loss_value, cfg.steps, tokens, start, info, history)
+            system = system_usage(*usage_start)
+            rows: dict[int, Row] = {}
+            for i, member in enumerate(members):
+                if not live[i]:
+                    continue
+                row: Row = {"step": step, "train_loss": member.train_loss, "tokens": tokens,
+                            "tokens_per_s": k * tokens / elapsed, **{f"lr_{g}": v for g, v in lr_rows[i].items()},
+                            **system}
+                if member.cfg.plateau_patience:
+                    row["lr_scale"] = scales[i]
+                if evaluated:
+                    row["eval_loss"] = member.eval_loss
+                    if stream:
+                        row["stream_val_loss"] = stream[i]
+                    extra = engine.models[i].eval_metrics(probe, step, member.monitored)
+                    if extra:
+                        member.monitored.append({"step": step, **extra})
+                        row.update(extra)
+                member.rows.append(row)
+                rows[i] = row
+                if progress is not None:
+                    progress(i, row)
+            if evaluated and checkpoint is not None and step < first.steps:
+                cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+                checkpoint(rows, {"step": step, "engine": engine.state_dict(), "tokens": tokens,
+                                  "members": [_saved(m) for m in members], "wall_time_s": time.perf_counter() - start,
+                                  "rng": torch.get_rng_state(), "cuda_rng": cuda_rng})
+    for i, r in enumerate(reports):
+        if r is None:
+            end(i, TrialStatus.COMPLETED, first.steps)
+    return [r for r in reports if r is not None]
+
+
+def train_trial(config: TrialConfig | dict[str, Any], progress: Callable[[Row], None] | None = None,
+                checkpoint: Callable[[Row, TrainState], None] | None = None,
+                resume: TrainState | None = None) -> TrialReport:
+    """Train one trial (`train` with one member): `progress(row)`, `checkpoint(row, state)`."""
+    return train([config], progress and (lambda i, row: progress(row)),
+                 checkpoint and (lambda rows, state: checkpoint(rows[0], state)), resume)[0]
+
+
+def _saved(member: Member) -> dict[str, Any]:
+    """A member's bookkeeping as a checkpoint holds it (its config comes from the trial's)."""
+    return {f.name: getattr(member, f.name) for f in dataclasses.fields(member) if f.name != "cfg"}
 
 
 def blown_up(eval_loss: float, vocab_size: int, start_loss: float, margin: float | None) -> str:
@@ -257,34 +378,9 @@ def blown_up(eval_loss: float, vocab_size: int, start_loss: float, margin: float
             f"train.uniform_margin = {margin:g}")
 
 
-def _state(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
-           **loop: Any) -> TrainState:
-    """Everything `train_trial(resume=...)` needs to continue after `step` (tensors, numbers, lists, dicts).
-    The tensors are the live ones: a `checkpoint` hook serialises the state before it returns."""
-    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "rng": torch.get_rng_state(), "cuda_rng": cuda_rng, **loop}
-
-
-def _stream_val(model: LanguageModel, batches, device: torch.device) -> dict[str, float]:
-    """`stream_val_loss`: the loss on the train batches the stream diverted since the last eval (data's
-    `stream_val_every`, the TauGPT post's validation), beside the fixed held-out set's `eval_loss`."""
-    diverted = batches.take_diverted()
-    return {"stream_val_loss": mean_loss(model, diverted, device)} if diverted else {}
-
-
 def system_usage(wall_start: float, cpu_start: float) -> dict[str, float]:
     """The trial process's own use since the run began, without psutil: CPU utilisation (100 = one core busy,
     every torch thread counted) and the process's peak resident memory (a reused Ray actor's peak so far)."""
     wall = max(time.perf_counter() - wall_start, 1e-9)
     return {"system/cpu_utilization_percentage": 100 * (time.process_time() - cpu_start) / wall,
             "system/peak_rss_megabytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-
-
-def trial_result(status, eval_loss, best, train_loss, steps, tokens, start, model_info, history, message=""):
-    wall = time.perf_counter() - start
-    params, multipliers, run_params = model_info
-    return TrialResult(status=status, eval_loss=eval_loss, best_eval_loss=best, train_loss=train_loss,
-                       steps=steps, tokens=tokens, wall_time_s=wall, tokens_per_s=tokens / max(wall, 1e-9),
-                       params=params, history=history, message=message, lr_multipliers=multipliers,
-                       run_params=run_params)

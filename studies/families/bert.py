@@ -40,4 +40,5 @@ def bert_flops(arch: BertArch, width: int, vocab_size: int, seq_len: int, n_deco
 
 
 FAMILY = register(Family("bert", BertArch, BertConfig, BaselineSpace, "workers.models.bert:Bert",
-                         coord_hp={"n_layers": 2, **COORD_HP}, param_count=bert_params, forward_flops=bert_flops))
+                         coord_hp={"n_layers": 2, **COORD_HP}, param_count=bert_params, forward_flops=bert_flops,
+                         batchable=BaselineSpace.HPARAMS))

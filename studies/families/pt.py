@@ -215,4 +215,5 @@ def _may_vanish(hp: dict[str, Any]) -> tuple[str, ...]:
 FAMILY = register(Family(
     "pt", PTArch, PTConfig, SearchSpace, "workers.models.pt:ProbabilisticTransformer",
     coord_hp={"n_channels": 2, "rank": 8, "n_iter": 3, "gamma": 3},
-    coord_may_vanish=_may_vanish, param_count=pt_params, forward_flops=pt_flops, width_multiples=True))
+    coord_may_vanish=_may_vanish, param_count=pt_params, forward_flops=pt_flops, width_multiples=True,
+    batchable=SearchSpace.HPARAMS))

@@ -105,5 +105,6 @@ class TauSpace(Space):
 # TauGPT widens by heads at a fixed head_dim (the Laplacian's size): 2 heads at width 32, 16 at 256
 FAMILY = register(Family("tauformer", TauArch, TauConfig, TauSpace, "workers.models.tauformer:TauGPT",
                          objective="clm", readout="lm_logits",
-                         coord_hp={"n_layers": 2, "head_dim": 16, "max_len": 32}, metric_prefixes=("tau.",),
-                         flag_tags={"tau.collapse.": "taumode_collapse"}))  # `analysis.taumode.collapse_warning`'s
+                         coord_hp={"n_layers": 2, "head_dim": 16, "max_len": 32},
+                         flag_tags={"tau.collapse.": "taumode_collapse"},  # `analysis.taumode.collapse_warning`'s
+                         batchable=TauSpace.HPARAMS))

@@ -54,4 +54,5 @@ def ut_flops(arch: UTArch, width: int, vocab_size: int, seq_len: int, n_decoded:
 
 
 FAMILY = register(Family("ut", UTArch, UTConfig, BaselineSpace, "workers.models.universal:UniversalTransformer",
-                         coord_hp={"n_steps": 3, **COORD_HP}, param_count=ut_params, forward_flops=ut_flops))
+                         coord_hp={"n_steps": 3, **COORD_HP}, param_count=ut_params, forward_flops=ut_flops,
+                         batchable=BaselineSpace.HPARAMS))

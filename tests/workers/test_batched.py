@@ -17,7 +17,7 @@ import torch
 
 from studies.spec import DataSpec
 from tests.conftest import float64_default
-from workers.batched import train_batch
+from workers.train import train as train_batch
 from workers.train import TrialConfig, train_trial
 
 DATA = DataSpec(max_tokens=60_000, seq_len=16, vocab_size=500)
@@ -51,8 +51,8 @@ def _assert_equal(cfgs, rel):
     for cfg, got in zip(cfgs, batched, strict=True):
         alone = train_trial(cfg)
         assert got.status == alone.status == "completed"
-        assert [r["step"] for r in got.history] == [r["step"] for r in alone.history]
-        for mine, theirs in zip(got.history, alone.history, strict=True):
+        assert [r["step"] for r in got.rows] == [r["step"] for r in alone.rows]
+        for mine, theirs in zip(got.rows, alone.rows, strict=True):
             for key in ("train_loss", "eval_loss", *[k for k in theirs if k.startswith("lr_")]):
                 if key in theirs:
                     assert mine[key] == pytest.approx(theirs[key], rel=rel), (key, mine["step"])
@@ -95,7 +95,7 @@ def test_a_diverging_member_is_recorded_diverged_and_the_others_go_on():
                     grad_clip=0.0, warmup_steps=1)
     good, bad = train_batch(cfgs)
     assert bad.status == "diverged" and "at step" in bad.message and math.isnan(bad.eval_loss)
-    assert bad.steps < 20 and bad.history == [] or bad.history[-1]["step"] < 20
+    assert bad.steps < 20 and bad.rows == [] or bad.rows[-1]["step"] < 20
     alone = train_trial(cfgs[0])
     assert good.status == "completed" and good.eval_loss == pytest.approx(alone.eval_loss, rel=1e-4)
 
@@ -104,9 +104,9 @@ def test_with_dropout_members_draw_independent_masks():
     same = [({"lr": 1e-2}, {}), ({"lr": 1e-2}, {})]  # two identical members: only their dropout masks differ
     a, b = train_batch(_configs("pt", {**PT, "parametrization": "mup", "dropout": 0.3}, DATA, same, steps=5,
                                 log_every=1))
-    assert [r["train_loss"] for r in a.history] != [r["train_loss"] for r in b.history]
+    assert [r["train_loss"] for r in a.rows] != [r["train_loss"] for r in b.rows]
     c, d = train_batch(_configs("pt", {**PT, "parametrization": "mup"}, DATA, same, steps=5, log_every=1))
-    assert [r["train_loss"] for r in c.history] == [r["train_loss"] for r in d.history]
+    assert [r["train_loss"] for r in c.rows] == [r["train_loss"] for r in d.rows]
 
 
 def test_a_batch_resumed_from_its_checkpoint_ends_where_an_undisturbed_one_ends(float64):
@@ -122,7 +122,7 @@ def test_a_batch_resumed_from_its_checkpoint_ends_where_an_undisturbed_one_ends(
     resumed = train_batch(cfgs, resume=saved["state"])
     for one, other in zip(undisturbed, resumed, strict=True):
         assert one.eval_loss == pytest.approx(other.eval_loss, rel=1e-12)
-        assert [r["step"] for r in one.history] == [r["step"] for r in other.history]
+        assert [r["step"] for r in one.rows] == [r["step"] for r in other.rows]
 
 
 def _saved(state):

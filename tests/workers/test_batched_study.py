@@ -105,7 +105,7 @@ def test_a_resumed_phase_re_forms_its_batches_from_the_members_not_finished(tmp_
     as one batch (the grouping is a function of the plan), and returns every row."""
     import json
 
-    import workers.batched
+    import workers.train
     from studies.phases.verify import verify_trials
     from workers.runner import PhaseJob
 
@@ -125,8 +125,8 @@ def test_a_resumed_phase_re_forms_its_batches_from_the_members_not_finished(tmp_
     journal.write_text("".join(json.dumps(r) + "\n" for r in rows if r["trial_id"] not in
                                ("verify-sample001", "verify-sample004")))
     trained: list[list[str]] = []
-    real = workers.batched.train_batch
-    monkeypatch.setattr(workers.batched, "train_batch",
+    real = workers.train.train
+    monkeypatch.setattr(workers.train, "train",
                         lambda cfgs, **kw: trained.append([c.lr for c in cfgs]) or real(cfgs, **kw))
     again = InProcessRunner().run_phase(job)
     lrs = {t.trial_key: t.hparams["lr"] for t in planned}

@@ -24,6 +24,7 @@ from studies.status import StudyStatus
 from workers.driver import run_study
 from workers.errors import InfrastructureLost, StudyFailed
 from workers.folder import PhaseIndex, StudyFolder
+from workers.report import TrialReport
 from workers.runner import InProcessRunner, PhaseJob, trial_frame, trial_row
 from workers.tracker import NullTracker
 from workers.verdicts import study_verdict
@@ -63,9 +64,9 @@ class FakeRunner:
                        for i in range(job.spec.tune.num_trials)]
         rows = []
         for t in planned:
-            metrics = {"eval_loss": _loss(t.hparams), "step": job.spec.steps_for(t.phase), "tokens": 100,
-                       "wall_time_s": 0.1, "params": 1000}
-            rows.append(trial_row(job.spec, t, "completed", metrics))
+            report = TrialReport(status="completed", eval_loss=_loss(t.hparams), steps=job.spec.steps_for(t.phase),
+                                 tokens=100, wall_time_s=0.1, params=1000)
+            rows.append(trial_row(job.spec, t, report))
             job.notify({"phase": job.phase, "trial_id": t.trial_key, "status": "completed"})
         return trial_frame(rows)
 
@@ -221,18 +222,18 @@ def _tiny_fast() -> StudySpec:
 
 
 class Counting:
-    """`train_trial`, counting its calls; raises KeyboardInterrupt (Ctrl-C) at call number `stop_at`."""
+    """`workers.train.train`, counting its calls; raises KeyboardInterrupt (Ctrl-C) at call number `stop_at`."""
 
     def __init__(self, stop_at: int | None = None) -> None:
         self.calls, self.stop_at = 0, stop_at
 
-    def __call__(self, cfg):
-        from workers.train import train_trial
+    def __call__(self, cfgs):
+        from workers.train import train
 
         self.calls += 1
         if self.calls == self.stop_at:
             raise KeyboardInterrupt
-        return train_trial(cfg)
+        return train(cfgs)
 
 
 def test_the_in_process_runner_runs_a_study_and_resumes_without_training_twice():
@@ -258,7 +259,7 @@ def test_the_in_process_runner_runs_a_study_and_resumes_without_training_twice()
 def test_an_in_process_trial_that_raises_is_failed_and_the_phase_goes_on():
     spec = _tiny_fast()
 
-    def broken(cfg):
+    def broken(cfgs):
         raise ValueError("data.path: no such file")
 
     runner = InProcessRunner(broken)

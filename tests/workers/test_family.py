@@ -23,9 +23,10 @@ from studies.spec import DataSpec, StudySpec, TrialConfig
 from workers import coord_check as coord_check_module
 from workers.coord_check import coord_check, coord_data
 from workers.models.contract import LanguageModel
-from workers.runner import InProcessRunner, PhaseJob, metric_prefixes
+from workers.report import TrialReport
+from workers.runner import InProcessRunner, PhaseJob
 from workers.tracker import NullTracker
-from workers.train import TrialResult, train_trial
+from workers.train import train_trial
 
 _steps_seen: list[int] = []
 
@@ -89,7 +90,7 @@ def mlp_family():
     entry = register(Family("mlp", MLPArch, MLPConfig, MLPSpace, MLPLM, readout="logits",
                             coord_hp={"hidden_mult": 2, "init_std": 0.1},
                             coord_may_vanish=lambda hp: ("mlp_out",) if hp["hidden_mult"] > 2 else (),
-                            metric_prefixes=("mlp.",), flag_tags={"mlp.flag.": "mlp_flagged"}))
+                            flag_tags={"mlp.flag.": "mlp_flagged"}))
     _steps_seen.clear()
     yield entry
     del FAMILIES["mlp"]
@@ -105,7 +106,6 @@ def test_a_family_registered_once_validates_and_trains_through_the_contract(mlp_
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # serialised as its own arch, not as one of the built-in arches
         assert ModelSpec.model_validate_json(spec.model_dump_json()) == spec
-    assert "mlp." in metric_prefixes()
 
     rows: list[dict] = []
     cfg = TrialConfig(model="mlp", model_hp={"width": 32, "hidden_mult": 2}, data=DATA, lr=1e-2, steps=12,
@@ -164,8 +164,8 @@ def test_a_flag_metric_the_family_declares_tags_the_trial_run(mlp_family, tmp_pa
     history = [{"step": 4, "mlp.flag.a": 0.0}, {"step": 8, "mlp.flag.b": 1.0, "mlp.flag.a": 1.0},
                {"step": 12, "mlp.flag.a": 0.0}]
 
-    def train(cfg: TrialConfig) -> TrialResult:
-        return TrialResult("completed", 4.0, 4.0, 4.0, 12, 1000, 0.1, 1e4, 100, history)
+    def train(cfgs: list[TrialConfig]) -> list[TrialReport]:
+        return [TrialReport(status="completed", eval_loss=4.0, steps=12, tokens=1000, params=100, rows=history)]
 
     spec, tracker = load_catalog("tiny"), _Tags()
     trial = PlannedTrial("transfer-w32-s0", "transfer", spec.tune.base_width, 0, spec.space.defaults())

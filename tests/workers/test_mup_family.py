@@ -67,7 +67,7 @@ def test_a_trial_reports_its_infshapes_and_mups_group_multipliers():
     assert result.lr_multipliers == {"matrix": 0.5, "vector": 1.0}
     assert result.run_params["infshape.blocks.0.mlp.0.weight"] == "256 (base 128) × 64 (base 32)"
     assert set(result.run_params) == {f"infshape.{n}" for n, _ in _model(64).net.named_parameters()}
-    assert {"lr_matrix", "lr_vector"} <= set(result.history[-1])
+    assert {"lr_matrix", "lr_vector"} <= set(result.rows[-1])
 
 
 def test_a_mup_family_trains_each_trial_alone():

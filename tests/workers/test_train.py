@@ -131,7 +131,7 @@ def test_taugpt_trains_from_a_streamed_jsonl_corpus(tmp_path, monkeypatch):
                       vocab_size=2000, stream_val_every=5, max_eval_sequences=16)
     result = train_trial(_tau(data=data, steps=20, eval_every=10))
     assert result.status == "completed" and result.eval_loss < math.log(2000)
-    assert {"stream_val_loss", "tau.tau", "tau.entropy.layer0"} <= set(result.history[-1])
+    assert {"stream_val_loss", "tau.tau", "tau.entropy.layer0"} <= set(result.rows[-1])
 
 
 def _resumed(cfg, at: int):
@@ -163,8 +163,8 @@ def test_a_resumed_trial_ends_exactly_where_an_undisturbed_one_ends(kw):
     assert resumed.eval_loss == full.eval_loss and resumed.best_eval_loss == full.best_eval_loss
     assert resumed.tokens == full.tokens and resumed.steps == full.steps == 30
     drop = ("tokens_per_s", "system/cpu_utilization_percentage", "system/peak_rss_megabytes")
-    assert [{k: v for k, v in r.items() if k not in drop} for r in resumed.history] == \
-        [{k: v for k, v in r.items() if k not in drop} for r in full.history]
+    assert [{k: v for k, v in r.items() if k not in drop} for r in resumed.rows] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in full.rows]
 
 
 def test_an_eval_loss_worse_than_uniform_prediction_is_diverged():

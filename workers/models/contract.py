@@ -15,8 +15,7 @@ its point whatever the family:
   eval_metrics(batch, step, past) at each evaluation, on a fixed held-out batch, with the rows it returned
                                   before: extra per-step metrics (TauGPT: `tau.*` and its collapse flags)
 
-A family's per-step metrics reach the trackers when their prefix is registered with it
-(`studies.family.Family.metric_prefixes`).
+Every key of the rows `eval_metrics` returns is logged as a per-step metric of the trial's run.
 """
 
 from __future__ import annotations
