@@ -42,7 +42,7 @@ def one_run(trials: int, seed: int, steps: int | None = None, checkpoint_every_s
     from studies.phases import PHASES
     from studies.spec import StudySpec
     from workers.driver import StudyDriver
-    from workers.ray_runner import ensure_ray
+    from workers.ray.cluster import ensure_ray
 
     data = load_catalog("tiny").as_dict()
     data["tune"].update(num_trials=trials, seed=seed,  # a new seed: an identical tune phase would be reused
@@ -78,8 +78,11 @@ def _trainable_spans(storage: Path, study_id: str) -> list[tuple[int, float, flo
     """Each trial's (actor pid, entered, left its trainable, training s), from its final result."""
     from ray.tune import ExperimentAnalysis
 
+    from workers.ray.trainable import REPORTS
+    from workers.report import load_reports
+
     analysis = ExperimentAnalysis(str(storage / f"{study_id}.tune"))
-    return [(r["pid"], r["trainable_entered"], r["trainable_left"], r["wall_time_s"])
+    return [(r["pid"], r["trainable_entered"], r["trainable_left"], load_reports(r[REPORTS])[0].wall_time_s or 0.0)
             for r in (t.last_result or {} for t in analysis.trials) if "trainable_left" in r]
 
 

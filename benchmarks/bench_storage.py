@@ -1,6 +1,6 @@
 """What a trial checkpoint costs in each kind of `resources.storage`: the study folder (local disk) and an S3 URI.
 
-A checkpoint is what `workers.ray_runner._trainable` hands Tune: a temporary folder holding `torch.save` of the
+A checkpoint is what `workers.ray.trainable._trainable` hands Tune: a temporary folder holding `torch.save` of the
 trial's resumable state (model, AdamW moments, RNG), which Tune copies into the storage with pyarrow's
 filesystems (`pyarrow.fs.copy_files`). This times that save + copy for PT's state at each `--widths`, to a local
 folder and to an S3-compatible server on loopback (moto's, started here), `--repeats` times each, interleaved,

@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, cast
 
 import httpx
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
@@ -50,11 +51,11 @@ router = APIRouter()
 
 
 def _control(request: Request) -> Control:
-    return request.app.state.control
+    return cast(Control, request.app.state.control)
 
 
 def _settings(request: Request) -> Settings:
-    return request.app.state.settings
+    return cast(Settings, request.app.state.settings)
 
 
 def _folder(request: Request, study: Study) -> StudyFolder:
@@ -151,8 +152,7 @@ def get_report(request: Request, study_id: str) -> Report:
                             f"poll GET /studies/{study.id}")
     cert = folder.certificate
     certificate = finite(json.loads(cert.read_text())) if cert.exists() else None
-    return Report(study_id=study.id, status=study.status, markdown=folder.report.read_text(),
-                  certificate=certificate)
+    return Report(study_id=study.id, status=study.status, markdown=folder.report.read_text(), certificate=certificate)
 
 
 @router.post("/studies/{study_id}/cancel", response_model=StudySummary, tags=["studies"], dependencies=[Admin],
@@ -187,7 +187,7 @@ def readyz(request: Request, response: Response) -> Readiness:
     return Readiness(ready=ready, checks=checks)
 
 
-def _check(probe) -> Check:
+def _check(probe: Callable[[], str]) -> Check:
     try:
         return Check(ok=True, detail=probe())
     except Exception as exc:

@@ -19,19 +19,22 @@ included); `OPTIONS` and 405 answers carry `Allow` with every method of the path
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api import ERRORS, Error, router
+from service.api import ERRORS, router
 from service.control import Control, DriverRunning, ExecutionUnavailable, Executor, Reconciler
 from service.intake import Parser
 from service.progress import MlflowView, redact_uri
+from service.schemas import Error
 from service.settings import Settings
 from service.store import IdempotencyConflict, IllegalTransition, NotFound, Store
 from studies.spec import StudySpec
@@ -57,10 +60,10 @@ class HeaderLimit:
         await self.app(scope, receive, send)
 
 
-def flat_routes(routes: list) -> list:
+def flat_routes(routes: list[BaseRoute]) -> list[BaseRoute]:
     """Every route, those of included routers too (FastAPI keeps an included router as one entry; ours are
     included without a prefix)."""
-    flat = []
+    flat: list[BaseRoute] = []
     for route in routes:
         inner = getattr(route, "original_router", None)
         flat += flat_routes(inner.routes) if inner is not None else [route]
@@ -71,12 +74,12 @@ class AllowedMethods:
     """`OPTIONS` on a path answers 204 with `Allow` listing every method of the path; so does a 405 (Starlette
     lists only the methods of the first route that matched the path)."""
 
-    def __init__(self, app: ASGIApp, routes: list) -> None:
+    def __init__(self, app: ASGIApp, routes: list[BaseRoute]) -> None:
         self.app, self.routes = app, flat_routes(routes)
 
     def _allowed(self, scope: Scope) -> list[str]:
-        methods = {m for r in self.routes if getattr(r, "methods", None) and r.matches(scope)[0] != Match.NONE
-                   for m in r.methods}
+        methods = {m for r in self.routes if (ms := getattr(r, "methods", None)) and r.matches(scope)[0] != Match.NONE
+                   for m in ms}
         return sorted(methods | {"OPTIONS"}) if methods else []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -96,7 +99,7 @@ class AllowedMethods:
 
 
 def _errors(app: FastAPI) -> None:
-    def handler(code: int):
+    def handler(code: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
         async def respond(_: Request, exc: Exception) -> JSONResponse:
             detail = f"no study {exc.args[0]!r}: list them with GET /studies" if code == 404 else str(exc)
             return JSONResponse({"detail": detail}, code)
@@ -109,7 +112,7 @@ def _errors(app: FastAPI) -> None:
     app.add_exception_handler(ExecutionUnavailable, handler(503))
 
 
-def _openapi(app: FastAPI) -> dict:
+def _openapi(app: FastAPI) -> dict[str, Any]:
     """OpenAPI with the `StudySpec` request body of POST /studies (read by hand to accept YAML too)."""
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
@@ -127,7 +130,7 @@ def _openapi(app: FastAPI) -> dict:
     return app.openapi_schema
 
 
-def _error_responses(app: FastAPI, schema: dict) -> None:
+def _error_responses(app: FastAPI, schema: dict[str, Any]) -> None:
     """Each operation lists exactly the errors it can answer: its own (`service.api.errors`), 431 everywhere,
     401/403 only when tokens are configured, and no 422 where FastAPI assumes one that cannot happen (a path
     parameter that is any text)."""
@@ -158,7 +161,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     parser = Parser(settings.limits)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store.migrate()
         from workers.tracking import prepare_store  # MLflow and torch load here, not in the first request
 
@@ -181,8 +184,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     app = FastAPI(title="ptctl", version="0.1.0", lifespan=lifespan,
                   description="Hyperparameter-transfer studies (μP): submit a StudySpec, follow it, read its "
                               "report. Everything a study runs is logged to MLflow.")
-    app.state.settings, app.state.control, app.state.tokens = settings, control, tokens
-    app.state.parser = parser
+    app.state.settings, app.state.control, app.state.tokens, app.state.parser = settings, control, tokens, parser
     app.include_router(router)
     app.add_middleware(AllowedMethods, routes=app.routes)
     app.add_middleware(HeaderLimit, max_bytes=settings.limits.header_bytes)  # outermost: before anything else

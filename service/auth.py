@@ -9,7 +9,7 @@ read token on a mutating endpoint → 403. Tokens are compared in constant time 
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -32,7 +32,7 @@ def _unauthorized(message: str) -> HTTPException:
     return HTTPException(status.HTTP_401_UNAUTHORIZED, message, headers={"WWW-Authenticate": "Bearer"})
 
 
-def require(scope: Scope):
+def require(scope: Scope) -> Any:  # FastAPI types `Depends(...)` as Any (it serves as a parameter default)
     """A dependency admitting requests whose token grants `scope` (admin grants read too)."""
 
     def check(request: Request, credentials: Credentials) -> None:

@@ -143,7 +143,7 @@ class RemoteBackend:
                 while True:
                     study = self.client.get(study_id)
                     for phase, p in study.progress.items():
-                        if p.status == PhaseStatus.PENDING and phase not in tasks:
+                        if p.status == PhaseStatus.PENDING.value and phase not in tasks:
                             continue
                         if phase not in tasks:
                             tasks[phase] = bar.add_task(phase, total=p.planned, note="")

@@ -22,6 +22,7 @@ from service.backends import Backend, LocalBackend, RemoteBackend
 from service.terminal import console, run_command, usage_error, validation_lines
 
 if TYPE_CHECKING:
+    from studies.plan import PlannedTrial
     from studies.spec import StudySpec
 
 
@@ -78,9 +79,9 @@ def _widths(text: str, flag: str = "--widths", least: int = 2, example: str = "3
 def cmd_train(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from studies.spec import DataSpec
+    from studies.spec import DataSpec, TrialConfig
     from workers.models import objective_of
-    from workers.train import TrialConfig, train_trial
+    from workers.train import train_trial
 
     hp = {"width": args.width, "base_width": args.base_width or args.width,
           "parametrization": args.parametrization, **_parse_set(args.set)}
@@ -92,7 +93,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except (ValueError, ValidationError) as exc:  # the configs' own checks of the values given on the command line
         raise usage_error(str(exc)) from None
 
-    def progress(row: dict) -> None:
+    def progress(row: dict[str, Any]) -> None:
         if "eval_loss" in row:
             console.print(f"step {row['step']:>5}  train {row['train_loss']:.4f}  eval {row['eval_loss']:.4f}  "
                           f"{row['tokens_per_s']:,.0f} tok/s")
@@ -207,16 +208,17 @@ def cmd_laplacian(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_compare_plan(spec) -> None:
+def _print_compare_plan(spec: StudySpec) -> None:
     """A compare study's runs: each family's width and parameters at every budget, its tune trials there, its
     final runs and their steps and FLOPs (at the spec's vocab_size cap: the corpus may have fewer tokens)."""
     from studies.budget import param_count
     from studies.phases.compare import compare_stages, compare_trials
+    from studies.spec import required
 
-    c, vocab = spec.compare, spec.data.vocab_size
+    c, vocab = required(spec.compare, "compare"), spec.data.vocab_size
     stages = compare_stages(spec, vocab)
     tuned: dict[tuple[str, float | None], int] = {(s.family, s.budget): s.spec.tune.num_trials for s in stages}
-    finals: dict[tuple[str, float | None], list] = {}
+    finals: dict[tuple[str, float | None], list[PlannedTrial]] = {}
     for trial in compare_trials(spec, vocab, {s.name: {} for s in stages}):
         finals.setdefault((str(trial.family), trial.budget), []).append(trial)
     models = {spec.model.family: spec.model, **{b.model.family: b.model for b in c.baselines}}
@@ -236,7 +238,7 @@ def _print_compare_plan(spec) -> None:
                   f"{proxy.spec.steps_for('tune'):,} steps")
 
 
-def _print_plan(spec) -> None:
+def _print_plan(spec: StudySpec) -> None:
     """The planned trials, steps and FLOPs per phase, and their share of one training run at each target width."""
     from studies.cost import CHECK_PHASES, plan_cost, planned_runs
     from studies.family import get_family
@@ -281,7 +283,7 @@ def _print_plan(spec) -> None:
     _print_batches(spec)
 
 
-def _print_horizon(spec) -> None:
+def _print_horizon(spec: StudySpec) -> None:
     """A warning when tune trains fewer steps than the transfer runs (`studies.phases.validate.horizon_flag`)."""
     from studies.phases.validate import horizon_flag
 
@@ -290,7 +292,7 @@ def _print_horizon(spec) -> None:
         console.print(f"[yellow]horizon:[/] {escape(flag)}", soft_wrap=True)
 
 
-def _print_batches(spec) -> None:
+def _print_batches(spec: StudySpec) -> None:
     """How the grid phases' trials are packed into processes (`resources.batch_members`, `studies.members`)."""
     from studies.cost import planned_trials
     from studies.members import batches, solo_note

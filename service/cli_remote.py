@@ -109,7 +109,8 @@ def cmd_ray_head(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------- parsers
-def add_commands(sub: argparse._SubParsersAction, study: argparse._SubParsersAction,
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
+                 study: argparse._SubParsersAction[argparse.ArgumentParser],
                  cmd_report: Callable[[argparse.Namespace], int]) -> None:
     """Register the client commands under `ptctl study` (`study`) and the top-level ones (`sub`)."""
     server = argparse.ArgumentParser(add_help=False)

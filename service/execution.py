@@ -31,20 +31,18 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import ray
-from ray._private import ray_constants
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
 from service import ray_head
 from service.control import DriverRunning, ExecutionUnavailable
 from service.settings import Settings
+from workers.ray import NodeAffinitySchedulingStrategy, ray, ray_constants
 
 if TYPE_CHECKING:
-    from ray.actor import ActorClass
+    from workers.ray import ActorClass
 
 log = logging.getLogger(__name__)
 NAMESPACE = "ptctl"
@@ -81,7 +79,7 @@ class StudyDriverActor:
         store = Store(database_url)
         if not store.begin(study_id, attempt):  # cancelled or resumed again before this driver ran
             log.warning("study %s is no longer running under attempt %d: not starting", study_id, attempt)
-            ray.actor.exit_actor()
+            ray.actor.exit_actor()  # type: ignore[no-untyped-call]  # Ray leaves it unannotated
 
         def on_event(kind: str, data: dict[str, Any]) -> None:
             if kind == "phase_start":
@@ -98,7 +96,7 @@ class StudyDriverActor:
             store.transition(study_id, outcome, error=error, expect=[StudyStatus.RUNNING], attempt=attempt)
         except IllegalTransition as exc:  # cancelled meanwhile: the cancel stands
             log.warning("not recording %s: %s", outcome, exc)
-        ray.actor.exit_actor()
+        ray.actor.exit_actor()  # type: ignore[no-untyped-call]
         return outcome  # not reached: exit_actor raises
 
 
@@ -112,7 +110,7 @@ def running_driver(pid: int) -> bool:
 
 
 @contextmanager
-def _keep_signal_handlers():
+def _keep_signal_handlers() -> Iterator[None]:
     """`ray.init` in the main thread replaces the SIGTERM handler with `sys.exit`, which would raise inside
     uvicorn's loop (a traceback instead of a graceful stop): put uvicorn's handlers back. (Ray's C++ failure
     handler, which would take SIGTERM from any thread, is off: RAY_DISABLE_FAILURE_SIGNAL_HANDLER.)"""
@@ -160,7 +158,7 @@ class RayExecutor:
                          configure_logging=False)
             log.info("connected to Ray at %s", address)
 
-    def _handle(self, study_id: str):
+    def _handle(self, study_id: str) -> Any:  # an actor handle or None (ActorHandle types its methods as Never)
         try:
             return ray.get_actor(actor_name(study_id), namespace=NAMESPACE)
         except ValueError:  # no live actor of that name
@@ -170,7 +168,7 @@ class RayExecutor:
         self.connect()
         return self._handle(study_id) is not None
 
-    def start(self, study_id: str):
+    def start(self, study_id: str) -> Any:
         """Create the study's (idle) driver actor; `launch` sets it running. Raises `DriverRunning`."""
         self.connect()
         env = {"PTCTL_DATA_DIR": str(self.settings.data_dir), "MLFLOW_TRACKING_URI": self.settings.tracking_uri,
@@ -190,7 +188,7 @@ class RayExecutor:
                 time.sleep(0.5)
         raise DriverRunning(f"the driver name of study {study_id} is still taken; retry in a few seconds")
 
-    def launch(self, handle, spec: dict[str, Any], study_id: str, attempt: int) -> None:
+    def launch(self, handle: Any, spec: dict[str, Any], study_id: str, attempt: int) -> None:
         """Tell the driver to run and return once it has begun: an order still queued in this process when it
         exits (a SIGTERM right after a submit's answer) would be lost, leaving an idle driver."""
         handle.run.remote(spec, study_id, self.settings.db_url, attempt)
@@ -203,9 +201,9 @@ class RayExecutor:
         return handle is not None and not self._ordered(handle, 5.0)
 
     @staticmethod
-    def _ordered(handle, timeout: float) -> bool:
+    def _ordered(handle: Any, timeout: float) -> bool:
         try:
-            return ray.get(handle.ordered.remote(timeout), timeout=timeout + 60)
+            return cast(bool, ray.get(handle.ordered.remote(timeout), timeout=timeout + 60))
         except ray.exceptions.RayActorError:  # it began and has already exited (its study moved on)
             return True
 
@@ -229,7 +227,7 @@ class RayExecutor:
         return True
 
     @staticmethod
-    def _driver_pid(handle) -> int | None:
+    def _driver_pid(handle: Any) -> int | None:
         """The pid of the driver's process if it has started on this node (Ray's actor table; no public API
         gives an actor's pid without the dashboard, which the embedded head does not run)."""
         try:
@@ -267,7 +265,7 @@ class RayExecutor:
 
     def _cluster_unreachable(self) -> str | None:
         try:
-            ray.nodes()
+            ray.nodes()  # type: ignore[no-untyped-call]  # as cluster_resources: unannotated in Ray
             self._failing_since = None
             return None
         except Exception as exc:
@@ -281,5 +279,5 @@ class RayExecutor:
     def check(self) -> str:
         """A one-line readiness detail; raises if Ray is unreachable."""
         self.connect()
-        cpus = ray.cluster_resources().get("CPU", 0)
-        return f"{len(ray.nodes())} node(s), {cpus:g} CPUs"
+        cpus = ray.cluster_resources().get("CPU", 0)  # type: ignore[no-untyped-call]
+        return f"{len(ray.nodes())} node(s), {cpus:g} CPUs"  # type: ignore[no-untyped-call]

@@ -26,8 +26,9 @@ import asyncio
 import json
 import math
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from fastapi import HTTPException, Request
@@ -79,7 +80,7 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number JSON allows: use a finite number")
 
 
-def _bad_values(data: Any, loc: tuple = ()) -> list[dict[str, Any]]:
+def _bad_values(data: Any, loc: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
     """Non-finite floats, invalid Unicode (lone surrogates) and non-text keys, with their paths."""
     def error(msg: str, kind: str) -> dict[str, Any]:
         return {"loc": ["body", *loc], "msg": msg, "type": kind}
@@ -173,8 +174,8 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def _release(slots: asyncio.Semaphore):
-    def done(future: asyncio.Future) -> None:
+def _release(slots: asyncio.Semaphore) -> Callable[[asyncio.Future[StudySpec]], None]:
+    def done(future: asyncio.Future[StudySpec]) -> None:
         slots.release()
         if not future.cancelled():
             future.exception()  # retrieved: a parse that timed out is not logged as an unhandled error
@@ -225,7 +226,7 @@ async def read_spec(request: Request) -> StudySpec:
     media = media_type(request)
     body = await read_body(request, settings.max_body_bytes)
     check_nodes(body, settings.limits.nodes)
-    return await request.app.state.parser.parse(body, media)
+    return await cast(Parser, request.app.state.parser).parse(body, media)
 
 
 def check_nodes(body: bytes, max_nodes: int) -> None:

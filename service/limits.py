@@ -106,11 +106,11 @@ class Limits(BaseSettings):
     parse_s: float = Field(5.0, gt=0)
 
 
-def _error(loc: tuple, msg: str, kind: str) -> dict[str, Any]:
+def _error(loc: tuple[Any, ...], msg: str, kind: str) -> dict[str, Any]:
     return {"loc": ["body", *loc], "msg": msg, "type": kind}
 
 
-def _over(loc: tuple, value: float, name: str, limits: Limits) -> dict[str, Any] | None:
+def _over(loc: tuple[Any, ...], value: float, name: str, limits: Limits) -> dict[str, Any] | None:
     bound = getattr(limits, name)  # (inf and NaN are left to the finite-number check)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= bound:
         return None
@@ -118,7 +118,7 @@ def _over(loc: tuple, value: float, name: str, limits: Limits) -> dict[str, Any]
                        f"raise PTCTL_MAX_{name.upper()}", "limit")
 
 
-def check(data: Any, limits: Limits, loc: tuple = ()) -> list[dict[str, Any]]:
+def check(data: Any, limits: Limits, loc: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
     """The bounds `data` (the raw parsed body) breaks, as 422 error entries; [] when none."""
     errors: list[dict[str, Any]] = []
     if isinstance(data, list) and len(data) > limits.list:

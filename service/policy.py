@@ -37,9 +37,10 @@ import glob
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from fastapi import HTTPException
@@ -199,7 +200,7 @@ class RemotePolicy:
         return "PTCTL_DATA_ROOTS=" + os.pathsep.join(str(r) for r in self.roots)
 
 
-def _guarded(check, *args, where: Loc) -> Violation | None:
+def _guarded(check: Callable[..., Violation | None], *args: Any, where: Loc) -> Violation | None:
     """`check(*args)`, with a string no path can be (a NUL, a lone surrogate, too long) refused, not a 500."""
     try:
         return check(*args)
@@ -250,7 +251,7 @@ def normalise_uri(uri: str) -> str:
     return urlunsplit((scheme, netloc, "" if path in ("/", ".") else path.rstrip("/"), parts.query, ""))
 
 
-def enforce(spec: StudySpec | dict, settings: Settings, where: Loc = ("body",)) -> None:
+def enforce(spec: StudySpec | dict[str, Any], settings: Settings, where: Loc = ("body",)) -> None:
     """422 listing every field of `spec` a remote client may not name (field path under `where`, the setting).
 
     A stored spec (a dict, at resume) that no longer validates is a 422 too: the driver would refuse it.

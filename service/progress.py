@@ -21,7 +21,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import ValidationError
 
@@ -30,7 +30,12 @@ from service.schemas import MlflowInfo, PhaseProgress, finite
 from studies.phases import PhaseStatus, StudyState
 from studies.spec import StudySpec
 from workers.folder import StudyFolder
-from workers.paths import redact_uri
+from workers.paths import redact_uri as redact_uri  # re-exported: service.api and service.app use it
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
+
+    from workers.tracking import Tracker
 
 
 def spec_phases(spec: dict[str, Any]) -> list[str]:
@@ -97,10 +102,11 @@ def trial_table(folder: StudyFolder, spec: dict[str, Any], state: StudyState | N
     return [finite(r) for r in rows]
 
 
-def _row(run) -> dict[str, Any]:
+def _row(run: Run) -> dict[str, Any]:
     """One MLflow trial run as a trial-table row."""
     tags, metrics = run.data.tags, run.data.metrics
-    as_int = lambda v: int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else None
+    def as_int(v: str | None) -> int | None:
+        return int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else None
     return {"trial_id": tags.get("trial_key"), "phase": tags.get("phase"),
             "status": tags.get("status", TrialStatus.RUNNING.value),
             "width": as_int(tags.get("width")), "seed": as_int(tags.get("seed")),
@@ -113,7 +119,7 @@ class MlflowView:
 
     def __init__(self, default_uri: str, ttl: float = 2.0) -> None:
         self.default_uri, self.ttl = default_uri, ttl
-        self._trackers: dict[tuple[str, str], Any] = {}
+        self._trackers: dict[tuple[str, str], Tracker] = {}
         self._live: dict[str, tuple[float, list[dict[str, Any]]]] = {}  # study id → (fetched at, rows)
         self._refreshing: set[str] = set()
         self._lock = threading.Lock()
@@ -124,9 +130,9 @@ class MlflowView:
 
     @staticmethod
     def experiment(spec: dict[str, Any]) -> str:
-        return spec["resources"]["tracking"]["experiment"] or spec["name"]
+        return cast(str, spec["resources"]["tracking"]["experiment"] or spec["name"])
 
-    def tracker(self, spec: dict[str, Any]):
+    def tracker(self, spec: dict[str, Any]) -> Tracker:
         """The study's Tracker; only once the driver made the experiment (a Tracker creates a missing one)."""
         from workers.tracking import Tracker
 

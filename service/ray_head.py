@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -86,7 +86,7 @@ def _record(data_dir: Path) -> Path:
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def _group_alive(head: Head) -> bool:
@@ -112,7 +112,7 @@ def _group_alive(head: Head) -> bool:
 
 
 @contextmanager
-def _locked(data_dir: Path):
+def _locked(data_dir: Path) -> Iterator[None]:
     """One API process at a time decides whether to start a head."""
     ray_dir(data_dir).mkdir(parents=True, exist_ok=True)
     with open(ray_dir(data_dir) / "head.lock", "w") as lock:

@@ -11,6 +11,7 @@ for the same purpose, set here too, but answers 400 and parses in Python.)
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -24,7 +25,7 @@ class HeaderLimitedProtocol(HttpToolsProtocol):
 
     max_head_bytes = 16384  # set per server by `uvicorn_config`
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._in_head, self._head_bytes = True, 0
 
@@ -57,7 +58,7 @@ class HeaderLimitedProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def uvicorn_config(app: FastAPI, settings: Settings, **options) -> uvicorn.Config:
+def uvicorn_config(app: FastAPI, settings: Settings, **options: Any) -> uvicorn.Config:
     """The uvicorn config of `app` on `settings.host`:`settings.port`, with the head limit; `options` pass through."""
     limit = settings.limits.header_bytes
     protocol = type("Protocol", (HeaderLimitedProtocol,), {"max_head_bytes": limit})

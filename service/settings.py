@@ -154,5 +154,5 @@ def parse_tokens(text: str) -> dict[str, Scope]:
         if not sep or scope not in SCOPES or len(token) < 8:
             raise ValueError(f"PTCTL_API_TOKENS entry {i + 1}: expected SCOPE:TOKEN with SCOPE in {list(SCOPES)} "
                              "and a token of at least 8 characters, e.g. admin:$(openssl rand -hex 16)")
-        tokens[token] = scope  # type: ignore[assignment]
+        tokens[token] = scope
     return tokens

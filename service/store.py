@@ -22,8 +22,10 @@ from typing import Any, cast
 
 from sqlalchemy import JSON, DateTime, Integer, String, Text, create_engine, event, func, select, text, update
 from sqlalchemy.engine import CursorResult
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from studies.status import TRANSITIONS, StudyStatus
 
@@ -106,8 +108,7 @@ class Store:
         sqlite = url.startswith("sqlite")
         if sqlite and ":memory:" not in url:
             Path(url.split("///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
-        self.engine = create_engine(url, connect_args={"timeout": 30} if sqlite else {},
-                                    pool_pre_ping=not sqlite)
+        self.engine = create_engine(url, connect_args={"timeout": 30} if sqlite else {}, pool_pre_ping=not sqlite)
         if sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
 
@@ -238,7 +239,7 @@ class Store:
             row.phase, row.planned, row.updated_at = phase, {**row.planned, phase: trials}, _now()
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:
+def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")  # readers never block the one writer
     cur.execute("PRAGMA busy_timeout=30000")

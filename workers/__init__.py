@@ -1,5 +1,5 @@
 """HOW one trial runs: the models (`models/`), μP, the data, the training loop, the Ray Tune glue, MLflow tracking.
 
-Imports `analysis` and `studies`, never `service` or fastapi; Ray is imported in one module (`ray_runner`),
+Imports `analysis` and `studies`, never `service` or fastapi; Ray is imported in one package (`ray/`),
 MLflow in one (`tracking`).
 """

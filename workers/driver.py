@@ -6,7 +6,7 @@ tables, plots, certificate, report). Re-running a study id skips finished phases
 one, so no finished trial runs twice and no MLflow run is made twice (runs are found by their tags).
 
 Seams: `StudyDriver(spec, runner, tracker)`. The runner trains a phase's trials (`workers.runner.Runner`:
-`workers.ray_runner.RayRunner` by default, `workers.runner.InProcessRunner` without Ray); the tracker records
+`workers.ray.experiment.RayRunner` by default, `workers.runner.InProcessRunner` without Ray); the tracker records
 the study's MLflow runs (`workers.tracking.Tracker` by default, `workers.tracker.NullTracker` for none).
 Phases run in `spec.phases()` order through `StudyDriver.PHASES`.
 
@@ -131,7 +131,7 @@ class StudyDriver:
     @property
     def runner(self) -> Runner:
         if self._runner is None:
-            from workers.ray_runner import RayRunner  # only here: the driver runs without Ray when given a runner
+            from workers.ray.experiment import RayRunner  # only here: the driver runs without Ray when given a runner
 
             self._runner = RayRunner()
         return self._runner

@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from analysis.constants import TrialStatus
 
-Row = dict[str, Any]  # one logged step: "step" and the per-step metrics (each logged to MLflow as it is)
+Row = dict[str, int | float]  # one logged step: "step" and the per-step metrics (each logged to MLflow as it is)
 
 
 class TrialReport(BaseModel):
@@ -34,3 +34,13 @@ class TrialReport(BaseModel):
     lr_multipliers: dict[str, float] = {}  # per parameter group: its lr / the base lr
     run_params: dict[str, str] = {}  # the model's `run_params()` (a mup family's infshapes)
     batch: str | None = None  # the batch it trained in as a member ("i/n (K members)"), None alone
+
+
+def dump_reports(reports: list[TrialReport]) -> str:
+    """Reports as one JSON string (NaN kept): how they cross Ray Tune (Tune's loggers skip a string)."""
+    return json.dumps([r.model_dump(mode="json") for r in reports])
+
+
+def load_reports(text: str | None) -> list[TrialReport]:
+    """`dump_reports`' reports again ([] for none)."""
+    return [TrialReport.model_validate(r) for r in json.loads(text)] if text else []

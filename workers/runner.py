@@ -35,6 +35,7 @@ from workers.report import TrialReport
 from workers.tracker import RunTracker
 from workers.verdicts import trial_run_name
 
+
 def flag_tags(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     """The MLflow tags a trial's metric rows raise (`Family.flag_tags`; TauGPT: a nonzero `tau.collapse.<layer>`
     → `taumode_collapse`, `analysis.taumode`'s warning), each as "step S: <names after the prefix>" of the last
@@ -238,7 +239,8 @@ class InProcessRunner:
             rows.append(row)
         return rows
 
-    def _run(self, job: PhaseJob, group: list[PlannedTrial], journal: _Journal, batch: str = "") -> list[dict[str, Any]]:
+    def _run(self, job: PhaseJob, group: list[PlannedTrial], journal: _Journal, batch: str = ""
+             ) -> list[dict[str, Any]]:
         """Train `group` (one trial, or a batch's members), each recorded as its own trial with its MLflow run; a
         group that raises is `failed` whole."""
         from workers.train import train
@@ -257,7 +259,8 @@ class InProcessRunner:
             for run, report in zip(runs, reports, strict=True):
                 recorder.log_steps(run, report.rows)
                 recorder.finish(run, report)
-        rows = [trial_row(job.spec, t, r.model_copy(update={"batch": tag})) for t, r in zip(group, reports, strict=True)]
+        rows = [trial_row(job.spec, t, r.model_copy(update={"batch": tag}))
+                for t, r in zip(group, reports, strict=True)]
         for row in rows:
             _finished(job, row, journal)
         return rows

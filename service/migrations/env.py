@@ -5,7 +5,7 @@ command line instead connects to `PTCTL_DATABASE_URL` (default: SQLite in the da
 """
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 
 from service.settings import Settings
 from service.store import Base
@@ -13,7 +13,7 @@ from service.store import Base
 target_metadata = Base.metadata
 
 
-def run(connection) -> None:
+def run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata,
                       render_as_batch=connection.dialect.name == "sqlite")  # SQLite alters tables by copy
     with context.begin_transaction():

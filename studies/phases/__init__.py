@@ -3,7 +3,7 @@
 Each phase (`studies.phases.base.Phase`) plans its trials from the spec and the state, judges its trial table
 into a typed result and states its verdict; `workers/driver.py` runs them in `spec.phases()` order. Adding a
 phase is its file and one entry here. A phase draws its figures through `analysis.plot_*`, never importing a plot
-by name: that would load matplotlib in every trial process (`workers.ray_runner` imports the phases).
+by name: that would load matplotlib in every trial process (`workers.ray` imports the phases).
 
 | phase | file | result |
 |---|---|---|

@@ -1,4 +1,4 @@
-"""Batched trials (`workers.batched.train_batch`): each member trains exactly as the same trial alone.
+"""Batched trials (`workers.train.train` with K > 1 members): each member trains exactly as the same trial alone.
 
 At dropout 0 a member's per-step losses and final eval loss equal `train_trial`'s for its config: in float64 to
 ≤ 1e-8 relative (the same mathematics; only reduction order may differ), in float32 over a whole CPU-demo-sized
@@ -17,8 +17,8 @@ import torch
 
 from studies.spec import DataSpec
 from tests.conftest import float64_default
-from workers.train import train as train_batch
 from workers.train import TrialConfig, train_trial
+from workers.train import train
 
 DATA = DataSpec(max_tokens=60_000, seq_len=16, vocab_size=500)
 CLM = DataSpec(max_tokens=60_000, seq_len=16, vocab_size=500, objective="clm")
@@ -47,7 +47,7 @@ def float64():
 
 
 def _assert_equal(cfgs, rel):
-    batched = train_batch(cfgs)
+    batched = train(cfgs)
     for cfg, got in zip(cfgs, batched, strict=True):
         alone = train_trial(cfg)
         assert got.status == alone.status == "completed"
@@ -93,7 +93,7 @@ def test_float32_members_equal_solo_trials_over_a_demo_sized_trial():
 def test_a_diverging_member_is_recorded_diverged_and_the_others_go_on():
     cfgs = _configs("pt", {**PT, "parametrization": "mup"}, DATA, [({"lr": 1e-2}, {}), ({"lr": 1e6}, {})],
                     grad_clip=0.0, warmup_steps=1)
-    good, bad = train_batch(cfgs)
+    good, bad = train(cfgs)
     assert bad.status == "diverged" and "at step" in bad.message and math.isnan(bad.eval_loss)
     assert bad.steps < 20 and bad.rows == [] or bad.rows[-1]["step"] < 20
     alone = train_trial(cfgs[0])
@@ -102,24 +102,24 @@ def test_a_diverging_member_is_recorded_diverged_and_the_others_go_on():
 
 def test_with_dropout_members_draw_independent_masks():
     same = [({"lr": 1e-2}, {}), ({"lr": 1e-2}, {})]  # two identical members: only their dropout masks differ
-    a, b = train_batch(_configs("pt", {**PT, "parametrization": "mup", "dropout": 0.3}, DATA, same, steps=5,
+    a, b = train(_configs("pt", {**PT, "parametrization": "mup", "dropout": 0.3}, DATA, same, steps=5,
                                 log_every=1))
     assert [r["train_loss"] for r in a.rows] != [r["train_loss"] for r in b.rows]
-    c, d = train_batch(_configs("pt", {**PT, "parametrization": "mup"}, DATA, same, steps=5, log_every=1))
+    c, d = train(_configs("pt", {**PT, "parametrization": "mup"}, DATA, same, steps=5, log_every=1))
     assert [r["train_loss"] for r in c.rows] == [r["train_loss"] for r in d.rows]
 
 
 def test_a_batch_resumed_from_its_checkpoint_ends_where_an_undisturbed_one_ends(float64):
     cfgs = _configs("pt", {**PT, "parametrization": "mup"}, DATA, PT_MEMBERS, steps=20)
-    undisturbed = train_batch(cfgs)
+    undisturbed = train(cfgs)
     saved = {}
 
     def keep(rows, state):
         if state["step"] == 10:
             saved["state"] = torch.load(_saved(state), weights_only=True)
 
-    train_batch(cfgs, checkpoint=keep)
-    resumed = train_batch(cfgs, resume=saved["state"])
+    train(cfgs, checkpoint=keep)
+    resumed = train(cfgs, resume=saved["state"])
     for one, other in zip(undisturbed, resumed, strict=True):
         assert one.eval_loss == pytest.approx(other.eval_loss, rel=1e-12)
         assert [r["step"] for r in one.rows] == [r["step"] for r in other.rows]

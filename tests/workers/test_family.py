@@ -183,7 +183,7 @@ def test_a_trial_on_a_node_without_the_plugin_names_the_package_to_install():
     """The Ray trainable checks the spec's family before anything else: a node that lacks the plugin fails the
     trial with the fix, not with a validation or pickling error."""
     from workers.errors import ConfigError
-    from workers.ray_runner import _trainable
+    from workers.ray.trainable import _trainable
 
     with pytest.raises(ConfigError, match="must be installed in this Python environment: on a Ray cluster, on every"):
         _trainable({}, {"model": {"family": "tinygpt"}}, "verify", 1)

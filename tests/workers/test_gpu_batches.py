@@ -1,5 +1,5 @@
 """`resources.batch_members: auto` on a Ray cluster with GPUs: a grid phase's batches are sized by the memory of
-the workers' GPUs (`workers.ray_runner.worker_gpu_memory`), asked of each GPU node by a task that holds a trial's
+the workers' GPUs (`workers.ray.cluster.worker_gpu_memory`), asked of each GPU node by a task that holds a trial's
 share of a GPU there, and never hold more members than that share of memory fits (`studies.members`).
 
 The cluster is a private Ray declaring one GPU (`ray.init(num_gpus=1)`) in a child process: this machine has no CUDA
@@ -23,7 +23,7 @@ import json, os, ray
 from studies import load_catalog
 from studies.cost import planned_trials
 from studies.members import member_bytes
-from workers import ray_runner
+from workers.ray import cluster, experiment
 
 ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
 spec = load_catalog("cpu_demo")
@@ -31,17 +31,17 @@ spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"t
 planned = planned_trials(spec)["verify"]
 
 def sizes():
-    return sorted((len(t["members"]) if "members" in t else 1 for t in ray_runner._grid(spec, "verify", planned)),
+    return sorted((len(t["members"]) if "members" in t else 1 for t in experiment._grid(spec, "verify", planned)),
                   reverse=True)
 
-out = {"no_cuda": ray_runner.worker_gpu_memory(0.5), "sizes_no_cuda": sizes()}
+out = {"no_cuda": cluster.worker_gpu_memory(0.5), "sizes_no_cuda": sizes()}
 
 @ray.remote(num_cpus=0)
 def four_gib():  # what a 4 GiB GPU's worker reports: only where the task was given a GPU
     return 4 * 2**30 if os.environ.get("CUDA_VISIBLE_DEVICES") == "0" else None
 
-ray_runner._device_memory = four_gib
-out |= {"half": ray_runner.worker_gpu_memory(0.5), "two": ray_runner.worker_gpu_memory(2.0),
+cluster._device_memory = four_gib
+out |= {"half": cluster.worker_gpu_memory(0.5), "two": cluster.worker_gpu_memory(2.0),
         "sizes_4gib": sizes(), "member_bytes": member_bytes(spec, 64), "planned": len(planned)}
 print(json.dumps(out))
 """

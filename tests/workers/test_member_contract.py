@@ -16,6 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from service.cli import _print_batches
 from studies import load_catalog
 from studies.arch import ModelSize
 from studies.cost import planned_trials
@@ -24,7 +25,6 @@ from studies.members import batches, solo_note
 from studies.space import Range, Space
 from studies.spec import DataSpec, StudySpec, TrialConfig
 from tests.conftest import float64_default
-from service.cli import _print_batches
 from workers.batched import BatchingError
 from workers.models.contract import LanguageModel
 from workers.train import train, train_trial

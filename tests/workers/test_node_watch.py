@@ -5,7 +5,7 @@ import pytest
 import ray
 
 from workers.errors import InfrastructureLost
-from workers.ray_runner import NO_NODE_S, NodeWatch, fits, no_node_wait_s
+from workers.ray.cluster import NO_NODE_S, NodeWatch, fits, no_node_wait_s
 
 HEAD = {"Alive": True, "Resources": {"node:__internal_head__": 1.0}}  # a head with no CPUs for trials
 WORKER = {"Alive": True, "Resources": {"CPU": 1.0}}

@@ -30,7 +30,7 @@ def test_state_mints_an_instance_once(tmp_path):
 def test_unreachable_ray_address_is_infrastructure_lost(monkeypatch):
     import ray
 
-    from workers import ray_runner
+    from workers.ray.cluster import ensure_ray
 
     def refuse(**kwargs):
         raise ConnectionError("Could not find any running Ray instance.")
@@ -39,7 +39,7 @@ def test_unreachable_ray_address_is_infrastructure_lost(monkeypatch):
     monkeypatch.setattr(ray, "init", refuse)
     monkeypatch.setenv("RAY_ADDRESS", "auto")
     with pytest.raises(InfrastructureLost, match="cannot reach Ray at RAY_ADDRESS='auto'"):
-        ray_runner.ensure_ray()
+        ensure_ray()
 
 
 def test_experiment_names_carry_the_study():

@@ -56,7 +56,7 @@ def test_a_collapse_flag_in_a_trial_result_tags_its_mlflow_run(tmp_path):
     """The callback's own logic, fed one result by hand (a real SQLite MLflow, no Ray run)."""
     from types import SimpleNamespace
 
-    from workers.ray_runner import MlflowTrials
+    from workers.ray.callback import MlflowTrials
     from workers.tracking import Tracker
 
     spec = load_catalog("tiny_tau")

@@ -1,7 +1,6 @@
 """MlflowTrials and run_phase's restore wiring, without running Ray: a restored phase counts the trials that
 had finished before it (the CLI's progress bar), and runs with this run's callback and retry settings."""
 
-import json
 import sys
 import time
 import warnings
@@ -12,15 +11,10 @@ from ray import tune
 
 from studies import load_catalog
 from studies.phases.tune import asha_rungs
-from workers.ray_runner import (
-    BATCH_KEY,
-    CheckpointClock,
-    MlflowTrials,
-    ReportClock,
-    _renew,
-    failure_cause,
-    tune_log,
-)
+from workers.ray.callback import MlflowTrials, failure_cause
+from workers.ray.experiment import _renew, tune_log
+from workers.ray.trainable import REPORTS, CheckpointClock, ReportClock
+from workers.report import TrialReport, dump_reports
 
 
 def _callback(uri: str = "sqlite:///unused.db"):
@@ -30,7 +24,13 @@ def _callback(uri: str = "sqlite:///unused.db"):
     return callback, events
 
 
-def _trial(trial_id, tune_status, **last):
+def _final(**report):
+    """A Tune trial's last result: the step and its one member's report."""
+    return {"step": report.get("steps", 0), REPORTS: dump_reports([TrialReport(**report)])}
+
+
+def _trial(trial_id, tune_status, **report):
+    last = _final(**report) if report else {}
     return SimpleNamespace(trial_id=trial_id, status=tune_status, last_result=last, config={"lr": 1e-2})
 
 
@@ -108,10 +108,11 @@ class _SlowTracker:
 def test_trial_runs_are_written_off_tunes_loop_in_order():
     callback, events = _callback()
     callback._tracker = _SlowTracker(0.2)
-    trial = SimpleNamespace(trial_id="t1", config={}, last_result={"status": "completed", "eval_loss": 4.0},
+    trial = SimpleNamespace(trial_id="t1", config={}, last_result=_final(status="completed", eval_loss=4.0),
                             num_failures=0, error_file=None)
     callback.on_trial_start(0, [], trial)
-    callback.on_trial_result(0, [], trial, {"step": 10, "train_loss": 5.0, "eval_loss": 4.5})
+    callback.on_trial_result(0, [], trial, _final(status="running", steps=10,
+                                                  rows=[{"step": 10, "train_loss": 5.0, "eval_loss": 4.5}]))
     callback.on_trial_complete(0, [], trial)
     assert len(callback._tracker.calls) < 5  # Tune's loop did not wait for the five writes (0.2 s each)
     assert [e["status"] for e in events] == ["completed"]  # the progress bar is told at once
@@ -125,7 +126,7 @@ def test_a_failed_deferred_write_is_raised_by_flush():
     callback._tracker = _SlowTracker(0.0, fail_on="log_metrics")
     trial = SimpleNamespace(trial_id="t1", config={}, last_result={}, num_failures=0, error_file=None)
     callback.on_trial_start(0, [], trial)
-    callback.on_trial_result(0, [], trial, {"step": 10, "train_loss": 5.0})
+    callback.on_trial_result(0, [], trial, _final(status="running", steps=10, rows=[{"step": 10, "train_loss": 5.0}]))
     with pytest.raises(ConnectionError, match="log_metrics"):
         callback.flush()
     callback.flush()  # reported once
@@ -170,10 +171,12 @@ def test_batched_rows_are_logged_once_each():
     logged = []
     tracker.log_metrics = lambda run, rows: logged.extend(r["step"] for r in rows)
     trial = SimpleNamespace(trial_id="t1", config={}, last_result={}, num_failures=0, error_file=None)
-    callback.on_trial_result(0, [], trial, {"step": 30, "eval_loss": 4.0, BATCH_KEY: json.dumps(
-        [{"step": 10, "eval_loss": 5.0}, {"step": 20, "eval_loss": 4.5}])})
-    callback.on_trial_result(0, [], trial, {"step": 40, "eval_loss": 3.9,
-                                            BATCH_KEY: json.dumps([{"step": 20, "eval_loss": 4.5}])})
+    def result(step, rows):
+        return {"step": step, REPORTS: dump_reports([TrialReport(status="running", steps=step, rows=rows)])}
+
+    callback.on_trial_result(0, [], trial, result(30, [{"step": 10, "eval_loss": 5.0}, {"step": 20, "eval_loss": 4.5},
+                                                       {"step": 30, "eval_loss": 4.0}]))
+    callback.on_trial_result(0, [], trial, result(40, [{"step": 20, "eval_loss": 4.5}, {"step": 40, "eval_loss": 3.9}]))
     callback.flush()
     assert logged == [10, 20, 30, 40]
 
@@ -188,7 +191,8 @@ def test_a_restored_phase_writes_the_runs_its_interrupted_driver_never_wrote(tmp
     tracker = Tracker(spec.experiment_name(), uri)
     phase_run = tracker.phase_run("s1", "tune", tracker.study_run("s1", {}))
     finished = SimpleNamespace(trial_id="t1", status="TERMINATED", config={"lr": 3e-3}, experiment_tag="1_lr=0.003",
-                               last_result={"step": 30, "train_loss": 6.2, "eval_loss": 6.0, "status": "completed"})
+                               last_result=_final(status="completed", eval_loss=6.0, steps=30,
+                                                  rows=[{"step": 30, "train_loss": 6.2, "eval_loss": 6.0}]))
     for _ in range(2):  # restored twice: the second finds the run and writes nothing new
         callback = MlflowTrials(spec, "s1", "tune", phase_run, uri)
         callback.on_step_begin(0, [finished, SimpleNamespace(trial_id="t2", status="PENDING", last_result={})])
@@ -205,7 +209,7 @@ def test_each_study_phase_registers_its_trainable_under_its_own_name():
     with OwnerDiedError once its driver had exited)."""
     from ray.tune.experiment import Experiment
 
-    from workers.ray_runner import study_trainable
+    from workers.ray.trainable import study_trainable
     from workers.runner import experiment_name
 
     spec = load_catalog("tiny")
@@ -217,7 +221,7 @@ def test_each_study_phase_registers_its_trainable_under_its_own_name():
 
 
 def test_storage_root_is_the_study_folder_unless_shared_storage_is_set(tmp_path, monkeypatch):
-    from workers.ray_runner import storage_root
+    from workers.ray.experiment import storage_root
 
     local = tmp_path / "studies" / "s-1" / "ray"
     spec = load_catalog("tiny")
@@ -231,7 +235,7 @@ def test_storage_root_is_the_study_folder_unless_shared_storage_is_set(tmp_path,
 
 def test_a_trial_asking_for_gpus_the_cluster_lacks_fails_naming_the_fix():
     from workers.errors import StudyFailed
-    from workers.ray_runner import check_gpus
+    from workers.ray.cluster import check_gpus
 
     check_gpus("tune", 0.5, 1.0)  # a fraction of the one GPU there is
     check_gpus("tune", 0.0, 0.0)
