@@ -22,7 +22,7 @@ demo: install
 # one (its module's Ray cluster or server starts once): 13½–14 min where one process takes 19 (docs/LOG.md)
 test: install
 	$(PY) -m ruff check .
-	$(PY) -m mypy  # pyproject [tool.mypy]: strict on analysis/ and studies/, the default checks on the other packages
+	$(PY) -m mypy  # pyproject [tool.mypy]: strict on every package
 	$(MAKE) --no-print-directory test-fast
 	$(PYTEST) -m slow -n 2 --dist loadfile
 

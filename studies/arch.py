@@ -10,16 +10,12 @@ the family's hparams (from its space). The workers' models (`workers/models/`) t
 Which widths an arch builds at is decided in one place, the arch's `width_steps` (PT: its scaled sizes
 must stay integers; TauGPT: whole kv groups of heads): `width_step`, `width_error`, `rebase`, the model
 configs' validation and the parameter counts of `studies.budget` all read it.
-
-The built-in families' classes are still importable from here under their old names (`from studies.arch import
-PTConfig`); new code imports them from their family module.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -34,17 +30,6 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import core_schema
-
-if TYPE_CHECKING:  # the old names of the built-in families' classes (`__getattr__` below)
-    from studies.families.bert import BertArch as BertArch
-    from studies.families.bert import BertConfig as BertConfig
-    from studies.families.pt import PTArch as PTArch
-    from studies.families.pt import PTConfig as PTConfig
-    from studies.families.pt import PTWeights as PTWeights
-    from studies.families.tauformer import TauArch as TauArch
-    from studies.families.tauformer import TauConfig as TauConfig
-    from studies.families.ut import UTArch as UTArch
-    from studies.families.ut import UTConfig as UTConfig
 
 Parametrization = Literal["mup", "standard"]
 DepthParametrization = Literal["none", "completep"]
@@ -304,14 +289,3 @@ class ModelSpec(BaseModel):
         if error:
             raise ValueError(error)
         return self
-
-
-_MOVED = {"PTArch": "pt", "PTConfig": "pt", "PTWeights": "pt", "BertArch": "bert", "BertConfig": "bert",
-          "UTArch": "ut", "UTConfig": "ut", "TauArch": "tauformer", "TauConfig": "tauformer"}
-
-
-def __getattr__(name: str) -> Any:
-    """The built-in families' classes under their old names (they live in `studies.families.<family>`)."""
-    if name in _MOVED:
-        return getattr(importlib.import_module(f"studies.families.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

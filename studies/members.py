@@ -1,10 +1,10 @@
 """Batched trials, planned: which of a grid phase's trials train together as one batched model (`workers.batched`).
 
 Trials may share a batch when their trial configs are equal but for the hparams their family declares batchable
-(`Family.batchable`, `member_key`; a family that declares none trains each trial alone): the same width, steps, seed (so the same init draw and data order), schedule and data. A phase's
-planned trials are grouped by that key in plan order and each group is cut into batches of at most K members,
-as even as they come (59 trials at K = 30: 30 and 29). The grouping is a pure function of the plan and K, so a
-restored phase re-forms the same batches.
+(`Family.batchable`, `member_key`; a family that declares none trains each trial alone): the same width, steps,
+seed (so the same init draw and data order), schedule and data. A phase's planned trials are grouped by that key
+in plan order and each group is cut into batches of at most K members, as even as they come (59 trials at K = 30:
+30 and 29). The grouping is a pure function of the plan and K, so a restored phase re-forms the same batches.
 
 K is `resources.batch_members`: an integer (1: every trial alone, as before batching), or "auto"
 (`auto_members`): on a GPU, as many members as the device's memory holds (`member_bytes`: the parameters with

@@ -6,27 +6,14 @@ seven transferred hparams in `pt`, BERT's and UT's four in `encoder`, TauGPT's f
 A study's tune phase searches `searched()`; every trial also receives `fixed()`; `defaults()` is the point the
 space is centred on. `space_class(family)` gives a model family's space (registered with it in
 `studies.family`); `space_model` builds a space from one declaration of a family's hparams.
-
-The built-in spaces are still importable from here under their old names (`from studies.space import
-SearchSpace`); new code imports them from their family module.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
-
-if TYPE_CHECKING:  # the old names of the built-in spaces (`__getattr__` below)
-    from studies.families.encoder import BASELINE_HPARAMS as BASELINE_HPARAMS
-    from studies.families.encoder import BaselineSpace as BaselineSpace
-    from studies.families.pt import HPARAMS as HPARAMS
-    from studies.families.pt import INFORMATION_WEIGHTS as INFORMATION_WEIGHTS
-    from studies.families.pt import SearchSpace as SearchSpace
-    from studies.families.tauformer import TAU_HPARAMS as TAU_HPARAMS
-    from studies.families.tauformer import TauSpace as TauSpace
 
 __all__ = ["Range", "Space", "check_hparam_names", "space_class", "space_model", "validate_space"]
 
@@ -161,14 +148,3 @@ def space_model(name: str, doc: str, ranges: dict[str, Any], frozen: Any, module
                                     frozen=(list[str], frozen))
     cls.HPARAMS = tuple(ranges)
     return cls
-
-
-_MOVED = {"HPARAMS": "pt", "INFORMATION_WEIGHTS": "pt", "SearchSpace": "pt", "BASELINE_HPARAMS": "encoder",
-          "BaselineSpace": "encoder", "TAU_HPARAMS": "tauformer", "TauSpace": "tauformer"}
-
-
-def __getattr__(name: str) -> Any:
-    """The built-in spaces and hparam names under their old names (they live in `studies.families.<family>`)."""
-    if name in _MOVED:
-        return getattr(importlib.import_module(f"studies.families.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,6 +23,7 @@ slopes' axis (`analysis.coord.coord_slopes(..., axis="depth")`): the same statis
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pandas as pd
 import torch
@@ -73,7 +74,8 @@ def _by_position(name: str, depth: int) -> str | None:
     return f"{stem}.last" if layer == depth - 1 else f"{stem}.first" if layer == 0 else None
 
 
-def _sizes(model: str, widths: tuple[int, ...], depths: tuple[int, ...] | None, hp: dict) -> list[tuple[int, dict]]:
+def _sizes(model: str, widths: tuple[int, ...], depths: tuple[int, ...] | None, hp: dict[str, Any]
+           ) -> list[tuple[int, dict[str, Any]]]:
     """(width, model hparams) of each model the check builds: one per width, or with `depths` one per depth at
     the one width (the depth field set, base_depth the smallest depth unless given)."""
     if depths is None:
@@ -93,7 +95,7 @@ def coord_data(
     lr: float = 1e-2,
     batch_size: int = 16,
     seeds: int = 3,
-    model_hp: dict | None = None,
+    model_hp: dict[str, Any] | None = None,
     data: DataSpec = DEFAULT_DATA,
     base_seed: int = 0,
     per_seed: bool = False,
@@ -134,7 +136,7 @@ def coord_data(
                 aux = net.aux_loss()  # the traced forward's aux terms, as `net.loss` adds them
                 if aux is not None:
                     loss = loss + aux
-                loss.backward()
+                torch.autograd.backward(loss)  # `loss.backward()`, typed
                 opt.step()
     df = pd.DataFrame(rows, columns=["parametrization", "width", "depth", "seed", "step", "name", "rms"])
     if depths is None:
@@ -143,7 +145,8 @@ def coord_data(
     return df if per_seed else df.groupby(["parametrization", *axis, "step", "name"], as_index=False)["rms"].mean()
 
 
-def _setup(model: str, widths: tuple[int, ...], model_hp: dict | None, data: DataSpec) -> tuple[dict, DataSpec]:
+def _setup(model: str, widths: tuple[int, ...], model_hp: dict[str, Any] | None, data: DataSpec
+           ) -> tuple[dict[str, Any], DataSpec]:
     """The check's model hparams (the family's small model, `model_hp` over it, the base the smallest width) and
     its data (the family's objective)."""
     entry = family(model)
@@ -153,7 +156,7 @@ def _setup(model: str, widths: tuple[int, ...], model_hp: dict | None, data: Dat
 
 
 def built(model: str, parametrization: str, widths: tuple[int, ...],
-          model_hp: dict | None = None) -> dict[int, LanguageModel]:
+          model_hp: dict[str, Any] | None = None) -> dict[int, LanguageModel]:
     """The check's model at each width, as `coord_data` builds it for its first seed (0)."""
     hp, data = _setup(model, widths, model_hp, DEFAULT_DATA)
     vocab = load_data(data).vocab_size
@@ -178,7 +181,7 @@ def coord_check(
     seeds: int = 4,
     max_seeds: int = 16,
     base_seed: int = 0,
-    model_hp: dict | None = None,
+    model_hp: dict[str, Any] | None = None,
     depths: tuple[int, ...] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, CoordVerdict, float]:
     """Run the check in batches of `seeds` seeds until the verdict is conclusive or `max_seeds` ran; with `depths`,

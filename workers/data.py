@@ -33,6 +33,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import numpy as np
 import tokenizers
@@ -160,7 +161,7 @@ def _local_files(path: str, suffix: str) -> list[Path]:
     return files
 
 
-def _field(record: dict, cfg: DataSpec, where: str) -> str:
+def _field(record: dict[str, Any], cfg: DataSpec, where: str) -> str:
     """The text of a record; a list of strings (e.g. {"text": [id, title, description]}) is joined by spaces."""
     if cfg.text_field not in record:
         raise ConfigError(f"data.text_field={cfg.text_field!r}: not in {where}, which has "

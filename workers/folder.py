@@ -49,7 +49,8 @@ def write_json(path: Path, data: Any) -> None:
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON file's content; {} when it does not exist (yet)."""
     try:
-        return json.loads(path.read_text())
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
     except FileNotFoundError:
         return {}
 

@@ -128,7 +128,8 @@ def rotated(lap: torch.Tensor, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     q, r = torch.linalg.qr(torch.randn(lap.shape, generator=gen, dtype=torch.float64))
     u = q * torch.sign(torch.diagonal(r))  # Haar-distributed
-    return (u.T @ lap.double() @ u).float()
+    out: torch.Tensor = (u.T @ lap.double() @ u).float()
+    return out
 
 
 def describe(lap: torch.Tensor) -> dict[str, float]:

@@ -33,13 +33,13 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import requests
 from mlflow import MlflowClient
-from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 
 from workers.paths import data_dir
@@ -74,8 +74,9 @@ class TrackingUnavailable(RuntimeError):
 
 def _transient(exc: BaseException) -> bool:
     """A failure worth waiting out: the server unreachable, timing out, restarting (502/503/504) or throttling."""
-    if isinstance(exc, MlflowException) and (exc.get_http_status_code() in (429, 502, 503, 504)
-                                             or exc.error_code in TRANSIENT_CODES):
+    if isinstance(exc, MlflowException) and (  # mlflow leaves get_http_status_code unannotated
+            exc.get_http_status_code() in (429, 502, 503, 504)  # type: ignore[no-untyped-call]
+            or exc.error_code in TRANSIENT_CODES):
         return True
     seen: BaseException | None = exc
     while seen is not None:
@@ -102,8 +103,8 @@ class _Retrying:
         attr = getattr(self._client, name)
         return self._wrap(name, attr) if callable(attr) else attr
 
-    def _wrap(self, name: str, call):
-        def retried(*args, **kwargs):
+    def _wrap(self, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def retried(*args: Any, **kwargs: Any) -> Any:
             budget = float(os.environ.get("PTCTL_MLFLOW_RETRY_S") or RETRY_S)
             start, delay = time.monotonic(), 0.5
             while True:
@@ -168,7 +169,7 @@ class Tracker(RunTracker):
 
     def __init__(self, experiment: str, tracking_uri: str | None = None) -> None:
         self.uri = tracking_uri or default_tracking_uri()
-        self.client = _Retrying(MlflowClient(tracking_uri=self.uri), self.uri)
+        self.client = cast(MlflowClient, _Retrying(MlflowClient(tracking_uri=self.uri), self.uri))  # its calls, retried
         self.experiment_id = self._experiment(experiment)
 
     def _experiment(self, name: str) -> str:
@@ -235,7 +236,7 @@ class Tracker(RunTracker):
         return list(json.loads(json.loads(saved).get("state", "{}")).get("selectedColumns", []))
 
     # ---------------------------------------------------------------- runs
-    def _find(self, tags: dict[str, str]):
+    def _find(self, tags: dict[str, str]) -> Run | None:
         query = " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items())
         runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=2)
         if len(runs) > 1:
@@ -249,8 +250,9 @@ class Tracker(RunTracker):
         found = self._find(key_tags)
         if found is None:
             all_tags = {**key_tags, **(tags or {}), **({PARENT: parent} if parent else {})}
-            return self.client.create_run(self.experiment_id, tags=all_tags, run_name=name).info.run_id
-        run_id = found.info.run_id
+            created: str = self.client.create_run(self.experiment_id, tags=all_tags, run_name=name).info.run_id
+            return created
+        run_id: str = found.info.run_id
         if found.info.status in REOPENED:
             self.client.update_run(run_id, status="RUNNING")
         if tags:
@@ -268,7 +270,7 @@ class Tracker(RunTracker):
         return self.run(name or trial_key, _key(study_id, "trial", instance, trial_key=trial_key), parent,
                         {"phase": phase, **tags})
 
-    def runs(self, study_id: str, kind: str, instance: str | None = None) -> list:
+    def runs(self, study_id: str, kind: str, instance: str | None = None) -> list[Any]:
         """The study's live runs of `kind` (`instance` given: only those that instance created)."""
         query = " and ".join(f"tags.{k} = '{v}'" for k, v in _key(study_id, kind, instance).items())
         return list(self.client.search_runs([self.experiment_id], filter_string=query, max_results=5000))

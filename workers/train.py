@@ -19,7 +19,6 @@ from it and ends where an undisturbed run ends.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import resource
@@ -32,7 +31,7 @@ import torch
 
 from analysis.constants import TrialStatus
 from studies.spec import DataSpec, TrialConfig
-from workers.batches import Batch, MemoryData, PackedData, StreamData
+from workers.batches import Batch, MemoryData, StreamData
 from workers.data import prepare
 from workers.models import build_model, objective_of
 from workers.models.contract import ADAM_EPS, UNDECAYED, LanguageModel
@@ -100,11 +99,6 @@ def lr_factor(step: int, cfg: TrialConfig) -> float:
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
-
-
-def evaluate(model: LanguageModel, data: PackedData, cfg: TrialConfig, device: torch.device) -> float:
-    """Mean loss per scored token over the fixed held-out batches."""
-    return mean_loss(model, data.eval_batches(cfg.batch_size)[: cfg.eval_batches], device)
 
 
 @torch.no_grad()
@@ -344,7 +338,8 @@ def train(configs: Sequence[TrialConfig | dict[str, Any]], progress: Progress | 
             if evaluated and checkpoint is not None and step < first.steps:
                 cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
                 checkpoint(rows, {"step": step, "engine": engine.state_dict(), "tokens": tokens,
-                                  "members": [_saved(m) for m in members], "wall_time_s": time.perf_counter() - start,
+                                  "members": [{k: v for k, v in vars(m).items() if k != "cfg"} for m in members],
+                                  "wall_time_s": time.perf_counter() - start,
                                   "rng": torch.get_rng_state(), "cuda_rng": cuda_rng})
     for i, r in enumerate(reports):
         if r is None:
@@ -358,11 +353,6 @@ def train_trial(config: TrialConfig | dict[str, Any], progress: Callable[[Row], 
     """Train one trial (`train` with one member): `progress(row)`, `checkpoint(row, state)`."""
     return train([config], progress and (lambda i, row: progress(row)),
                  checkpoint and (lambda rows, state: checkpoint(rows[0], state)), resume)[0]
-
-
-def _saved(member: Member) -> dict[str, Any]:
-    """A member's bookkeeping as a checkpoint holds it (its config comes from the trial's)."""
-    return {f.name: getattr(member, f.name) for f in dataclasses.fields(member) if f.name != "cfg"}
 
 
 def blown_up(eval_loss: float, vocab_size: int, start_loss: float, margin: float | None) -> str:

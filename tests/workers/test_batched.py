@@ -17,8 +17,7 @@ import torch
 
 from studies.spec import DataSpec
 from tests.conftest import float64_default
-from workers.train import TrialConfig, train_trial
-from workers.train import train
+from workers.train import TrialConfig, train, train_trial
 
 DATA = DataSpec(max_tokens=60_000, seq_len=16, vocab_size=500)
 CLM = DataSpec(max_tokens=60_000, seq_len=16, vocab_size=500, objective="clm")

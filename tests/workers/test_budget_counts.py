@@ -6,8 +6,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from studies import load_catalog
-from studies.arch import BertArch, PTArch, UTArch
 from studies.budget import forward_flops, param_count, width_for_budget
+from studies.families.bert import BertArch
+from studies.families.pt import PTArch
+from studies.families.ut import UTArch
 from workers.models import build_model
 
 V, BASE = 300, 32

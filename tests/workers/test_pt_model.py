@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from studies.arch import PTConfig
+from studies.families.pt import PTConfig
 from workers.models import build_model
 from workers.models.common import token_loss
 

@@ -8,6 +8,7 @@ first use. Every model is a `workers.models.contract.LanguageModel`: it owns its
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from studies.family import BROKEN, ENTRY_POINT_GROUP, Family, get_family
 from workers.errors import ConfigError
@@ -32,10 +33,10 @@ def model_class(name: str) -> type[LanguageModel]:
     if isinstance(model, str):
         module, _, cls = model.partition(":")
         model = getattr(importlib.import_module(module), cls)
-    return model  # type: ignore[return-value]
+    return model
 
 
-def build_model(name: str, **hp) -> LanguageModel:
+def build_model(name: str, **hp: Any) -> LanguageModel:
     """Build model `name` from keyword hyperparameters; unknown keys raise a ValueError listing valid ones."""
     config_cls = family(name).config
     unknown = sorted(set(hp) - set(config_cls.model_fields))

@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from studies.arch import BertConfig, UTConfig
+from studies.families.bert import BertConfig
+from studies.families.ut import UTConfig
 from workers.models.common import MuReadout
 from workers.models.contract import LanguageModel
 
@@ -58,8 +59,8 @@ class Layer(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.drop = nn.Dropout(dropout)
 
-    def attention(self, x: torch.Tensor, keep: torch.Tensor, scale: float | torch.Tensor, trace: dict | None, tag: str
-                  ) -> torch.Tensor:
+    def attention(self, x: torch.Tensor, keep: torch.Tensor, scale: float | torch.Tensor,
+                  trace: dict[str, torch.Tensor] | None, tag: str) -> torch.Tensor:
         B, n, _ = x.shape
         q, k, v = (proj(x).view(B, n, self.n_heads, self.head_dim).transpose(1, 2)
                    for proj in (self.q, self.k, self.v))  # (B, H, n, head_dim)
@@ -73,10 +74,11 @@ class Layer(nn.Module):
             logits = scale * (q @ k.transpose(-1, -2))  # (B, H, n, n)
             trace[f"attn_logits.{tag}"] = logits.masked_select(mask & keep[:, None, :, None])
             ctx = self.drop(torch.softmax(logits.masked_fill(~mask, float("-inf")), -1)) @ v
-        return self.o(ctx.transpose(1, 2).reshape(B, n, -1))  # (B, n, d)
+        out: torch.Tensor = self.o(ctx.transpose(1, 2).reshape(B, n, -1))  # (B, n, d)
+        return out
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor, scale: float | torch.Tensor, trace: dict | None = None,
-                tag: str = "layer0") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keep: torch.Tensor, scale: float | torch.Tensor,
+                trace: dict[str, torch.Tensor] | None = None, tag: str = "layer0") -> torch.Tensor:
         if self.norm == "pre":
             # --- depth (CompleteP, Table 1): x + m_L^-α · F(LN(x)); × 1.0 (exact) at `none` ---
             a = self.attention(self.ln1(x), keep, scale, trace, tag)
@@ -176,8 +178,9 @@ class Encoder(MuReadout, LanguageModel):
             # --- end μP ---
         return cfg.attn_mult / math.sqrt(cfg.head_dim)
 
-    def readout(self, x: torch.Tensor, select: torch.Tensor | None, trace: dict | None) -> torch.Tensor:
-        logits = self.head(x if select is None else x[select], self.readout_mult())  # (B, n, V) | (N, V)
+    def readout(self, x: torch.Tensor, select: torch.Tensor | None, trace: dict[str, torch.Tensor] | None
+                ) -> torch.Tensor:
+        logits: torch.Tensor = self.head(x if select is None else x[select], self.readout_mult())  # (B, n, V) | (N, V)
         if trace is not None:
             trace["mlm_logits"] = logits
         return logits

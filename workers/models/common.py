@@ -34,7 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from studies.arch import BertConfig, TauConfig, UTConfig
+from studies.families.bert import BertConfig
+from studies.families.tauformer import TauConfig
+from studies.families.ut import UTConfig
 from workers.batches import IGNORE_INDEX
 
 

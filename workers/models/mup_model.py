@@ -122,7 +122,7 @@ def traced(net: nn.Module, input_ids: torch.Tensor, trace: dict[str, torch.Tenso
     """`net(input_ids)`, recording every submodule's tensor output by its path and the logits as `logits`."""
     seen: dict[str, torch.Tensor] = {}
 
-    def hook(name: str):
+    def hook(name: str) -> Callable[[nn.Module, Any, Any], None]:
         def record(module: nn.Module, args: Any, out: Any) -> None:  # a block returning its last layer's output:
             if isinstance(out, torch.Tensor) and out.is_floating_point() and all(out is not o for o in seen.values()):
                 seen[name] = out  # recorded once, under the innermost module
@@ -130,7 +130,7 @@ def traced(net: nn.Module, input_ids: torch.Tensor, trace: dict[str, torch.Tenso
 
     handles = [m.register_forward_hook(hook(name)) for name, m in net.named_modules() if name]
     try:
-        logits = net(input_ids)
+        logits: torch.Tensor = net(input_ids)
     finally:
         for h in handles:
             h.remove()

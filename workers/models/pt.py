@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from studies.arch import PTConfig
+from studies.families.pt import PTConfig
 from workers.models.common import parameter
 from workers.models.contract import LanguageModel
 
@@ -177,17 +177,17 @@ class _Scores(torch.autograd.Function):
     generate_vmap_rule = True  # batched trials (`workers.batched`) vmap it: forward and backward batch as written
 
     @staticmethod
-    def forward(q, k, o):
+    def forward(q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
         return head_scores(q, k.to(q.dtype), o)  # under autocast both are the projection GEMMs' dtype already
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         q, k, o = inputs
         ctx.save_for_backward(q, k.to(q.dtype))
         ctx.o = o
 
     @staticmethod
-    def backward(ctx, dF):
+    def backward(ctx: Any, dF: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         q, k = ctx.saved_tensors
         dF = dF.to(q.dtype)  # backward runs outside autocast: one dtype, as in forward
         far = far_parts(dF, ctx.o)
@@ -206,7 +206,8 @@ class _Messages(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(A, q, k, Wu, Wv, o, head):
+    def forward(A: torch.Tensor, q: torch.Tensor, k: torch.Tensor, Wu: torch.Tensor, Wv: torch.Tensor, o: _Offsets,
+                head: bool) -> tuple[torch.Tensor, torch.Tensor]:
         Bsz, n = q.shape[:2]
         # one compute dtype, q's: under autocast the bf16 projections, else the model's (autograd casts
         # each gradient back to its input's dtype, e.g. float32 for A and the weights)
@@ -216,13 +217,14 @@ class _Messages(torch.autograd.Function):
         return dep, (gather(A, q, o, True, far).view(Bsz, n, -1) @ Wv.T if head else torch.zeros_like(dep))
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         A, q, k, Wu, Wv, o, head = inputs
         ctx.save_for_backward(*(t.to(q.dtype) for t in (A,)), q, *(t.to(q.dtype) for t in (k, Wu, Wv)))
         ctx.o, ctx.head = o, head
 
     @staticmethod
-    def backward(ctx, g_dep, g_head):
+    def backward(ctx: Any, g_dep: torch.Tensor, g_head: torch.Tensor) -> tuple[
+            torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor | None, None, None]:
         A, q, k, Wu, Wv = ctx.saved_tensors
         o, shape = ctx.o, q.shape
         g_dep, g_head = g_dep.to(q.dtype), g_head.to(q.dtype)
@@ -230,6 +232,8 @@ class _Messages(torch.autograd.Function):
         far = far_parts(A, o)
         c = (g_dep @ Wu).view(shape)  # d loss / d ctx_dep
         dWu = g_dep.reshape(rows, -1).T @ gather(A, k, o, False, far).view(rows, -1)
+        dq: torch.Tensor | None
+        dWv: torch.Tensor | None
         dA, dk, dq, dWv = head_scores(c, k, o), gather(A, c, o, True, far), None, None
         if ctx.head:
             c = (g_head @ Wv).view(shape)
@@ -329,7 +333,8 @@ class ProbabilisticTransformer(LanguageModel):
         """
         U, V = self.factors()
         if self.cfg.decomposition == "none":
-            return self.T.norm()
+            norm: torch.Tensor = self.T.norm()
+            return norm
         sq = torch.einsum("khdr,khds,khes,kher->", U, U, V, V)
         return sq.clamp_min(0).sqrt()
 
@@ -340,13 +345,18 @@ class ProbabilisticTransformer(LanguageModel):
 
     # ---------------------------------------------------------------------------------------
     def _head_scores(self, q: torch.Tensor, k: torch.Tensor, o: _Offsets) -> torch.Tensor:
-        return _Scores.apply(q, k, o) if self.cfg.recompute else head_scores_indexed(q, k, o)
+        scores: torch.Tensor = (_Scores.apply(q, k, o)  # type: ignore[no-untyped-call]  # torch: untyped apply
+                                if self.cfg.recompute else head_scores_indexed(q, k, o))
+        return scores
 
-    def _messages(self, A, q, k, Wu, Wv, o) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _messages(self, A: torch.Tensor, q: torch.Tensor, k: torch.Tensor, Wu: torch.Tensor, Wv: torch.Tensor,
+                  o: _Offsets) -> tuple[torch.Tensor, torch.Tensor | None]:
         """G_dep = gather(A, k)·Uᵀ and G_head = gatherᵀ(A, q)·Vᵀ (None with block_msg), each (B, n, d)."""
         head = not self.cfg.block_msg
         if self.cfg.recompute:
-            dep, msg_head = _Messages.apply(A, q, k, Wu, Wv, o, head)
+            messages: tuple[torch.Tensor, torch.Tensor] = _Messages.apply(  # type: ignore[no-untyped-call]
+                A, q, k, Wu, Wv, o, head)  # torch: Function.apply is untyped
+            dep, msg_head = messages
             return dep, (msg_head if head else None)
         Bsz, n = q.shape[:2]
         dep = gather_indexed(A, k, o, False).view(Bsz, n, -1) @ Wu.T
@@ -439,7 +449,7 @@ class ProbabilisticTransformer(LanguageModel):
                     trace[f"topic_logits.iter{t}"] = L_g
                     trace[f"msg_topic.iter{t}"] = msg_topic
                 trace[f"z_logits.iter{t}"] = L_z
-        logits = self.decoder(L_z if select is None else L_z[select])  # (B, n, |V|) or (N_selected, |V|)
+        logits: torch.Tensor = self.decoder(L_z if select is None else L_z[select])  # (B, n, |V|) or (N_selected, |V|)
         if trace is not None:
             trace["mlm_logits"] = logits
         return logits

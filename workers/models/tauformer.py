@@ -58,7 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from analysis.taumode import collapse_warning
-from studies.arch import TauConfig
+from studies.families.tauformer import TauConfig
 from workers.batches import Batch
 from workers.laplacian import chain_laplacian, knn_laplacian, load_laplacian, rotated
 from workers.models.common import MuReadout, parameter
@@ -166,8 +166,8 @@ class Attention(nn.Module):
                    for proj in (self.c_q, self.c_k, self.c_v))
         return rms(apply_rope(q, *rope)), rms(apply_rope(k, *rope)), v
 
-    def forward(self, x: torch.Tensor, kernel: Kernel, layer: int, cache: KVCache | None, trace: dict | None,
-                stats: dict | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernel: Kernel, layer: int, cache: KVCache | None,
+                trace: dict[str, torch.Tensor] | None, stats: dict[str, torch.Tensor] | None) -> torch.Tensor:
         cfg = self.cfg
         B, T, _ = x.shape
         q, k, v = self.heads(x, kernel.rope)
@@ -197,7 +197,8 @@ class Attention(nn.Module):
         if cfg.attention == "dot" and trace is None and stats is None:  # the fused kernel (no logits needed)
             y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=None if T == 1 else ~future,
                                                scale=1 / math.sqrt(cfg.head_dim), enable_gqa=group > 1)
-            return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+            out: torch.Tensor = self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+            return out
         v = v.repeat_interleave(group, 1)  # (B, H, Tk, D)
         if cfg.attention == "tau":
             assert lam_q is not None and lam_k is not None
@@ -218,7 +219,8 @@ class Attention(nn.Module):
         if trace is not None:
             trace[f"attn_logits.layer{layer}"] = logits.masked_select(~future)
         y = (att @ v.to(att.dtype)).to(x.dtype).transpose(1, 2).reshape(B, T, -1)  # (B, T, H·D)
-        return self.c_proj(y)
+        projected: torch.Tensor = self.c_proj(y)
+        return projected
 
 
 class Block(nn.Module):
@@ -229,8 +231,8 @@ class Block(nn.Module):
         self.fc = nn.Linear(cfg.width, 4 * cfg.width, bias=False)
         self.mlp_proj = nn.Linear(4 * cfg.width, cfg.width, bias=False)
 
-    def forward(self, x: torch.Tensor, kernel: Kernel, layer: int, cache: KVCache | None, trace: dict | None,
-                stats: dict | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernel: Kernel, layer: int, cache: KVCache | None,
+                trace: dict[str, torch.Tensor] | None, stats: dict[str, torch.Tensor] | None) -> torch.Tensor:
         # --- depth (CompleteP, Table 1): x + m_L^-α · F(rms(x)); × 1.0 (exact) at `none` ---
         a = self.attn(rms(x), kernel, layer, cache, trace, stats)
         x = x + self.branch * a

@@ -29,7 +29,7 @@ import math
 import torch
 from torch import nn
 
-from studies.arch import UTConfig
+from studies.families.ut import UTConfig
 from workers.models.bert import Encoder, Layer, MLMHead
 
 
@@ -122,7 +122,8 @@ class UniversalTransformer(Encoder):
             x = self.emb_ln(x)
         return self.readout(x, select, trace)
 
-    def _act(self, x, keep, pos, steps, scale, trace) -> torch.Tensor:
+    def _act(self, x: torch.Tensor, keep: torch.Tensor, pos: torch.Tensor, steps: torch.Tensor,
+             scale: float | torch.Tensor, trace: dict[str, torch.Tensor] | None) -> torch.Tensor:
         """ACT over at most T steps (tensor2tensor's `ut_act`); every position runs every step, halted ones
         keep their output. Sets the ponder cost (mean over real tokens of steps used + remainder)."""
         assert self.halt is not None  # built with cfg.act

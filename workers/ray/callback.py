@@ -225,4 +225,5 @@ class MlflowTrials(tune.Callback):
             if self.notify is not None:
                 loss = report.eval_loss if math.isfinite(report.eval_loss) else None
                 self.notify({"phase": self.phase, "trial_id": member.trial_key if member else trial.trial_id,
-                             "status": str(report.status), "eval_loss": loss, **({"restored": True} if restored else {})})
+                             "status": str(report.status), "eval_loss": loss,
+                             **({"restored": True} if restored else {})})
