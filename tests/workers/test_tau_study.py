@@ -65,13 +65,22 @@ def test_a_collapse_flag_in_a_trial_result_tags_its_mlflow_run(tmp_path):
     phase_run = tracker.phase_run("s1", "tune", tracker.study_run("s1", {}))
     callback = MlflowTrials(spec, "s1", "tune", phase_run, uri)
     trial = SimpleNamespace(trial_id="t1", config={"lr": 3e-3})
-    callback.on_trial_result(0, [], trial, {"step": 10, "eval_loss": 6.0, "tau.collapse.layer0": 0.0})
+    callback.on_trial_result(0, [], trial, _result(10, {"eval_loss": 6.0, "tau.collapse.layer0": 0.0}))
     callback.flush()  # MLflow writes happen off Tune's loop
     (run,) = tracker.runs("s1", "trial")
     assert "taumode_collapse" not in run.data.tags and run.data.metrics["tau.collapse.layer0"] == 0.0
-    callback.on_trial_result(0, [], trial, {"step": 20, "eval_loss": 5.9, "tau.collapse.layer0": 1.0,
-                                            "tau.collapse.layer1": 0.0, "done": False})
+    callback.on_trial_result(0, [], trial, {**_result(20, {"eval_loss": 5.9, "tau.collapse.layer0": 1.0,
+                                                           "tau.collapse.layer1": 0.0}), "done": False})
     callback.flush()
     (run,) = tracker.runs("s1", "trial")
     assert run.data.tags["taumode_collapse"] == "step 20: layer0"
-    assert "done" not in run.data.metrics  # only the training metrics are logged
+    assert "done" not in run.data.metrics  # only the report's rows are logged
+
+
+def _result(step, row):
+    """A Tune result of one trial whose report holds one row."""
+    from workers.ray.trainable import REPORTS
+    from workers.report import TrialReport, dump_reports
+
+    return {"step": step, REPORTS: dump_reports([TrialReport(status="running", steps=step,
+                                                             rows=[{"step": step, **row}])])}
