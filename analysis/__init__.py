@@ -18,8 +18,10 @@ status              str      ``completed`` | ``diverged`` | ``stopped`` (early, 
                              | ``failed`` (crashed: left out of every judgement)
 eval_loss           float    final eval loss; NaN unless completed or stopped
 best_eval_loss      float    lowest eval loss seen during the run
+train_loss          float    the last training loss
 steps, tokens       int      optimizer steps and training tokens seen
-wall_time_s         float    the run's wall-clock time
+wall_time_s         float    the run's wall-clock time (a batched trial: its share of the batch's)
+tokens_per_s        float    tokens / wall_time_s
 params              int      the model's parameter count
 is_centre           bool     verify phase only: True for the runs of the unperturbed centre
                              (run with several seeds), False for the perturbed samples

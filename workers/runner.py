@@ -144,17 +144,19 @@ class Runner(Protocol):
         ...
 
 
+PER_TRIAL = {"status", "message", "rows", "lr_multipliers", "run_params", "batch"}  # a report's non-final fields
+
+
 def trial_row(spec: StudySpec, trial: PlannedTrial, report: TrialReport) -> dict[str, Any]:
-    """One trial-table row: the planned trial's columns and its report's final values; a batched trial's row names
-    its batch."""
-    eval_loss = report.eval_loss if report.status in LOSS_STATUSES else math.nan
+    """One trial-table row: the planned trial's columns and every final value of its report (a field added to
+    `TrialReport` is a column); a batched trial's row names its batch."""
     planned = trial.columns(spec)
     ident = {k: planned.pop(k) for k in ("trial_id", "phase", "width", "seed")}
-    return {**ident, "status": str(report.status), "eval_loss": eval_loss,
-            "best_eval_loss": report.best_eval_loss,
-            "steps": report.steps, "tokens": report.tokens, "wall_time_s": report.wall_time_s,
-            "params": report.params, "is_centre": planned.pop("is_centre"), "message": report.message, **planned,
-            **({"batch": report.batch} if report.batch else {})}
+    finals = report.model_dump(exclude=PER_TRIAL)
+    if report.status not in LOSS_STATUSES:
+        finals["eval_loss"] = math.nan
+    return {**ident, "status": str(report.status), **finals, "is_centre": planned.pop("is_centre"),
+            "message": report.message, **planned, **({"batch": report.batch} if report.batch else {})}
 
 
 def batch_tag(batch: str, members: int) -> str:
