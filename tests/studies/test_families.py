@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-import studies.arch
-import studies.space
 from studies.family import FAMILIES, PLUGINS, family_names
 
 BUILT_INS = sorted(set(FAMILIES) - set(PLUGINS))  # an installed plugin's family lives in its own package
@@ -34,15 +32,3 @@ def test_a_family_lives_in_its_module(family):
 
 def test_the_built_ins_register_in_their_order():
     assert family_names()[:4] == ["pt", "bert", "ut", "tauformer"]
-
-
-@pytest.mark.parametrize(("module", "name", "family"), [
-    (studies.arch, "PTConfig", "pt"), (studies.arch, "BertArch", "bert"), (studies.arch, "UTConfig", "ut"),
-    (studies.arch, "TauConfig", "tauformer"), (studies.space, "SearchSpace", "pt"),
-    (studies.space, "BaselineSpace", "encoder"), (studies.space, "TauSpace", "tauformer"),
-])
-def test_the_old_import_paths_name_the_same_classes(module, name, family):
-    moved = __import__(f"studies.families.{family}", fromlist=[name])
-    assert getattr(module, name) is getattr(moved, name)
-    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
-        _ = module.NoSuchName
