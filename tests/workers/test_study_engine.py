@@ -55,6 +55,9 @@ def test_all_phases_finish_with_artifacts(tiny_study):
     trials = pd.read_csv(art / "trials.csv")
     assert Counter(trials.phase) == {"tune": spec.tune.num_trials, "transfer": 1,
                                      "verify": spec.verify.n_samples + spec.verify.centre_seeds}
+    judged = trials[trials.status.isin(["completed", "stopped"])]  # a stopped trial's best and steps, from its report
+    assert judged.best_eval_loss.notna().all() and (judged.best_eval_loss <= judged.eval_loss).all()
+    assert (judged.steps > 0).all() and (judged.train_loss > 0).all()
     # the winner is applied unchanged at the transfer width
     best = state.phases["tune"].best_hparams
     transfer = trials[trials.phase == "transfer"].iloc[0]

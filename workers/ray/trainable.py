@@ -8,7 +8,6 @@ recorded `failed`.
 
 from __future__ import annotations
 
-import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -158,9 +157,9 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
         save = due()
         if not (report_now(state["step"]) or save):
             return
-        running = [TrialReport(status=TrialStatus.RUNNING, eval_loss=(rows.get(i) or {}).get("eval_loss", math.nan),
-                               steps=state["step"], tokens=state["tokens"],
-                               wall_time_s=state["wall_time_s"] / len(members)) for i in range(len(members))]
+        running = [TrialReport(status=TrialStatus.RUNNING, eval_loss=m["eval_loss"], best_eval_loss=m["best"],
+                               train_loss=m["train_loss"], steps=state["step"], tokens=state["tokens"],
+                               wall_time_s=state["wall_time_s"] / len(members)) for m in state["members"]]
         losses = [r["eval_loss"] for r in rows.values()]
         send(state["step"], running, min(losses, default=cfgs[0].max_loss), state if save else None)
 
