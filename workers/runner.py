@@ -4,7 +4,7 @@ A runner takes one `PhaseJob` (the spec, the phase, its planned trials, or None 
 the phase's trial table (`analysis/__init__.py`), one row per trial, built by `trial_row`. It writes each trial's
 MLflow run through the job's tracker and tells the driver of each finished trial (`notify`).
 
-- `workers.ray.RayRunner`: Ray Tune, Optuna TPE + ASHA for tune, trials in parallel, retries and
+- `workers.ray.experiment.RayRunner`: Ray Tune, Optuna TPE + ASHA for tune, trials in parallel, retries and
   restorable experiments; what the CLI and the service run.
 - `InProcessRunner` (here): trials one after another in this process, no Ray. Tune asks Optuna's TPE for
   `tune.num_trials` suggestions (ask/tell; no ASHA: every trial runs its budget); the other phases train their
@@ -125,7 +125,7 @@ class TrialRecorder:
         if report.lr_multipliers or report.run_params:
             self.tracker.log_params(run, {**{f"lr_mult.{k}": v for k, v in report.lr_multipliers.items()},
                                           **report.run_params})
-        self.tracker.set_tags(run, {"status": report.status, **end_tags(report.status, report.message),
+        self.tracker.set_tags(run, {"status": str(report.status), **end_tags(report.status, report.message),
                                     **(tags or {})})
         self.tracker.finish(run, run_status)
 
