@@ -110,9 +110,10 @@ class Stacked:
                     setattr(owner, attr, value)
                     continue
                 cfg = saved[(path, attr)]  # a config: one copy per config object, with every differing field
-                copy = copies.setdefault(id(cfg), cfg.model_copy())
-                object.__setattr__(copy, name, value)
-                setattr(owner, attr, copy)
+                if id(cfg) not in copies:
+                    copies[id(cfg)] = cfg.model_copy()
+                object.__setattr__(copies[id(cfg)], name, value)
+                setattr(owner, attr, copies[id(cfg)])
             try:
                 prefixed = {f"model.{k}": v for k, v in {**params, **buffers}.items()}
                 out: torch.Tensor = functional_call(module, prefixed, (batch,))
