@@ -1,4 +1,4 @@
-"""Trials per minute: K trials trained one by one, one per process, and as one batched model (`train_batch`).
+"""Trials per minute: K trials trained one by one, one per process, and as one batched model (`train`, K members).
 
 K PT trial configs (μP, cpu_demo's arch: 2 channels, rank 8, 3 iterations, γ 2, base width 32; the built-in
 Shakespeare corpus at 60k words, |V| 2000, seq 64; batch 16, eval every 25 steps on 2 batches) share width, steps
@@ -10,7 +10,7 @@ and seed and differ, as a verify phase's samples do, in lr (1e-2 · 2^u) and w_H
   read from the on-disk cache, device set-up, training), one after another;
 - concurrent (`--concurrent P`, off by default): P fresh processes at once sharing the device, each training
   `--process-trials` configs in turn — what P trial workers with a 1/P device fraction each do;
-- batched: `train_batch` on K configs, for each K in `--members`.
+- batched: `train` on K configs, for each K in `--members`.
 
 A solo mode's seconds per trial do not depend on K (the trials are alike), so each is measured once per width and
 repeat and every K row of that width is compared with it. The tables give medians over `--repeats`: seconds per
@@ -114,11 +114,11 @@ def processes(groups: list[list[dict]], threads: int) -> float:
 
 
 def batched(cfgs: list[dict]) -> tuple[float, int, int | None]:
-    """Seconds per trial of one `train_batch` over the configs, how many members did not complete, and on CUDA the
+    """Seconds per trial of one `train` over the configs, how many members did not complete, and on CUDA the
     peak memory allocated (bytes)."""
     import torch
 
-    from workers.batched import train_batch
+    from workers.train import train
 
     cuda = cfgs[0]["device"] == "cuda"
     if cuda:
@@ -126,7 +126,7 @@ def batched(cfgs: list[dict]) -> tuple[float, int, int | None]:
         torch.cuda.reset_peak_memory_stats()
     sync(cfgs[0]["device"])
     start = time.perf_counter()
-    results = train_batch(cfgs)
+    results = train(cfgs)
     sync(cfgs[0]["device"])
     seconds = (time.perf_counter() - start) / len(cfgs)
     return seconds, sum(r.status != "completed" for r in results), torch.cuda.max_memory_allocated() if cuda else None
