@@ -248,8 +248,8 @@ def train(configs: Sequence[TrialConfig | dict[str, Any]], progress: Progress | 
 
         engine = Stacked(cfgs, data.vocab_size, device)
     batches = data.train_batches(first.batch_size, seed=first.seed)
-    eval_batches = data.eval_batches(first.batch_size)[: first.eval_batches]
-    probe = data.eval_batches(first.batch_size)[0]  # `eval_metrics`' batch: fixed, so comparable over steps
+    held_out = data.eval_batches(first.batch_size)  # built once: every call masks the whole held-out set again
+    eval_batches, probe = held_out[: first.eval_batches], held_out[0]  # probe: `eval_metrics`' fixed batch
     for model, cfg in zip(engine.models, cfgs, strict=True):
         model.before_trial(cfg)
     members = [Member(cfg) for cfg in cfgs]
