@@ -80,6 +80,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from studies.spec import DataSpec, TrialConfig
+    from workers.model_check import check_model
     from workers.models import objective_of
     from workers.train import train_trial
 
@@ -100,6 +101,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from analysis.constants import TrialStatus
 
+    check_model(cfg.model, cfg.model_hp, cfg.data.seq_len)  # the contract, before the first step
     result = train_trial(cfg, progress=progress)
     console.print(f"[bold]{result.status}[/]: eval loss {result.eval_loss:.4f} (best {result.best_eval_loss:.4f}), "
                   f"{result.params:,} params, {result.tokens:,} tokens in {result.wall_time_s:.1f} s "
@@ -110,6 +112,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_coord_check(args: argparse.Namespace) -> int:
     from analysis.coord import plot_coord
     from workers.coord_check import built, coord_check
+    from workers.model_check import plugin_errors
     from workers.models import family
     from workers.paths import data_dir
 
@@ -122,10 +125,11 @@ def cmd_coord_check(args: argparse.Namespace) -> int:
         hp.setdefault("depth_parametrization", args.depth_parametrization or "completep")
     elif args.depth_parametrization:
         hp.setdefault("depth_parametrization", args.depth_parametrization)
-    df, slopes, verdict, lr = coord_check(model=args.model, parametrization=args.parametrization, widths=widths,
-                                          steps=args.steps, lr=args.lr, seeds=args.seeds,
-                                          max_seeds=max(args.max_seeds, args.seeds), base_seed=args.seed,
-                                          model_hp=hp, depths=depths)
+    with plugin_errors(args.model, "running the coordinate check"):
+        df, slopes, verdict, lr = coord_check(model=args.model, parametrization=args.parametrization,
+                                              widths=widths, steps=args.steps, lr=args.lr, seeds=args.seeds,
+                                              max_seeds=max(args.max_seeds, args.seeds), base_seed=args.seed,
+                                              model_hp=hp, depths=depths)
     out = Path(args.out) if args.out else data_dir() / "coord_check"
     out.mkdir(parents=True, exist_ok=True)
     variant = f"{args.parametrization}_{args.paradigm}" if pt else args.parametrization

@@ -32,10 +32,10 @@ from analysis.coord import CoordVerdict, coord_slopes, coord_verdict
 from studies.family import family_names
 from studies.spec import DataSpec, TrialConfig
 from workers.errors import ConfigError
+from workers.model_check import check_model
 from workers.models import build_model, family
 from workers.models.common import token_loss
 from workers.models.contract import LanguageModel
-from workers.models.mup_model import mup_problems
 from workers.train import load_data, make_optimizer
 
 # The small model per family is registered with it (`studies.family.Family.coord_hp`, with the reasons).
@@ -189,9 +189,9 @@ def coord_check(
 
     Returns the per-seed rms table, the slopes with their seed intervals, the verdict on steps
     1 … steps−1, and the learning rate used (`check_lr` of the base width unless `lr` is given).
-    Under μP a model that uses mup is first checked as built (`workers.models.mup_model.mup_problems`): a
-    parameter without an infshape or a hidden weight whose init does not scale with width is a `ConfigError`
-    naming it and the fix, before any step.
+    The model is first checked at the door (`workers.model_check.check_model`): a broken contract, and under μP
+    a parameter without an infshape or a hidden weight whose init does not scale with width, is a
+    `ContractError` naming it and the fix, before any step.
     """
     if not 2 <= seeds <= max_seeds:
         raise ConfigError(f"seeds={seeds}, max_seeds={max_seeds}: need 2 <= seeds <= max_seeds (an interval needs 2)")
@@ -202,10 +202,8 @@ def coord_check(
         _sizes(model, widths, depths, hp)  # one width, a family with a depth field: its errors before any step
         if len(set(depths)) < 2:
             raise ConfigError(f"depths={list(depths)}: need at least two depths")
-    if parametrization == "mup":  # a model built with mup: what mup's shapes and the init show before training
-        problems = mup_problems(built(model, parametrization, widths, hp))
-        if problems:
-            raise ConfigError(f"the coordinate check of {model!r} fails before training:\n  " + "\n  ".join(problems))
+    door, _ = _setup(model, widths, hp, DEFAULT_DATA)  # the contract (and under μP its rules) before any step
+    check_model(model, {**door, "width": min(widths), "parametrization": parametrization}, DEFAULT_DATA.seq_len)
     lr = check_lr(hp.get("base_width", min(widths))) if lr is None else lr
     may_vanish = entry.coord_may_vanish({**entry.coord_hp, **hp})  # what μP lets shrink in the family's model
     if depths is not None:

@@ -52,6 +52,7 @@ from studies.spec import StudySpec
 from studies.status import StudyStatus
 from workers.errors import ConfigError, InfrastructureLost, StudyError, StudyFailed, one_line
 from workers.folder import PhaseIndex, StudyFolder, studies_dir, write_json
+from workers.model_check import check_study
 from workers.paths import redact_uri
 from workers.report import TrialReport
 from workers.runner import PhaseJob, Runner, TrialRecorder, experiment_name
@@ -286,6 +287,8 @@ class StudyDriver:
             self.state.status, self.state.error = StudyStatus.RUNNING, None
             self.state.driver = {"host": socket.gethostname(), "pid": os.getpid()}
             self._save()
+            if not all(self.state.done(p) for p in self.spec.phases()):
+                check_study(self.spec)  # a model that breaks the contract stops here, before its first trial
             self._study_run()
             for phase in self.spec.phases():
                 if self.state.done(phase):

@@ -32,7 +32,14 @@ def model_class(name: str) -> type[LanguageModel]:
     model = family(name).model
     if isinstance(model, str):
         module, _, cls = model.partition(":")
-        model = getattr(importlib.import_module(module), cls)
+        try:
+            model = getattr(importlib.import_module(module), cls)
+        except ModuleNotFoundError as err:
+            if err.name != "mup":
+                raise
+            raise ConfigError(f"model family {name!r} needs the package mup, which is not installed: pip install "
+                              "--no-deps mup==1.0.0 (`make install` does; --no-deps: mup declares torchvision, "
+                              "which it never imports)") from None
     return model
 
 
