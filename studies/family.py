@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
@@ -79,6 +80,7 @@ class Family:
     # the hparams in which the members of one batched model may differ (`workers.batched`: each member's own values
     # reach its forward through its config, attributes and buffers, stacked); None: its trials train one at a time
     batchable: tuple[str, ...] | None = None
+    adam_eps: float = 1e-8  # Adam's ε when `train.adam_eps` is null (torch's default; a hand-written GPT: 1e-12)
 
     @property
     def comparable(self) -> bool:
@@ -99,10 +101,11 @@ class MupRecipe:
 def from_mup(name: str, factory: str, arch: type[BaseModel], space: type[Space], *, objective: Objective = "clm",
              optimizer: Literal["adamw", "sgd"] = "adamw", init: str | None = "mup_init",
              coord_hp: dict[str, Any] | None = None, param_count: Callable[..., int] | None = None,
-             forward_flops: Callable[..., dict[str, float]] | None = None) -> Family:
+             forward_flops: Callable[..., dict[str, float]] | None = None, adam_eps: float = 1e-8) -> Family:
     """The `Family` of a model built with mup (module docstring). Its config is `arch` plus `ModelSize` plus one
     float field per hparam of `space` but lr (the space's default as the field's); `coord_hp` is the coordinate
-    check's small arch; without `param_count` and `forward_flops` it cannot join a compare study."""
+    check's small arch; without `param_count` and `forward_flops` it cannot join a compare study; `adam_eps`: its
+    MuAdamW's ε when `train.adam_eps` is null."""
     from studies.arch import ModelSize  # `studies.arch` imports this module lazily
 
     hparams = tuple(h for h in space.HPARAMS if h != "lr")
@@ -114,7 +117,7 @@ def from_mup(name: str, factory: str, arch: type[BaseModel], space: type[Space],
     recipe = MupRecipe(factory, hparams, optimizer, init)
     return Family(name, arch, config, space, "workers.models.mup_model:MupModel", objective=objective,
                   readout="logits", coord_hp=dict(coord_hp or {}), param_count=param_count,
-                  forward_flops=forward_flops, mup=recipe)
+                  forward_flops=forward_flops, mup=recipe, adam_eps=adam_eps)
 
 
 FAMILIES: dict[str, Family] = {}
@@ -128,24 +131,32 @@ def register(family: Family) -> Family:
 
 def family_names() -> list[str]:
     """The registered families, in registration order."""
+    if DEFERRED:
+        _load_deferred()
     return list(FAMILIES)
 
 
 def get_family(name: str) -> Family:
     """The family registered as `name`; a `ValueError` listing the registered ones if none is (or, for a plugin's
     family that failed to load, naming its distribution)."""
+    if name not in FAMILIES and DEFERRED:
+        _load_deferred()
     if name not in FAMILIES:
         if name in BROKEN:
             raise ValueError(f"model family {name!r} comes from the plugin distribution {BROKEN[name]}, which failed "
                              f"to load (the warning logged when ptctl started says why): fix or reinstall it, or "
                              f"choose one of {family_names()}")
-        raise ValueError(f"unknown model family {name!r}: choose one of {family_names()}")
+        from studies.words import did_you_mean
+
+        hint = did_you_mean(str(name), family_names())
+        raise ValueError(f"unknown model family {name!r}: choose one of {family_names()}" + (f" ({hint})" * bool(hint)))
     return FAMILIES[name]
 
 
 # ----------------------------------------------------------------------------- plugins
 PLUGINS: dict[str, str] = {}  # a plugin's family name -> its distribution ("name version")
 BROKEN: dict[str, str] = {}  # the entry point name of a plugin skipped -> its distribution
+DEFERRED: list[EntryPoint] = []  # plugins whose module was mid-import when `studies` loaded the others
 _loaded = False
 
 
@@ -158,10 +169,27 @@ def load_plugins() -> None:
     _loaded = True
     found = entry_points(group=ENTRY_POINT_GROUP)
     for ep in sorted(found, key=lambda e: (e.name, _distribution(e))):
-        problem = _load(ep)
-        if problem is not None:
-            BROKEN.setdefault(ep.name, _distribution(ep))
-            log.warning("%s", problem)
+        module = sys.modules.get(ep.module)
+        if module is not None and getattr(module.__spec__, "_initializing", False):
+            DEFERRED.append(ep)  # its module is being imported and is what imported studies: its family comes later
+            continue
+        _register_or_warn(ep)
+
+
+def _register_or_warn(ep: EntryPoint) -> None:
+    problem = _load(ep)
+    if problem is not None:
+        BROKEN.setdefault(ep.name, _distribution(ep))
+        log.warning("%s", problem)
+
+
+def _load_deferred() -> None:
+    """Register the plugins whose own import had started first, once their modules have finished importing."""
+    for ep in list(DEFERRED):
+        module = sys.modules.get(ep.module)
+        if module is None or not getattr(module.__spec__, "_initializing", False):
+            DEFERRED.remove(ep)
+            _register_or_warn(ep)
 
 
 def _distribution(ep: EntryPoint) -> str:
@@ -226,4 +254,6 @@ def _malformed(family: Family) -> str | None:
         return f"Family.batchable names {unknown}, which are not hparams of its space {list(family.space.HPARAMS)}"
     if family.objective not in get_args(Objective):
         return f"Family.objective must be one of {list(get_args(Objective))}, not {family.objective!r}"
+    if not (isinstance(family.adam_eps, float) and 0 < family.adam_eps < 1):
+        return f"Family.adam_eps must be a float in (0, 1), e.g. 1e-8, not {family.adam_eps!r}"
     return None

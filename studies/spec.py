@@ -119,6 +119,17 @@ class TrainSpec(BaseModel):
     batch_size: PosInt = Field(32, description="sequences per step")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay (not on biases)")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    adam_eps: float | None = Field(
+        None, gt=0, lt=1, description="Adam's ε (a depth parametrization's blocks scale it); null: the family's "
+        "default (`Family.adam_eps`, the built-ins' 1e-8)")
+    adam_eps_scaling: Literal["none", "width"] = Field(
+        "none", description="'width': ε × base_width/width in the groups whose lr μP divides by width_mult (the "
+        "built-ins' hidden and block, PT's hidden and output, a from_mup family's matrix groups), whatever the "
+        "parametrization; 'none': one ε")
+    weight_decay_groups: dict[str, Annotated[float, Field(ge=0)]] | None = Field(
+        None, max_length=16, description="weight decay per parameter group, overriding weight_decay "
+        "(and the undecayed bias groups) for the groups named, e.g. {hidden: 0.1, input: 0} (a from_mup family: "
+        "vector, matrix); null: weight_decay")
     warmup_steps: NonNegInt = Field(10, description="linear warmup steps")
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="the lr after warmup")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr / peak lr (cosine, linear)")
@@ -148,6 +159,18 @@ class TrainSpec(BaseModel):
         if not all(0 <= b < 1 for b in betas):
             raise ValueError(f"each beta must lie in [0, 1), e.g. [0.9, 0.999]; got {list(betas)}")
         return betas
+
+    @model_serializer(mode="wrap")
+    def _dump_optimizer_knobs_when_set(self, handler: Any) -> Any:
+        out = handler(self)
+        if isinstance(out, dict):  # specs that leave them at their defaults keep their content hash
+            for name in OPTIMIZER_KNOBS:
+                if getattr(self, name) == TrainSpec.model_fields[name].default:
+                    out.pop(name, None)
+        return out
+
+
+OPTIMIZER_KNOBS = ("adam_eps", "adam_eps_scaling", "weight_decay_groups")  # left out of a dump at their defaults
 
 
 class TrialConfig(TrainSpec):
@@ -403,6 +426,18 @@ class ResourcesSpec(BaseModel):
         return self
 
 
+class SpecProblems(ValueError):  # a ValueError: pydantic reports it as the spec's value error
+    """A spec's cross-field problems: one message ("; "-joined) and each problem kept, so that a caller can show
+    each at the field it names (`service.field_errors`)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+    def __reduce__(self) -> tuple[type[SpecProblems], tuple[list[str]]]:
+        return SpecProblems, (self.problems,)  # pickled (Ray) with its list, not the joined text
+
+
 Section = TypeVar("Section")
 _HOW_TO_ADD = {"transfer": "add one with widths", "verify": "add verify: {}", "validate": "add one with widths and lrs",
                "compare": "add one with budgets, tokens and baselines"}
@@ -516,7 +551,7 @@ class StudySpec(BaseModel):
                 problems.append(f"train.warmup_steps={self.train.warmup_steps} must be < the {phase} phase's "
                                 f"{self.steps_for(phase)} steps: lower warmup_steps or raise the steps")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise SpecProblems(problems)
         return self
 
     def _depth_problems(self) -> list[str]:

@@ -3,3 +3,5 @@
 Imports `analysis` and `studies`, never `service` or fastapi; Ray is imported in one package (`ray/`),
 MLflow in one (`tracking`).
 """
+
+import studies  # noqa: F401  the families, plugins included, register before any workers module a plugin imports

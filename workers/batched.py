@@ -38,7 +38,7 @@ from studies.members import member_key
 from studies.spec import TrialConfig
 from workers.batches import Batch
 from workers.models import build_model
-from workers.models.contract import ADAM_EPS, UNDECAYED, LanguageModel
+from workers.models.contract import LanguageModel, adam_settings
 
 MODULE_FIELDS = frozenset(vars(nn.Module()))  # nn.Module's own bookkeeping, not the model's state
 Swap = tuple[str, str, str | None]  # (module path, attribute, a config's field or None): one stacked value
@@ -91,7 +91,7 @@ class Stacked:
         self.train_loss = self._member(_Loss(base))
         self.eval_loss = self._member(_Loss(base, eval_only=True))
         dtype = next(iter(params.values())).dtype
-        self.opt = _AdamW(self, first.betas, first.weight_decay)
+        self.opt = _AdamW(self, first)
         self.lrs: dict[str, torch.Tensor] = {}
         self.dtype, self.loss = dtype, torch.zeros(0)
         self.n_params = sum(p.numel() for p in base.parameters())
@@ -263,11 +263,14 @@ class _AdamW:
     """torch.optim.AdamW's single-tensor arithmetic over stacked (K, ...) parameters, with a (K,) lr per group and
     a per-member gradient-norm clip; members not `live` keep their parameters and moments."""
 
-    def __init__(self, members: Stacked, betas: tuple[float, float], weight_decay: float) -> None:
-        self.m, self.betas = members, betas
-        self.decay = {name: 0.0 if g in UNDECAYED else weight_decay for name, g in members.group.items()}
-        eps = members.models[0].eps_multipliers()  # a depth parametrization's blocks (group left out: 1)
-        self.eps = {name: ADAM_EPS * eps.get(g, 1.0) for name, g in members.group.items()}
+    def __init__(self, members: Stacked, cfg: TrialConfig) -> None:
+        from workers.train import adam_eps  # `workers.train` imports this module lazily
+
+        self.m, self.betas = members, cfg.betas
+        base = members.models[0]  # every member shares the train spec: the same ε and decay per group as solo's
+        settings = adam_settings(base, cfg.model, *adam_eps(base, cfg), cfg.weight_decay, cfg.weight_decay_groups)
+        self.decay = {name: settings[g][1] for name, g in members.group.items()}
+        self.eps = {name: settings[g][0] for name, g in members.group.items()}
         self.exp_avg = {n: torch.zeros_like(p) for n, p in members.params.items()}
         self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in members.params.items()}
         self.steps = 0

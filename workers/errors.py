@@ -22,9 +22,12 @@ MAX_CAUSE = 500  # characters of a one-line cause
 
 
 def one_line(exc: BaseException) -> str:
-    """`Type: first line of the message`, at most MAX_CAUSE characters (ptctl's own errors keep their text)."""
+    """`Type: the message` on one line, at most MAX_CAUSE characters; ptctl's own errors, which name their fix,
+    keep their text whole."""
     text = " ".join(str(exc).split()) or "(no message)"
-    line = text if isinstance(exc, StudyError) else f"{type(exc).__name__}: {text}"
+    if isinstance(exc, PtctlError):
+        return text
+    line = f"{type(exc).__name__}: {text}"
     return line if len(line) <= MAX_CAUSE else line[:MAX_CAUSE - 1] + "…"
 
 

@@ -4,7 +4,8 @@
         phase_index.json          phase key → the study that ran it (`PhaseIndex`; shared by every driver)
         <study id>/
             state.json            finished phases and their results, MLflow run ids (`studies.phases.StudyState`)
-            ray/                  one restorable Ray Tune experiment (or in-process journal) per phase
+            ray/                  one restorable Ray Tune experiment (or in-process journal) per phase; each trial's
+                                  log (`workers.quiet`): <experiment>/<trial>/trial.log (in process: logs/<key>.log)
             artifacts/            spec.yaml, <phase>_trials.csv, trials.csv, figures, certificate.json,
                                   cost.json, report.md
 

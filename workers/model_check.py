@@ -26,6 +26,8 @@ from studies.spec import StudySpec
 from workers.errors import ConfigError, PtctlError, one_line
 from workers.models import build_model, family
 from workers.models.contract import LanguageModel
+from workers.paths import data_dir
+from workers.quiet import quiet
 
 VOCAB = 61  # the check's vocabulary: any size a model takes; small keeps the readout cheap
 BATCH = 3
@@ -88,14 +90,14 @@ def plugin_errors(name: str, doing: str) -> Iterator[None]:
 def _raised_in(exc: BaseException, name: str) -> bool:
     """Whether a frame of `exc`'s traceback lies in the family's own package."""
     top = importlib.import_module(_module(family(name)).split(".")[0])
-    root = Path(top.__file__ or "").parent
+    root = Path(top.__file__ or "").parent if hasattr(top, "__path__") else Path(top.__file__ or "")  # a module: itself
     return any(Path(frame.filename).is_relative_to(root) for frame in traceback.extract_tb(exc.__traceback__))
 
 
 def check_model(name: str, model_hp: dict[str, Any], seq_len: int) -> Findings:
     """Build family `name` from `model_hp` (its config's kwargs but vocab_size) and check its forward on
     (BATCH, seq_len) token ids (module docstring); under μP, also at twice the width (`mup_checks`)."""
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), quiet(data_dir() / "logs" / "model_check.log"):  # the model's prints
         torch.manual_seed(0)
         model = _build(name, model_hp)
         problems = _mup_problems({model_hp["width"]: model})  # set_base_shapes forgotten: mup's layers cannot run

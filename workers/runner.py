@@ -10,7 +10,8 @@ MLflow run through the job's tracker and tells the driver of each finished trial
   `tune.num_trials` suggestions (ask/tell; no ASHA: every trial runs its budget); the other phases train their
   planned trials in order. Each finished trial's row is appended to a journal under the job's storage, so a
   phase run again after an interruption trains only the trials it had not finished (tune replays the journal's
-  results into the sampler, which then suggests the same trials again).
+  results into the sampler, which then suggests the same trials again). What a trial's model prints and warns goes
+  to `logs/<trial key>.log` beside the journal (`trial_log`), named in its run's `log` tag.
 """
 
 from __future__ import annotations
@@ -128,6 +129,15 @@ class TrialRecorder:
         self.tracker.set_tags(run, {"status": str(report.status), **end_tags(report.status, report.message),
                                     **(tags or {})})
         self.tracker.finish(run, run_status)
+
+    def attach_log(self, run: str, log: Path) -> None:
+        """The trial's log file (`workers.quiet`): where it is as the run's `log` tag, and as an artifact when the
+        model wrote anything (most write nothing)."""
+        if not log.exists():
+            return
+        self.tracker.set_tags(run, {"log": str(log)})
+        if log.stat().st_size:
+            self.tracker.log_artifacts(run, [log])
 
 
 def optuna_space(spec: StudySpec) -> dict[str, Any]:
@@ -250,22 +260,31 @@ class InProcessRunner:
         recorder = job.recorder()
         tag = batch_tag(batch, len(group)) if len(group) > 1 else None
         runs = [recorder.start(trial, None, **({"batch": tag} if tag else {})) for trial in group]
+        log = trial_log(job, group[0])  # a batch's members share the one they train in
         try:
-            reports = (self.train or train)([TrialConfig.model_validate(t.trial_config(job.spec)) for t in group])
+            cfgs = [TrialConfig.model_validate(t.trial_config(job.spec)) for t in group]
+            reports = self.train(cfgs) if self.train else train(cfgs, log=log)
         except Exception as exc:  # Tune's `failed`: the trials could not train (no retries in process)
             failed = TrialReport(status=TrialStatus.FAILED, message=one_line(exc))
             reports = [failed] * len(group)
             for run in runs:
+                recorder.attach_log(run, log)
                 recorder.finish(run, failed, run_status="FAILED", tags={"failure": failed.message})
         else:
             for run, report in zip(runs, reports, strict=True):
                 recorder.log_steps(run, report.rows)
+                recorder.attach_log(run, log)
                 recorder.finish(run, report)
         rows = [trial_row(job.spec, t, r.model_copy(update={"batch": tag}))
                 for t, r in zip(group, reports, strict=True)]
         for row in rows:
             _finished(job, row, journal)
         return rows
+
+
+def trial_log(job: PhaseJob, trial: PlannedTrial) -> Path:
+    """A trial's log file in process (`workers.quiet`): `<experiment>/logs/<trial key>.log`, beside the journal."""
+    return job.storage / job.experiment / "logs" / f"{trial.trial_key.replace('/', '_')}.log"
 
 
 def _finished(job: PhaseJob, row: dict[str, Any], journal: _Journal) -> None:

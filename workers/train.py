@@ -14,7 +14,8 @@ at every evaluation on a fixed held-out batch (its metrics join the row). Batche
 `progress(i, row)` receives member i's row at every logged step; `checkpoint(rows, state)` at every evaluation but
 the last the rows of the members still training and the whole resumable state (engine, step, RNG, each member's
 bookkeeping; the data position is the step: the seeded stream is replayed); `train(..., resume=state)` continues
-from it and ends where an undisturbed run ends.
+from it and ends where an undisturbed run ends. `train(..., log=path)`: the model's own prints and warnings go to the
+trial's log file, not the terminal (`workers.quiet`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -33,8 +35,10 @@ from analysis.constants import TrialStatus
 from studies.spec import DataSpec, TrialConfig
 from workers.batches import Batch, MemoryData, StreamData
 from workers.data import prepare
-from workers.models import build_model, objective_of
-from workers.models.contract import ADAM_EPS, UNDECAYED, LanguageModel
+from workers.model_check import plugin_errors
+from workers.models import build_model, family, objective_of
+from workers.models.contract import LanguageModel, adam_settings
+from workers.quiet import quiet
 from workers.report import Row, TrialReport
 
 TrainState = dict[str, Any]  # what `checkpoint` receives and `resume` takes; torch.save-able with weights_only
@@ -69,25 +73,36 @@ class EagerAdamW(torch.optim.AdamW):
         return torch.optim.AdamW.step.__wrapped__(self, closure)  # type: ignore[attr-defined,no-any-return]
 
 
+def adam_eps(model: LanguageModel, cfg: TrialConfig) -> tuple[float, float]:
+    """Adam's ε (`train.adam_eps`, else the family's `Family.adam_eps`) and the factor on it in the groups whose lr
+    μP scales with width (`train.adam_eps_scaling`: base_width/width under 'width', else 1)."""
+    eps = cfg.adam_eps if cfg.adam_eps is not None else family(cfg.model).adam_eps
+    return eps, model.width_ratio() if cfg.adam_eps_scaling == "width" else 1.0
+
+
 def make_optimizer(model: LanguageModel, cfg: TrialConfig) -> torch.optim.Optimizer:
     """The model's own optimiser when it has one (a mup family's MuAdamW), else AdamW with one group per parameter
-    group; μP enters through `model.lr_multipliers()`, a depth parametrization's ε through `model.eps_multipliers()`."""
-    own = model.make_optimizer(cfg.lr, cfg.weight_decay, cfg.betas)
+    group; μP enters through `model.lr_multipliers()`, a depth parametrization's ε through `model.eps_multipliers()`,
+    the train spec's ε and per-group decay through `adam_eps` and `contract.adam_settings`."""
+    eps, width_eps = adam_eps(model, cfg)
+    own = model.make_optimizer(cfg.lr, cfg.weight_decay, cfg.betas, eps=eps, width_eps=width_eps,
+                               weight_decay_groups=cfg.weight_decay_groups)
     if own is not None:
         return own
-    mult, eps = model.lr_multipliers(), model.eps_multipliers()
+    mult = model.lr_multipliers()
+    settings = adam_settings(model, cfg.model, eps, width_eps, cfg.weight_decay, cfg.weight_decay_groups)
     groups = [
         {
             "params": params,
             "lr": cfg.lr * mult[name],
-            "weight_decay": 0.0 if name in UNDECAYED else cfg.weight_decay,
-            "eps": ADAM_EPS * eps.get(name, 1.0),
+            "weight_decay": settings[name][1],
+            "eps": settings[name][0],
             "name": name,
         }
         for name, params in model.groups.items()
         if params
     ]
-    return EagerAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=ADAM_EPS)
+    return EagerAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=eps)
 
 
 def lr_factor(step: int, cfg: TrialConfig) -> float:
@@ -234,9 +249,19 @@ class Member:
 
 
 def train(configs: Sequence[TrialConfig | dict[str, Any]], progress: Progress | None = None,
-          checkpoint: Checkpoint | None = None, resume: TrainState | None = None) -> list[TrialReport]:
-    """Train the trials (one, or a batch's members); one `TrialReport` each, in order (module docstring)."""
+          checkpoint: Checkpoint | None = None, resume: TrainState | None = None,
+          log: Path | None = None) -> list[TrialReport]:
+    """Train the trials (one, or a batch's members); one `TrialReport` each, in order (module docstring). An
+    error in a plugin's own code is one line naming its family (`workers.model_check.plugin_errors`). `log`: the
+    trial's log file, where what its model prints and warns goes instead of the terminal (`workers.quiet`);
+    `progress` and `checkpoint` still write where the caller's streams do."""
     cfgs = [c if isinstance(c, TrialConfig) else TrialConfig.model_validate(c) for c in configs]
+    with quiet(log) as found, plugin_errors(cfgs[0].model, "training"):
+        return _train(cfgs, progress and found.aloud(progress), checkpoint and found.aloud(checkpoint), resume)
+
+
+def _train(cfgs: list[TrialConfig], progress: Progress | None, checkpoint: Checkpoint | None,
+           resume: TrainState | None) -> list[TrialReport]:
     first, k = cfgs[0], len(cfgs)
     check_objective(first)
     device = resolve_device(first.device)
@@ -349,10 +374,10 @@ def train(configs: Sequence[TrialConfig | dict[str, Any]], progress: Progress | 
 
 def train_trial(config: TrialConfig | dict[str, Any], progress: Callable[[Row], None] | None = None,
                 checkpoint: Callable[[Row, TrainState], None] | None = None,
-                resume: TrainState | None = None) -> TrialReport:
+                resume: TrainState | None = None, log: Path | None = None) -> TrialReport:
     """Train one trial (`train` with one member): `progress(row)`, `checkpoint(row, state)`."""
     return train([config], progress and (lambda i, row: progress(row)),
-                 checkpoint and (lambda rows, state: checkpoint(rows[0], state)), resume)[0]
+                 checkpoint and (lambda rows, state: checkpoint(rows[0], state)), resume, log)[0]
 
 
 def blown_up(eval_loss: float, vocab_size: int, start_loss: float, margin: float | None) -> str:

@@ -220,3 +220,29 @@ def test_the_allow_list_reads_a_comma_separated_variable(monkeypatch, tmp_path):
     monkeypatch.setenv("PTCTL_FAMILIES", "")
     assert Settings(data_dir=tmp_path).families is None
 
+
+
+WORKERS_FIRST = """
+    import dataclasses
+
+    from studies.families.tauformer import FAMILY as TAU
+    from workers.models.contract import LanguageModel  # noqa: F401  a plugin that imports ptctl's workers at the top
+
+    FAMILY = dataclasses.replace(TAU, name="wgpt")
+"""
+
+
+@pytest.mark.parametrize("first", ["workers.errors", "wgpt_plugin"])
+def test_a_plugin_registers_whichever_module_a_process_imports_first(tmp_path, first):
+    """`ptctl train` imports `workers.errors` first; a user's script (or a process unpickling its config) may
+    import the plugin's own module first: either way the family registers, without a warning."""
+    site = tmp_path / "site"
+    site.mkdir()
+    _distribution(site, "wgpt-plugin", "wgpt_plugin", WORKERS_FIRST, {"wgpt": "wgpt_plugin:FAMILY"})
+    done = _python(site, f"""
+        import {first}
+        from studies.family import family_names, get_family
+        print(get_family("wgpt").name, "wgpt" in family_names())
+    """)
+    assert done.stdout.split() == ["wgpt", "True"], done.stdout
+    assert "skipped" not in done.stderr, done.stderr

@@ -78,7 +78,7 @@ class MuReadout:
         """Per-group factors on Adam's ε (module docstring): the blocks' m_L^-α (shared blocks: m_L^(1-α))."""
         if self.cfg.depth_parametrization == "none":
             return {}
-        # --- depth (CompleteP, Table 1): the blocks' Adam ε × m_L^-α (ptctl scales no ε with width) ---
+        # --- depth (CompleteP, Table 1): the blocks' Adam ε × m_L^-α (with width only under train.adam_eps_scaling) ---
         alpha = self.cfg.depth_alpha
         eps = self.cfg.depth_mult ** ((1.0 - alpha) if self.shared_blocks else -alpha)
         return {"block": eps, "block_bias": eps}

@@ -2,7 +2,8 @@
 
 A family's model subclasses `LanguageModel` and provides `groups` (parameter group → parameters),
 `lr_multipliers()` (group → factor on the base learning rate; μP lives here), optionally `eps_multipliers()` (group →
-factor on Adam's ε; a depth parametrization's blocks) and `forward(input_ids,
+factor on Adam's ε; a depth parametrization's blocks), `width_groups()` (the groups whose lr μP divides by
+width_mult: `train.adam_eps_scaling: width` scales their ε by base_width/width, `width_ratio()`) and `forward(input_ids,
 attention_mask, trace=None, select=None)` (logits; `trace` collects named activations, `select` decodes only
 those positions). It owns its loss: `loss(batch) -> (loss, metrics)` is the scored tokens' cross-entropy plus
 `aux_loss()`, the family's extra terms (UT: ACT's ponder cost; PT: the ‖T‖ penalty).
@@ -20,16 +21,19 @@ Every key of the rows `eval_metrics` returns is logged as a per-step metric of t
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from workers.batches import Batch
+from workers.errors import ConfigError
 from workers.models.common import token_loss
 
-ADAM_EPS = 1e-8  # Adam's ε (torch's default), times a group's `eps_multipliers()` factor
-UNDECAYED = ("bias", "block_bias")  # the vector groups: no weight decay
+ADAM_EPS = 1e-8  # Adam's ε (torch's default; `Family.adam_eps`), times a group's `eps_multipliers()` factor
+UNDECAYED = ("bias", "block_bias")  # the vector groups: no weight decay (unless `train.weight_decay_groups` names them)
+WIDTH_GROUPS = ("hidden", "block")  # the groups whose lr μP divides by width_mult (`width_groups()`; PT adds output)
 
 class LanguageModel(nn.Module):
     """Base class of every family's model (module docstring)."""
@@ -42,6 +46,19 @@ class LanguageModel(nn.Module):
     def eps_multipliers(self) -> dict[str, float]:
         """Per-group factors on Adam's ε (a group left out: 1)."""
         return {}
+
+    def width_groups(self) -> tuple[str, ...]:
+        """The groups whose learning rate μP divides by width_mult (`lr_multipliers`): under
+        `train.adam_eps_scaling: width` their ε is multiplied by base_width/width too."""
+        return WIDTH_GROUPS
+
+    def width_ratio(self) -> float:
+        """base_width / width of the built model, from its config (`self.cfg`, a `studies.arch.ModelSize`)."""
+        cfg: Any = getattr(self, "cfg", None)
+        if not (isinstance(getattr(cfg, "width", None), int) and isinstance(getattr(cfg, "base_width", None), int)):
+            raise ConfigError(f"{type(self).__name__} keeps no config with width and base_width as `self.cfg`, "
+                              "which train.adam_eps_scaling: width reads: store it there, or override width_ratio()")
+        return float(cfg.base_width / cfg.width)
 
     def token_loss(self, batch: Batch) -> torch.Tensor:
         """Mean cross-entropy per scored position (MLM: the masked ones; causal LM: every next token), decoding
@@ -63,10 +80,13 @@ class LanguageModel(nn.Module):
             return tokens, {"token_loss": tokens.detach()}
         return tokens + aux.to(tokens.device), {"token_loss": tokens.detach(), "aux_loss": aux.detach()}
 
-    def make_optimizer(self, lr: float, weight_decay: float,
-                       betas: tuple[float, float]) -> torch.optim.Optimizer | None:
+    def make_optimizer(self, lr: float, weight_decay: float, betas: tuple[float, float], *, eps: float = ADAM_EPS,
+                       width_eps: float = 1.0,
+                       weight_decay_groups: Mapping[str, float] | None = None) -> torch.optim.Optimizer | None:
         """The model's own optimiser at base lr `lr` (None: ptctl's AdamW over `groups` with `lr_multipliers`;
-        a mup family: mup's MuAdamW). Each group carries a "name"."""
+        a mup family: mup's MuAdamW). Each group carries a "name". `eps`: Adam's ε; `width_eps`: the factor on the
+        ε of the groups whose lr μP scales with width (`train.adam_eps_scaling`); `weight_decay_groups`: the decay
+        of the groups named (an unknown name: `check_groups`'s ConfigError)."""
         return None
 
     def run_params(self) -> dict[str, str]:
@@ -85,3 +105,23 @@ class LanguageModel(nn.Module):
         """Extra metrics at an evaluation after `step` updates, on a fixed held-out `batch`; `past` holds the rows
         this hook returned at earlier evaluations (with their `step`)."""
         return {}
+
+
+def check_groups(family: str, given: Iterable[str], valid: Iterable[str]) -> None:
+    """A ConfigError naming `family`, the unknown group names of `train.weight_decay_groups` and the valid ones."""
+    unknown = sorted(set(given) - set(valid))
+    if unknown:
+        raise ConfigError(f"model family {family!r} has no parameter group(s) {unknown} named in "
+                          f"train.weight_decay_groups: its groups are {sorted(set(valid))}")
+
+
+def adam_settings(model: LanguageModel, family: str, eps: float, width_eps: float, weight_decay: float,
+                  weight_decay_groups: Mapping[str, float] | None) -> dict[str, tuple[float, float]]:
+    """Each of `model.groups`' (ε, weight decay) in ptctl's AdamW: `eps` × the group's `eps_multipliers()` factor
+    (× `width_eps` in its `width_groups()`), and `weight_decay_groups`' decay where it names the group, else 0 in
+    the UNDECAYED groups and `weight_decay` in the others."""
+    decays = dict(weight_decay_groups or {})
+    check_groups(family, decays, model.groups)
+    mult, scaled = model.eps_multipliers(), model.width_groups()
+    return {name: (eps * mult.get(name, 1.0) * (width_eps if name in scaled else 1.0),
+                   decays.get(name, 0.0 if name in UNDECAYED else weight_decay)) for name in model.groups}

@@ -27,6 +27,7 @@ logits as `logits`. A `from_mup` family trains each trial alone: mup's layers re
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,7 +39,7 @@ from torch import nn
 from studies.arch import ModelSize
 from studies.family import FAMILIES, MupRecipe
 from workers.errors import ConfigError
-from workers.models.contract import LanguageModel
+from workers.models.contract import ADAM_EPS, LanguageModel, check_groups
 
 SIZE_FIELDS = tuple(ModelSize.model_fields)  # what ptctl passes itself (width, vocab_size) or keeps (base, param.)
 
@@ -66,6 +67,8 @@ class MupModel(LanguageModel):
         self.family, self.recipe = recipe_of(cfg)
         make = factory(self.recipe)
         kwargs = {k: v for k, v in cfg.model_dump().items() if k not in SIZE_FIELDS}
+        asks = set(inspect.signature(make).parameters)  # a model with its own μP switch asks for these
+        kwargs.update({k: getattr(cfg, k) for k in ("base_width", "parametrization") if k in asks})
         self.net = make(width=cfg.width, vocab_size=cfg.vocab_size, **kwargs)
         base = delta = None
         if cfg.parametrization == "mup":
@@ -83,19 +86,32 @@ class MupModel(LanguageModel):
             init()
         self.groups = {"all": list(self.net.parameters())}
 
-    def make_optimizer(self, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.Optimizer:
-        """mup's optimizer over the model's parameters, its groups named (module docstring)."""
-        params = [{"params": list(self.net.parameters()), "weight_decay": weight_decay}]
+    def make_optimizer(self, lr: float, weight_decay: float, betas: tuple[float, float], *, eps: float = ADAM_EPS,
+                       width_eps: float = 1.0,
+                       weight_decay_groups: Mapping[str, float] | None = None) -> torch.optim.Optimizer:
+        """mup's optimizer over the model's parameters, its groups named (module docstring). MuAdamW's ε is `eps`,
+        × `width_eps` in the matrix groups (those whose lr mup divides by width_mult; MuSGD has no ε);
+        `weight_decay_groups` sets the decay of the named groups, which mup then scales as it scales
+        `weight_decay` (MuAdamW: × width_mult in a matrix group)."""
+        decays = dict(weight_decay_groups or {})
+        # with per-group decays, each group's "weight_decay" first holds mup's own factor on it (decay 1)
+        params = [{"params": list(self.net.parameters()), "weight_decay": 1.0 if decays else weight_decay}]
         if self.recipe.optimizer == "sgd":
             opt: torch.optim.Optimizer = mup.MuSGD(params, lr=lr, momentum=betas[0])
         else:
-            opt = mup.MuAdamW(params, lr=lr, betas=betas)
+            opt = mup.MuAdamW(params, lr=lr, betas=betas, eps=eps)
         opt.param_groups[:] = [g for g in opt.param_groups if g["params"]]
         names: list[str] = []
         for group in opt.param_groups:
             kind = "matrix" if max(p.infshape.ninf() for p in group["params"]) == 2 else "vector"
             names.append(kind if kind not in names else f"{kind}_{sum(n.startswith(kind) for n in names) + 1}")
             group["name"] = names[-1]
+            if kind == "matrix" and self.recipe.optimizer != "sgd":
+                group["eps"] = eps * width_eps
+        check_groups(self.family, decays, names)
+        if decays:
+            for group in opt.param_groups:
+                group["weight_decay"] *= decays.get(group["name"], weight_decay)
         return opt
 
     def infshapes(self) -> dict[str, str]:
@@ -134,10 +150,13 @@ def traced(net: nn.Module, input_ids: torch.Tensor, trace: dict[str, torch.Tenso
     finally:
         for h in handles:
             h.remove()
+    readouts = [out for name, out in seen.items() if isinstance(net.get_submodule(name), mup.MuReadout)]
     for name, out in seen.items():
         if out is not logits and not isinstance(net.get_submodule(name), mup.MuReadout):
             trace[name] = out
-    trace["logits"] = logits
+    # log-probabilities sit near -log V whatever the readout does: the check judges the readout's own output
+    normalised = bool((logits.detach().float().logsumexp(-1).abs() < 1e-3).all())
+    trace["logits"] = readouts[-1] if normalised and readouts else logits
     return logits
 
 

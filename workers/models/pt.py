@@ -307,6 +307,10 @@ class ProbabilisticTransformer(LanguageModel):
         return {"input": 1.0, "hidden": 1.0 / k, "output": 1.0 / k, "bias": 1.0}
         # --- end μP ---
 
+    def width_groups(self) -> tuple[str, ...]:
+        """The groups whose lr μP divides by width_mult (`lr_multipliers`): hidden and output."""
+        return ("hidden", "output")
+
     def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Effective per-bucket, per-channel factors (U, V), each (K, h, d, r'), with T^(c)[k] = U Vᵀ.
 

@@ -182,7 +182,8 @@ class MlflowTrials(tune.Callback):
     def _result(self, trial: _TrialRef, result: dict[str, Any]) -> None:
         for (key, member), report in zip(self._runs_of(trial), load_reports(result.get(REPORTS)), strict=False):
             run = self._run(trial, member)
-            where = {"resumed_from_step": result.get("resumed_from"), "node_id": result.get("node_id")}
+            where = {"resumed_from_step": result.get("resumed_from"), "node_id": result.get("node_id"),
+                     "log": result.get("log")}  # the trial's log file (`trainable.trial_log`)
             changed = {k: v for k, v in where.items() if v and self._tagged.get((key, k)) != v}
             if changed:  # a restarted trial: the checkpoint it resumed from and the node it runs on now
                 self.recorder.tracker.set_tags(run, changed)

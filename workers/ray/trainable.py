@@ -4,6 +4,10 @@ batched model) and reports each member's `TrialReport`; `study_trainable` regist
 Faults: every evaluation's report carries a checkpoint (`workers.train`'s resumable state), and a trial whose
 worker dies is restarted from it up to `resources.max_retries` times (Tune's `FailureConfig`) before it is
 recorded `failed`.
+
+What the trial's model prints and warns goes to `trial.log` in the trial's folder of the experiment's storage, beside
+its checkpoints (`trial_log`), not to Ray's worker logs (or a terminal they are forwarded to); each result names it
+(`log`: the runs' tag).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
@@ -27,8 +31,12 @@ from workers.ray.ledger import content_key
 from workers.report import Row, TrialReport, dump_reports, load_reports
 from workers.train import train
 
+if TYPE_CHECKING:
+    from ray.train._internal.storage import StorageContext  # what `tune.get_context().get_storage()` returns
+
 OBJECTIVE = "objective"  # eval loss; the loss ceiling (train.max_loss) for a diverged trial
 STATE_FILE = "state.pt"  # a trial checkpoint: `workers.train`'s resumable state, torch.save'd
+TRIAL_LOG = "trial.log"  # what the trial's model printed and warned (`workers.quiet`), in the trial's folder
 
 
 def planned_trial(spec: StudySpec, phase: str, config: dict[str, Any], trial_id: str) -> PlannedTrial:
@@ -132,6 +140,8 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
     resume = _checkpointed_state()
     where: dict[str, Any] = {"resumed_from": resume["step"]} if resume else {}
     where["node_id"] = ray.get_runtime_context().get_node_id()  # where it trains: a tag on its runs
+    storage = tune.get_context().get_storage()
+    log, where["log"] = trial_log(storage)
     due = CheckpointClock(spec.resources.max_retries, spec.resources.checkpoint_every_s)
     report_now = ReportClock(asha_rungs(spec) if phase == "tune" else [])
     kept: list[list[Row]] = [[] for _ in members]  # each member's rows since the last report
@@ -163,10 +173,31 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
         losses = [r["eval_loss"] for r in rows.values()]
         send(state["step"], running, min(losses, default=cfgs[0].max_loss), state if save else None)
 
-    reports = train(cfgs, progress=progress, checkpoint=checkpoint, resume=resume)
+    try:
+        reports = train(cfgs, progress=progress, checkpoint=checkpoint, resume=resume, log=log)
+    finally:
+        keep_log(storage, log)
     done = [r.eval_loss for r in reports if r.status == TrialStatus.COMPLETED]
     send(max(r.steps for r in reports), reports, min(done, default=cfgs[0].max_loss),
          trainable_entered=entered, trainable_left=time.time())
+
+
+def trial_log(storage: StorageContext) -> tuple[Path, str]:
+    """Where the trial's log file (`workers.quiet`) is written, and where it is kept (its runs' `log` tag): beside
+    its checkpoints in the experiment's storage; storage that is no local folder (S3) gets it written on the node,
+    in the trial's working directory, and copied there when the trial ends (`keep_log`)."""
+    fs, kept = storage.storage_filesystem, f"{storage.trial_fs_path}/{TRIAL_LOG}"
+    if fs.type_name == "local":
+        return Path(kept), kept
+    return Path(storage.trial_working_directory) / TRIAL_LOG, f"{fs.type_name}://{kept}"
+
+
+def keep_log(storage: StorageContext, log: Path) -> None:
+    """Copy a log written on the node to the experiment's storage (nothing to do for a local folder's)."""
+    fs = storage.storage_filesystem
+    if fs.type_name != "local" and log.exists():
+        with fs.open_output_stream(f"{storage.trial_fs_path}/{TRIAL_LOG}") as out:
+            out.write(log.read_bytes())
 
 
 def _checkpointed_state() -> dict[str, Any] | None:
