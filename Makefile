@@ -1,14 +1,21 @@
 # The two set-up commands of the README: `make demo` (main job) and `make test` (test suite).
 # `make test-fast` is the edit loop: the tests not marked slow, without ruff, mypy or the install (run
 # `make install` once first).
-PY ?= python3
+# Everything runs in a project-local virtual environment (.venv): it sees the machine's packages (torch, ray … already
+# installed are not downloaded again) and installs what is missing into itself, never into the system Python.
+VENV ?= .venv
+PY ?= $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # pytest as both test targets run it: bytecode caching on (where the environment turns it off, every run compiles
 # everything again), one torch thread per worker, no cache folder, no benchmark plugin
 PYTEST = PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -p no:benchmark
 
 .PHONY: install demo test test-fast lint bench bench-quick
 
-install:
+$(VENV)/bin/python:
+	python3 -m venv --system-site-packages $(VENV)
+
+install: $(VENV)/bin/python
 	$(PY) -m pip install -q -e ".[test]"
 	# mup declares torchvision but never imports it; its wheel breaks the CPU torch
 	$(PY) -m pip install -q --no-deps "mup==1.0.0"

@@ -10,7 +10,7 @@ only that thread: drivers and the Ray head keep running.
 
 Middleware: request heads over `PTCTL_MAX_HEADER_BYTES` get 431 before anything reads them (auth
 included); `OPTIONS` and 405 answers carry `Allow` with every method of the path. Request bodies
-(POST /studies only) are read and parsed by `service.intake`, off the event loop. Errors are JSON
+(POST /studies and POST /plans) are read and parsed by `service.intake`, off the event loop. Errors are JSON
 `{"detail": ...}` (`schemas.Error`): 404 unknown id, 409 illegal state change, 413 body too large,
 431 headers too large, 422 invalid spec (field paths), 503 Ray unreachable. OpenAPI at
 `/openapi.json` lists exactly these per operation; interactive docs at `/docs`.
@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
@@ -32,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import ERRORS, router
 from service.control import Control, DriverRunning, ExecutionUnavailable, Executor, Reconciler
+from service.field_errors import as_json, field_problems
 from service.intake import Parser
 from service.progress import MlflowView, redact_uri
 from service.schemas import Error
@@ -111,9 +113,16 @@ def _errors(app: FastAPI) -> None:
         app.add_exception_handler(exc, handler(409))
     app.add_exception_handler(ExecutionUnavailable, handler(503))
 
+    async def invalid(_: Request, exc: Exception) -> JSONResponse:  # a query's 422 in the words of a spec's
+        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+        return JSONResponse({"detail": as_json(field_problems(errors), prefix=())}, 422)
+
+    app.add_exception_handler(RequestValidationError, invalid)
+
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """OpenAPI with the `StudySpec` request body of POST /studies (read by hand to accept YAML too)."""
+    """OpenAPI with the `StudySpec` request body of POST /studies and POST /plans (read by hand to accept YAML
+    too)."""
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         spec = StudySpec.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
@@ -122,7 +131,8 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         components["StudySpec"] = spec
         ref = {"schema": {"$ref": "#/components/schemas/StudySpec"}}
         content = {"application/json": ref, "application/yaml": ref}
-        schema["paths"]["/studies"]["post"]["requestBody"] = {"required": True, "content": content}
+        for path in ("/studies", "/plans"):
+            schema["paths"][path]["post"]["requestBody"] = {"required": True, "content": content}
         components["Error"] = Error.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(components["Error"].pop("$defs", {}))
         _error_responses(app, schema)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from service.terminal import progress_bar, usage_error
@@ -157,16 +158,13 @@ class RemoteBackend:
         except KeyboardInterrupt:
             self.console.print(f"stopped watching; the study goes on: ptctl study show {study_id} --watch")
             return 130
-        self.show(study)
-        if study.status == StudyStatus.SUCCEEDED:
-            cert = self.client.report(study_id).certificate
-            if cert:
-                self.console.print(f"[{'green' if cert.get('certified') else 'yellow'}]verify:[/] "
-                                   f"{cert.get('verdict')}")
+        self.show(study)  # its verdicts too: the certificate's sentence among them
         return 0 if study.status == StudyStatus.SUCCEEDED else 1
 
     def show(self, study: StudyDetail) -> None:
-        """Status, progress per phase, tuned hparams and MLflow ids of a study."""
+        """Status, progress per phase, tuned hparams, each finished phase's verdict and MLflow ids of a study."""
+        from service.verdicts import verdict_lines
+
         self.console.print(f"study [bold]{study.id}[/]: {study.status}"
                            + (f" (phase {study.phase})" if study.phase else "")
                            + (f" — {study.error}" if study.error else ""))
@@ -180,6 +178,8 @@ class RemoteBackend:
         self.console.print(table)
         if study.best_hparams:
             self.console.print("tuned hparams: " + ", ".join(f"{k}={v:.4g}" for k, v in study.best_hparams.items()))
+        if lines := verdict_lines(study.verdicts):
+            self.console.print("verdicts:\n" + "\n".join(f"  {escape(line)}" for line in lines), soft_wrap=True)
         m = study.mlflow
         self.console.print(f"MLflow: {m.tracking_uri}, experiment {m.experiment!r}"
                            + (f" (id {m.experiment_id}), study run {m.runs.get('study')}" if m.experiment_id else ""))

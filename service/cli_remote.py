@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from rich.markup import escape
 from rich.table import Table
 
 from service.backends import RemoteBackend, default_server
@@ -37,10 +38,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     page = remote(args).client.list(args.status, args.limit, args.offset)
     table = Table(title=f"studies {args.offset + 1}–{args.offset + len(page.items)} of {page.total}")
-    for col in ("id", "status", "phase", "created", "error"):
+    for col in ("id", "status", "phase", "created", "verdict", "error"):
         table.add_column(col)
     for s in page.items:
-        table.add_row(s.id, s.status, s.phase or "", f"{s.created_at:%Y-%m-%d %H:%M:%S}", (s.error or "")[:60])
+        table.add_row(s.id, s.status, s.phase or "", f"{s.created_at:%Y-%m-%d %H:%M:%S}",
+                      escape(s.verdict.line) if s.verdict else "—", escape((s.error or "")[:60]))
     console.print(table)
     return 0
 

@@ -18,6 +18,7 @@ import httpx
 from pydantic import BaseModel
 
 from service.backends import DEFAULT_SERVER, default_server  # noqa: F401  (re-exported)
+from service.field_errors import FieldProblem, as_lines
 from service.schemas import Report, StudyDetail, StudyPage, StudySummary, TrialTable
 from studies.spec import StudySpec
 from workers.errors import PtctlError
@@ -38,9 +39,10 @@ def _detail(response: httpx.Response) -> str:
         detail = response.json().get("detail", response.text)
     except ValueError:
         detail = response.text or response.reason_phrase
-    if isinstance(detail, list):  # FastAPI-style validation errors
-        return "\n".join(f"  {'.'.join(str(p) for p in e.get('loc', [])[1:]) or '(top level)'}: {e.get('msg')}"
-                         for e in detail)
+    if isinstance(detail, list):  # 422: one entry per field, shown as the local CLI shows them
+        problems = [FieldProblem(tuple(e.get("loc", [])[1:]), str(e.get("msg")), str(e.get("type")))
+                    for e in detail if isinstance(e, dict)]
+        return "\n" + "\n".join(f"  {line}" for line in as_lines(problems))
     return str(detail)
 
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, cast
 from service import ray_head
 from service.control import DriverRunning, ExecutionUnavailable
 from service.settings import Settings
-from workers.ray import NodeAffinitySchedulingStrategy, ray, ray_constants
+from workers.ray import NodeAffinitySchedulingStrategy, keep_loopback, ray, ray_constants
 
 if TYPE_CHECKING:
     from workers.ray import ActorClass
@@ -147,8 +147,10 @@ class RayExecutor:
                 raise ExecutionUnavailable("the embedded Ray head stopped: retry in a minute (a new one starts)")
             address = self.settings.ray_address
             if address is None:
-                head = ray_head.ensure(self.settings.data_dir, self.settings.ray_num_cpus)
+                head = ray_head.ensure(self.settings.data_dir, self.settings.ray_num_cpus, self.settings.ray_host)
                 ray_head.use_token(head.token_path)
+                if ray_head.head_host(head) == ray_head.LOOPBACK:
+                    keep_loopback()  # else Ray would dial the machine's address, where a loopback head does not listen
                 # Ray reads RAY_AUTH_MODE when it is imported; re-read it (as Ray's own _enable_token_auth does)
                 ray._raylet.Config.initialize("")  # type: ignore[attr-defined]  # compiled; not in _raylet.pyi
                 address = head.address

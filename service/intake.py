@@ -34,6 +34,7 @@ import yaml
 from fastapi import HTTPException, Request
 from pydantic import ValidationError
 
+from service.field_errors import as_json, field_problems
 from service.limits import Limits, check
 from studies.spec import StudySpec
 
@@ -136,10 +137,9 @@ def parse_spec(body: bytes, media: str, limits: Limits) -> StudySpec:
         if errors:
             raise HTTPException(422, errors)
         return StudySpec.model_validate_json(json.dumps(data), strict=True, context={"strict": True})
-    except ValidationError as exc:
-        errors = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
-                  for e in exc.errors(include_url=False, include_context=False, include_input=False)]
-        raise HTTPException(422, errors) from None
+    except ValidationError as exc:  # in the user's words, as the CLI says them (`service.field_errors`)
+        problems = field_problems(exc.errors(include_url=False), StudySpec, data)
+        raise HTTPException(422, as_json(problems)) from None
     except RecursionError:
         raise HTTPException(400, "the body is nested too deeply") from None
 

@@ -46,6 +46,7 @@ from urllib.parse import urlsplit, urlunsplit
 from fastapi import HTTPException
 from pydantic import ValidationError
 
+from service.field_errors import as_json, field_problems
 from service.settings import Settings
 from studies.spec import ModelSpec, StudySpec
 
@@ -260,9 +261,8 @@ def enforce(spec: StudySpec | dict[str, Any], settings: Settings, where: Loc = (
         try:
             spec = StudySpec.model_validate(spec)
         except ValidationError as exc:
-            errors = exc.errors(include_url=False, include_context=False, include_input=False)
-            raise HTTPException(422, [{"loc": [*where, *e["loc"]], "msg": e["msg"], "type": e["type"]}
-                                      for e in errors]) from None
+            raise HTTPException(422, as_json(field_problems(exc.errors(include_url=False), StudySpec, spec),
+                                             where)) from None
     problems = RemotePolicy(settings).violations(spec)
     if problems:
         raise HTTPException(422, [{"loc": [*where, *v.loc], "msg": v.msg, "type": "policy"} for v in problems])

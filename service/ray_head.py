@@ -9,8 +9,14 @@ the record, checks that the head's processes are still there, and reuses it.
 Token authentication (Ray 2.60 turns it on by default): the head gets `RAY_AUTH_MODE=token` and
 `RAY_AUTH_TOKEN_PATH=<data dir>/ray/auth_token` (a random token made once, mode 0600), and so does
 every process that connects (`use_token`). The user's own `~/.ray/auth_token` is neither read nor
-written. The head takes free ports (other Ray clusters may share the machine); Ray binds its GCS and
-raylet to every interface whatever `--node-ip-address` says, so the token is what keeps others out.
+written. The head takes free ports (other Ray clusters may share the machine).
+
+Where it listens (`PTCTL_RAY_HOST`): by default on 127.0.0.1 alone, like `ptctl serve`. Ray binds its GCS,
+raylet and workers to loopback only when the node's address is exactly 127.0.0.1, and swaps a given 127.0.0.1
+for the machine's address unless `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` (`LOOPBACK_ENV`): the head gets that
+switch, and so must every process that connects (`workers.ray.keep_loopback`). Another `PTCTL_RAY_HOST` (this
+machine's address on a network) lets other machines join; Ray then binds every interface, and the token is
+what keeps others out.
 
 Only this head is ever stopped (`stop`, by its process group), never with `ray stop`, which kills
 every Ray process of the user. This module runs Ray's CLI as a subprocess and imports no Ray.
@@ -38,6 +44,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 MAX_TEMP_DIR = 40  # Ray's socket paths (<temp>/session_<date>_<pid>/sockets/plasma_store) must stay < 108 chars
+LOOPBACK = "127.0.0.1"  # the head's default address: Ray compares it as this exact string
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # keeps Ray from swapping 127.0.0.1 for the machine's address
 
 
 @dataclass(frozen=True)
@@ -129,26 +137,41 @@ def running(data_dir: Path) -> Head | None:
     return head if _group_alive(head) else None
 
 
-def ensure(data_dir: Path, num_cpus: int | None = None) -> Head:
-    """The running embedded head, started first if there is none (takes ~5–10 s)."""
+def ensure(data_dir: Path, num_cpus: int | None = None, host: str = LOOPBACK) -> Head:
+    """The running embedded head, started first on `host` if there is none (takes ~5–10 s)."""
     with _locked(data_dir):
         head = running(data_dir)
         if head is not None:
             log.info("reusing the embedded Ray head at %s", head.address)
+            if head_host(head) != host:
+                log.warning("the embedded Ray head runs at %s, not on PTCTL_RAY_HOST=%s: run `ptctl ray-head stop` "
+                            "(it ends the studies running on it) and restart `ptctl serve` to move it", head.address,
+                            host)
             return head
-        return _start(data_dir, num_cpus or os.cpu_count() or 1)
+        return _start(data_dir, num_cpus or os.cpu_count() or 1, host)
 
 
-def _start(data_dir: Path, num_cpus: int) -> Head:
+def head_host(head: Head) -> str:
+    """The address the head announces (and, when it is 127.0.0.1, the only one it listens on)."""
+    return head.address.rsplit(":", 1)[0].strip("[]")
+
+
+def launch(tmp: Path, token: Path, num_cpus: int, host: str) -> tuple[list[str], dict[str, str]]:
+    """The `ray start --head` command line and its environment."""
+    env = {**head_env(os.environ), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
+           "RAY_USAGE_STATS_ENABLED": "0", **(LOOPBACK_ENV if host == LOOPBACK else {})}
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port=0", f"--num-cpus={num_cpus}",
+           "--disable-usage-stats", "--include-dashboard=false", f"--node-ip-address={host}",
+           f"--temp-dir={tmp}", f"--dashboard-host={LOOPBACK}", f"--dashboard-port={_free_port()}",
+           f"--dashboard-agent-listen-port={_free_port()}"]
+    return cmd, env
+
+
+def _start(data_dir: Path, num_cpus: int, host: str) -> Head:
     tmp, token = temp_dir(data_dir), token_path(data_dir)
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "ray_current_cluster").unlink(missing_ok=True)
-    env = {**head_env(os.environ), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
-           "RAY_USAGE_STATS_ENABLED": "0"}
-    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port=0", f"--num-cpus={num_cpus}",
-           "--disable-usage-stats", "--include-dashboard=false",
-           f"--temp-dir={tmp}", f"--dashboard-port={_free_port()}",
-           f"--dashboard-agent-listen-port={_free_port()}"]
+    cmd, env = launch(tmp, token, num_cpus, host)
     log.info("starting the embedded Ray head: %s", " ".join(cmd))
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -170,8 +193,8 @@ def _start(data_dir: Path, num_cpus: int) -> Head:
 
 def head_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment the head (and so every Ray worker it spawns) gets: the API's, less the API's own
-    settings (tokens, database URL: workers are handed what they need explicitly) and Ray's address/token."""
-    dropped = {"RAY_AUTH_TOKEN", "RAY_ADDRESS"}
+    settings (tokens, database URL: workers are handed what they need explicitly) and Ray's address/token/host."""
+    dropped = {"RAY_AUTH_TOKEN", "RAY_ADDRESS", *LOOPBACK_ENV}  # the loopback switch: set by `launch` alone
     return {k: v for k, v in environ.items() if k not in dropped and (not k.startswith("PTCTL_") or k in PASSED)}
 
 

@@ -10,12 +10,14 @@
 | `PTCTL_MAX_BODY_BYTES` | 1 MB | larger request bodies get 413 |
 | `PTCTL_MAX_*` | see `service/limits.py` | bounds on a remote spec's sizes; header bytes (431); parse threads, time |
 | `PTCTL_RAY_NUM_CPUS` | all cores | CPUs of the embedded Ray head |
+| `PTCTL_RAY_HOST` | `127.0.0.1` | the embedded Ray head's address; this machine's IP: other machines may join |
 | `PTCTL_RECONCILE_S` | 10 | seconds between checks that running studies still have a live driver |
 | `PTCTL_RAY_LOST_S` | 60 | a `RAY_ADDRESS` cluster unreachable this long is lost: its studies become `interrupted` |
 | `PTCTL_NO_NODE_S` | 60 | no live Ray node fits a phase's trials this long: the study is `interrupted`; 0: wait |
 | `PTCTL_ARTIFACT_ROOT` | `<data dir>/mlartifacts` | MLflow artifacts of experiments on a database store (no server) |
 | `RAY_ADDRESS` | none | join this Ray cluster instead of starting the embedded head |
 | `MLFLOW_TRACKING_URI` | `sqlite:///<data dir>/mlflow.db` | where studies log |
+| `PTCTL_MLFLOW_UI` | `http://127.0.0.1:5000` | the MLflow UI that links open when the tracking URI is not http(s) |
 | `PTCTL_DATA_ROOTS` | the data dir | directories a remote spec may read data from (`os.pathsep`- or comma-separated) |
 | `PTCTL_ALLOW_HF_HUB` | false | let a remote spec name a Hugging Face hub dataset (the workers download it) |
 | `PTCTL_TRACKING_URIS` | none | tracking URIs a remote spec may choose besides the service's own (`*`: any) |
@@ -56,12 +58,16 @@ class Settings(BaseSettings):
     allow_anonymous: bool = False
     max_body_bytes: int = Field(1_000_000, gt=0)
     ray_num_cpus: int | None = Field(None, gt=0)
+    ray_host: str = Field("127.0.0.1", description="the embedded Ray head's address: 127.0.0.1 (this machine "
+                          "only) or one of this machine's IP addresses (other machines may join)")
     reconcile_s: float = Field(10.0, gt=0)
     ray_lost_s: float = Field(60.0, gt=0, description="a Ray cluster unreachable this long is lost")
     limits: Limits = Field(default_factory=Limits, description="PTCTL_MAX_*: see service/limits.py")
     ray_address: str | None = Field(None, validation_alias=AliasChoices("RAY_ADDRESS", "PTCTL_RAY_ADDRESS"))
     mlflow_tracking_uri: str | None = Field(
         None, validation_alias=AliasChoices("MLFLOW_TRACKING_URI", "PTCTL_MLFLOW_TRACKING_URI"))
+    mlflow_ui: str | None = Field(None, description="the MLflow UI's http(s) URL for a store that is no server "
+                                  "(workers.tracking.ui_address reads it); None: http://127.0.0.1:5000, `mlflow ui`'s")
     # what a remote spec may name (service/policy.py); the local CLI is not bound by these
     data_roots: Annotated[list[Path] | None, NoDecode] = Field(
         None, description="directories remote specs may read; None: the data directory (corpora/ included)")
@@ -101,10 +107,33 @@ class Settings(BaseSettings):
             return value
         return [f.strip() for f in value.split(",") if f.strip()] or None
 
-    @field_validator("ray_address", "mlflow_tracking_uri", "database_url", "api_tokens", mode="before")
+    @field_validator("ray_address", "mlflow_tracking_uri", "mlflow_ui", "database_url", "api_tokens", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("mlflow_ui")
+    @classmethod
+    def _http_ui(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip().lower().startswith(("http://", "https://")):
+            raise ValueError(f"PTCTL_MLFLOW_UI={value!r} is not an http(s) URL: set it to the address a browser opens "
+                             "the MLflow UI at, e.g. http://127.0.0.1:5000 (`mlflow ui --backend-store-uri <store>`)")
+        return value
+
+    @field_validator("ray_host")
+    @classmethod
+    def _ray_ip(cls, value: str) -> str:
+        """An IP address Ray can announce; any loopback name is 127.0.0.1, the one Ray binds to loopback alone."""
+        if _is_loopback(value.strip()):
+            return "127.0.0.1"
+        try:
+            address = ipaddress.ip_address(value.strip())
+        except ValueError:
+            address = None
+        if address is None or address.is_unspecified:
+            raise ValueError(f"PTCTL_RAY_HOST={value!r} is not an IP address of this machine: leave it unset "
+                             "(127.0.0.1) or give the address other machines reach this one at, e.g. 10.0.0.5")
+        return str(address)
 
     @field_validator("data_dir")
     @classmethod

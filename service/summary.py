@@ -11,7 +11,9 @@ nothing here trains or logs.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 from rich.console import Console
@@ -19,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from analysis import Certificate, LRDrift, neighbour_advice
+from analysis.constants import TrialStatus
 from analysis.table import loss_spread
 from studies.phases import CompareResult, StudyState, TuneResult, ValidateResult, VerifyResult
 from studies.phases.validate import horizon_flag, regret_lines
@@ -54,6 +57,9 @@ def print_summary(console: Console, view: StudyView) -> None:
         console.print(f"tuned at width {spec.tune.base_width} over {tune.n_trials} trials "
                       f"(best eval loss {tune.best_eval_loss:.4f}{reused})")
         console.print("transferred hparams: " + ", ".join(f"{k}={v:.4g}" for k, v in tune.best_hparams.items()))
+        note = start_note(view, tune)
+        if note:
+            console.print(f"[yellow]{escape(note)}[/]", soft_wrap=True)
         _width_table(console, view, tune)
     validate = state.result("validate", ValidateResult)
     for drift in validate.all_drifts() if validate else ():
@@ -70,9 +76,7 @@ def print_summary(console: Console, view: StudyView) -> None:
     if compare is not None and compare.summary:
         _compare_section(console, compare)
     if view.folder.cost.exists():
-        from analysis.report import cost_line
-
-        console.print(f"cost: {cost_line(json.loads(view.folder.cost.read_text()))}")
+        console.print(f"cost: {cost_words(json.loads(view.folder.cost.read_text()))}", soft_wrap=True)
     report = view.folder.report
     if report.exists():
         console.print(f"report: {report}")
@@ -83,6 +87,60 @@ def print_summary(console: Console, view: StudyView) -> None:
         console.print("figures: " + ", ".join(str(f) for f in figures), soft_wrap=True)
     if view.runs_link:
         console.print(f"MLflow runs: {view.runs_link}", soft_wrap=True)
+
+
+def start_note(view: StudyView, tune: TuneResult) -> str | None:
+    """When tune's winner is its starting point (the space's defaults, its first trial): that, and how the other
+    trials fared (none beat it: completed with a higher loss, stopped early by ASHA, diverged, failed)."""
+    space = view.spec.space
+    start, searched = space.defaults(), list(space.searched())
+    if not searched or not all(math.isclose(tune.best_hparams.get(h, math.nan), start[h], rel_tol=1e-9)
+                               for h in searched):
+        return None
+    said = "the tune phase's winner is its starting point (the search space's defaults, its first trial)"
+    table = _table(view, "tune")
+    if table is None or "status" not in table or table.empty:
+        return f"{said}: none of its other {max(tune.n_trials - 1, 0)} trials beat it"
+    statuses = table["status"].astype(str).tolist()
+    if TrialStatus.COMPLETED in statuses:
+        statuses.remove(TrialStatus.COMPLETED)  # the winner itself
+    fates = {TrialStatus.COMPLETED: "completed with a higher eval loss", TrialStatus.STOPPED: "stopped early by ASHA",
+             TrialStatus.DIVERGED: "diverged", TrialStatus.FAILED: "failed"}
+    counts = [f"{statuses.count(s)} {what}" for s, what in fates.items() if statuses.count(s)]
+    return f"{said}: none of the other {len(statuses)} trials beat it" + (f" ({', '.join(counts)})" * bool(counts))
+
+
+def _share(ratio: float, of: str) -> str:
+    """1.74 → "1.74× the wall time"; 0.07 → "7.0 % of the wall time"."""
+    return f"{ratio:.2f}× {of}" if ratio >= 1 else f"{100 * ratio:.1f} % of {of}"
+
+
+def cost_words(cost: dict[str, Any]) -> str:
+    """`studies.cost.measured_cost`'s account in words: what the tune phase (the proxy), then every phase that
+    checks it, cost against one training run at the widest target width, in wall time (Σ of the trials' wall
+    times against the median run there) and in training FLOPs."""
+    targets = cost.get("targets") or {}
+    if not targets:
+        return "no transfer width: no training run at a target width to compare the tune phase's cost with"
+    width = max(targets, key=int)
+    target, rows = targets[width], cost["rows"]
+    phases = {p: [r for r in rows if r["phase"] == p] for p in ("tune", "verify", "validate")}
+
+    def took(chosen: list[dict[str, Any]], wall: str, flops: str) -> str:
+        spent = sum(r["trial_wall_s"] for r in chosen)
+        parts = [_share(spent / target["wall_s"], wall)] if target.get("wall_s") else []
+        if target.get("flops") and all(r["flops"] is not None for r in chosen):
+            parts.append(_share(sum(r["flops"] for r in chosen) / target["flops"], flops))
+        return " and ".join(parts) or "an unknown share (no finished run at that width to compare with)"
+
+    trials = sum(r["trials"] for r in phases["tune"])
+    line = (f"the tune phase (the proxy) took {took(phases['tune'], 'the wall time', 'the FLOPs')} of one "
+            f"training run at the target width {width} (its {trials} trials' wall times summed)")
+    checks = [p for p, chosen in phases.items() if chosen]
+    if len(checks) > 1:
+        line += f"; {' + '.join(checks)} together took " + took(
+            [r for p in checks for r in phases[p]], "its wall time", "its FLOPs")
+    return line
 
 
 def _width_table(console: Console, view: StudyView, tune: TuneResult) -> None:

@@ -20,9 +20,13 @@ __all__ = ["Range", "Space", "check_hparam_names", "space_class", "space_model",
 
 def check_hparam_names(names: Any, where: str, valid: tuple[str, ...]) -> None:
     """Raise a `ValueError` naming the unknown hparams in `names` and listing the valid ones."""
+    from studies.words import did_you_mean
+
     unknown = sorted(str(n) for n in names if n not in valid)
     if unknown:
-        raise ValueError(f"unknown hparam(s) {unknown} in {where}: valid ones are {list(valid)}")
+        hints = [f"{n}: {hint}" if len(unknown) > 1 else hint for n in unknown if (hint := did_you_mean(n, valid))]
+        raise ValueError(f"{where}: unknown hparam(s) {unknown}: valid ones are {list(valid)}"
+                         + "".join(f"; {h}" for h in hints))
 
 
 class Range(BaseModel):

@@ -333,8 +333,7 @@ class StudyDriver:
 
     def _study_run(self) -> None:
         """The study's MLflow run: created on the first attempt; a resumed attempt reopens it and its
-        unfinished phases' runs, which the interruption ended. The experiment's saved view `verdicts` gets the
-        study's verdict columns."""
+        unfinished phases' runs, which the interruption ended."""
         if "study" in self.state.runs:
             for key, run_id in self.state.runs.items():
                 if key == "study" or not self.state.done(key):
@@ -348,15 +347,16 @@ class StudyDriver:
             self.tracker.log_artifacts(self.state.runs["study"], [self.folder.spec])
             self._log_dataset(self.state.runs["study"])
             self._save()
-        self.tracker.save_view(verdict_columns(self.spec))  # the runs table the printed link opens shows the verdicts
 
     def _log_study_verdict(self) -> None:
         """Every finished phase's verdict on the study run; its description: the sentences, then the spec's (the
-        runs table's Description cell shows its start)."""
+        runs table's Description cell shows its start). The experiment's saved view `verdicts` gets the columns of
+        what was logged, so the runs table the printed link opens shows them."""
         verdict = study_verdict(self.spec, self.state)
         description = "\n\n".join(s for s in (verdict.sentence, self.spec.description) if s)
         self.tracker.log_verdict(self.state.runs["study"], verdict.params, verdict.metrics, verdict.tags,
                                  description)
+        self.tracker.save_view(verdict_columns(self.spec, verdict))
 
     def _log_dataset(self, run: str) -> None:
         data = self.spec.data

@@ -16,7 +16,10 @@ in, so experiments ptctl creates there get `artifact_root()` instead: `$PTCTL_AR
 concurrent drivers would race to do it (the service calls it at start-up).
 
 The UI: each experiment gets a saved runs-table view, `verdicts` (`save_view`: the columns
-`workers.verdicts.verdict_columns` names), and `runs_link`, the link `ptctl study run` prints, opens it.
+`workers.verdicts.verdict_columns` names), and `runs_link`, the link `ptctl study run` prints, opens it. Every
+link (`runs_link`, a run's `link`) is an address of an MLflow UI (`ui_address`): the tracking server's when the
+tracking URI is http(s), else `$PTCTL_MLFLOW_UI` (default `UI_ADDRESS`, where `mlflow ui --backend-store-uri
+<the store's URI>` serves a local store), never the store's own URI, which no browser opens.
 
 A tracking server that is unreachable for a while (restarted, network blip) delays logging, nothing more:
 every client call is retried with exponential backoff (0.5 s doubling to 10 s) for up to
@@ -59,6 +62,7 @@ VIEW_TAG = "mlflow.sharedViewState."  # + a view id: an experiment tag holding a
 VIEW_ID = "ptctl-verdicts"  # the saved view ptctl keeps on each experiment, named `verdicts` in the UI's Views menu
 RUN_NAME, DESCRIPTION = "attributes.`Run Name`", "attributes.`Description`"  # two of the runs table's columns
 UI_QUERY = "workflowType=machine_learning"  # the UI's model-training mode (its default, GenAI, files runs as evals)
+UI_ADDRESS = "http://127.0.0.1:5000"  # default of PTCTL_MLFLOW_UI: where `mlflow ui` serves a store by default
 RETRY_S = 300.0  # default of PTCTL_MLFLOW_RETRY_S: how long a call waits for an unreachable tracking server
 for _name, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
                       ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")):
@@ -139,6 +143,25 @@ def _is_server(uri: str) -> bool:
     return uri.startswith(("http://", "https://", "databricks"))
 
 
+def _is_http(uri: str) -> bool:
+    return uri.lower().startswith(("http://", "https://"))
+
+
+def ui_address(tracking_uri: str) -> str:
+    """The MLflow UI that shows `tracking_uri`'s runs, no trailing slash: an http(s) tracking server itself (less
+    any user:password, which a link must not carry), else `$PTCTL_MLFLOW_UI`, else `UI_ADDRESS`."""
+    if _is_http(tracking_uri):
+        scheme, rest = tracking_uri.split("://", 1)
+        host, slash, path = rest.partition("/")
+        return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}".rstrip("/")
+    configured = (os.environ.get("PTCTL_MLFLOW_UI") or "").strip()
+    if configured and not _is_http(configured):
+        log.warning("PTCTL_MLFLOW_UI=%r is not an http(s) address: links point at %s; set it to the MLflow UI's "
+                    "URL, e.g. http://mlflow.example.org", configured, UI_ADDRESS)
+        configured = ""
+    return (configured or UI_ADDRESS).rstrip("/")
+
+
 def prepare_store(tracking_uri: str | None = None) -> str:
     """Create and migrate the tracking store now (a database store: its schema), so that studies
     started together do not race to do it; returns the URI."""
@@ -194,8 +217,9 @@ class Tracker(RunTracker):
 
         The view is one experiment tag, `VIEW_TAG + VIEW_ID`, in the envelope MLflow 3.17's UI writes when one
         saves a view (`{name, createdAt, updatedAt, state}`, `state` a JSON string of the table's settings). A view
-        already there keeps its columns and the new ones are added (studies of one experiment may differ in their
-        hparams and phases). Studies that start together race on the tag (read, merge, write; on SQLite the first
+        already there keeps its columns, after the new ones: `columns` set the order (a study saves the view after
+        each phase, each time with more columns), and studies of one experiment may differ in their hparams and
+        phases. Studies that start together race on the tag (read, merge, write; on SQLite the first
         write is an INSERT that all but one lose): each writes until its columns are in the tag, and a view that
         still cannot be saved is a warning, never a failed study (the runs are all logged either way)."""
         wanted = set(columns)
@@ -220,7 +244,7 @@ class Tracker(RunTracker):
             try:
                 envelope = json.loads(old)
                 created = int(envelope["createdAt"])
-                selected = list(dict.fromkeys([*json.loads(envelope["state"])["selectedColumns"], *wanted]))
+                selected = list(dict.fromkeys([*wanted, *json.loads(envelope["state"])["selectedColumns"]]))
             except (ValueError, KeyError, TypeError):
                 log.warning("the experiment's saved view %r is not one ptctl can read; replacing it", VIEW_ID)
         last = [c for c in selected if c == DESCRIPTION]
@@ -371,15 +395,17 @@ class Tracker(RunTracker):
         self.client.set_terminated(run_id, status)
 
     def runs_link(self) -> str:
-        """The experiment's runs table in the MLflow UI (its model-training mode), opened on the saved view
-        `verdicts` when the experiment has it: on a server, its URL; on a local store, the URL `mlflow ui` serves
-        it at, with the command that starts it."""
+        """The experiment's runs table in the MLflow UI (`ui_address`, its model-training mode), opened on the saved
+        view `verdicts` when the experiment has it; on a store no UI address was configured for, followed by the
+        command that serves it there."""
         view = VIEW_TAG + VIEW_ID in self.client.get_experiment(self.experiment_id).tags
         path = f"#/experiments/{self.experiment_id}/runs?{UI_QUERY}" + (f"&viewStateShareKey={VIEW_ID}" if view else "")
-        if _is_server(self.uri):
-            return f"{self.uri.rstrip('/')}/{path}"
-        return f"http://127.0.0.1:5000/{path} (after `mlflow ui --backend-store-uri {self.uri}`)"
+        ui = ui_address(self.uri)
+        link = f"{ui}/{path}"
+        if _is_http(self.uri) or ui != UI_ADDRESS:  # a server, or a UI the operator runs: nothing to start
+            return link
+        return f"{link} (after `mlflow ui --backend-store-uri {self.uri}`)"
 
     def link(self, run_id: str) -> str:
-        """Where the run lives (the MLflow UI shows it under this experiment and run id)."""
-        return f"{self.uri}#/experiments/{self.experiment_id}/runs/{run_id}?{UI_QUERY}"
+        """The run's page in the MLflow UI (`ui_address`): an http(s) URL a browser opens."""
+        return f"{ui_address(self.uri)}/#/experiments/{self.experiment_id}/runs/{run_id}?{UI_QUERY}"

@@ -20,21 +20,22 @@ Each also has a sentence: the winner, the loss per width, the certificate, the d
 
 The study run carries all of them; its description is every sentence followed by the spec's description.
 `verdict_columns` names them as the MLflow UI's runs-table columns: the experiment's saved view `verdicts`
-(`workers.tracking.Tracker.save_view`) shows them, and the link `ptctl study run` prints opens it.
+(`workers.tracking.Tracker.save_view`) shows them, and the link `ptctl study run` prints opens it. The columns
+are the keys the study's verdict holds (what its finished phases logged), never a guess from the spec: a
+column no run has (a regret at a width one parametrization was not transferred to) the UI leaves out.
 Trial runs are named for a reader (`tune-07 lr=4.4e-3`), and `provenance_tags` say who ran what from where.
 """
 
 from __future__ import annotations
 
 import getpass
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from studies.arch import DEPTH_SWEEP
 from studies.phases import PHASES, StudyState, Verdict
 from studies.phases.tune import lr_text
-from studies.phases.validate import regret_widths
 from studies.spec import StudySpec
 
 
@@ -48,35 +49,32 @@ def study_verdict(spec: StudySpec, state: StudyState) -> Verdict:
     return verdict
 
 
-def verdict_columns(spec: StudySpec) -> list[str]:
-    """The runs-table columns that show `spec`'s verdicts, as the MLflow UI names them (`metrics.`upper_bound``):
-    the certificate, the winner and the widths, the loss per width, each drift, where ASHA stopped a trial, and
-    each run's description (its verdict sentence)."""
-    phases = spec.phases()
-    metrics: list[str] = []
-    params: list[str] = []
-    tags: list[str] = []
-    if "verify" in phases:
-        tags.append("certified")
-        metrics += ["upper_bound", "n_better", "centre_rank", "best_lead_pct"]
-    if "tune" in phases:
-        params += [*(f"best.{h}" for h in spec.space.searched()), "base_width"]
-        metrics.append("best_eval_loss")
-    if "transfer" in phases:
-        params.append("target_widths")
-    metrics.append("eval_loss")  # the transfer run's loss per width; each trial's own
-    if spec.validate_ is not None:
-        for h in ("lr", *spec.validate_.hparams):
-            metrics += [f"{h}_drift.{p}" for p in spec.validate_.parametrizations]
-            tags.append(f"{h}_drift_passed")
-        metrics += [f"regret_pct.lr.{p}.w{w}" for w in regret_widths(spec) for p in spec.validate_.parametrizations]
-        if spec.validate_.depths:
-            metrics += [f"lr_depth_drift.{d}" for d in DEPTH_SWEEP]
-            tags.append("lr_depth_drift_passed")
-    if "tune" in phases:
-        metrics.append("steps_done")
-    return [*(f"{group}.`{name}`" for group, names in (("tags", tags), ("metrics", metrics), ("params", params))
-              for name in names), "attributes.`Description`"]
+# The saved view's columns, in its order: a logged key is shown when it fully matches one of these patterns, placed
+# by the first it matches (keys of one pattern keep the order they were logged in); each searched hparam's `best.`
+# param goes before the widths. The horizon drifts and verify's other counts stay on the run pages: the runs
+# table shows about 25 columns on a wide screen.
+SHOWN: tuple[tuple[str, str], ...] = (
+    ("tags", r"certified"), ("tags", r"(?!lr_horizon_)\w+_drift_passed"),
+    ("metrics", r"upper_bound|n_better|centre_rank|best_lead_pct"), ("metrics", r"best_eval_loss|eval_loss"),
+    ("metrics", r"(?!lr_depth_|lr_horizon_)\w+_drift\.\w+"), ("metrics", r"regret_pct\.lr\..+"),
+    ("metrics", r"lr_depth_drift\.\w+"), ("metrics", r"steps_done"), ("params", r"base_width|target_widths"))
+TRIAL_METRICS = ("eval_loss", "steps_done")  # what every trial run logs (`workers.runner.TrialRecorder`)
+
+
+def verdict_columns(spec: StudySpec, verdict: Verdict) -> list[str]:
+    """The runs-table columns, as the MLflow UI names them (`metrics.`upper_bound``), that show what the study
+    logged: its verdict (`verdict`: its finished phases', `study_verdict`) and its trials' loss and length. The
+    certificate, the loss per width, each drift and lr's transfer regret, where ASHA stopped a trial, each searched
+    hparam's winner (frozen ones are constants) and the widths, then each run's description (its verdict sentence).
+    """
+    metrics = [k for row in verdict.metrics for k in row if k != "step"]
+    logged = {"tags": list(verdict.tags), "metrics": list(dict.fromkeys([*metrics, *TRIAL_METRICS])),
+              "params": list(verdict.params)}
+    searched = [("params", rf"best\.{re.escape(h)}") for h in spec.space.searched()]
+    columns: dict[str, None] = {}
+    for group, pattern in (*SHOWN[:-1], *searched, SHOWN[-1]):
+        columns |= dict.fromkeys(f"{group}.`{k}`" for k in logged[group] if re.fullmatch(pattern, k))
+    return [*columns, "attributes.`Description`"]
 
 
 def trial_run_name(trial_key: str, hparams: dict[str, float], number: int | None = None) -> str:

@@ -84,19 +84,48 @@ def _invalid(path: tuple, value, spec: dict = TINY):
 
 @pytest.mark.parametrize(("data", "loc", "words"), [
     (_invalid(("tune", "base_width"), "wide"), ["body", "tune", "base_width"], "valid integer"),
-    (_invalid(("train", "unknown_knob"), 1), ["body", "train", "unknown_knob"], "Extra inputs"),
-    (_invalid(("transfer", "widths"), [8]), ["body"], "must be > tune.base_width"),
+    (_invalid(("train", "unknown_knob"), 1), ["body", "train", "unknown_knob"], "unknown key"),
+    (_invalid(("transfer", "widths"), [8]), ["body", "transfer", "widths", 0], "must be > tune.base_width"),
     ({k: v for k, v in TINY.items() if k != "tune"}, ["body", "tune"], "Field required"),
     (_invalid(("model", "arch", "attention"), "flash", TINY_TAU), ["body", "model", "arch", "attention"],
      "'tau', 'dot' or 'uniform'"),
-    (_invalid(("transfer", "widths"), [36], TINY_TAU), ["body"], "multiple of model.arch.head_dim · kv_group"),
-    (_invalid(("data", "objective"), "mlm", TINY_TAU), ["body"], "set data.objective: clm"),
+    (_invalid(("transfer", "widths"), [36], TINY_TAU), ["body", "transfer", "widths", 0],
+     "multiple of model.arch.head_dim · kv_group"),
+    (_invalid(("data", "objective"), "mlm", TINY_TAU), ["body", "data", "objective"], "set data.objective: clm"),
 ])
 def test_invalid_specs_are_422_with_the_field_path(api, data, loc, words):
     response = _post(api, json.dumps(data))
     assert response.status_code == 422
     errors = response.json()["detail"]
     assert any(e["loc"] == loc and words in e["msg"] for e in errors), errors
+
+
+def test_a_misspelt_key_is_422_naming_the_nearest_and_the_valid_ones(api):
+    """The 422 keeps its shape (loc, msg, type) and says what the CLI says: the nearest key and the valid ones."""
+    response = _post(api, json.dumps(_invalid(("train", "batchsize"), 8)))
+    assert response.status_code == 422
+    [error] = response.json()["detail"]
+    assert error["loc"] == ["body", "train", "batchsize"] and error["type"] == "extra_forbidden", error
+    assert "did you mean batch_size?" in error["msg"] and "valid keys here: steps, batch_size" in error["msg"]
+    arch = _post(api, json.dumps(_invalid(("model", "arch", "n_layer"), 2, TINY_TAU))).json()["detail"]
+    assert [e["loc"] for e in arch] == [["body", "model", "arch", "n_layer"]] and "n_layers?" in arch[0]["msg"]
+
+
+def test_messages_do_not_repeat_pydantic_prefixes(api):
+    """No "Value error, " before a validator's message; each cross-field problem is one entry at its field."""
+    data = _invalid(("verify", "width"), 8, _invalid(("transfer", "widths"), [8]))
+    errors = _post(api, json.dumps(data)).json()["detail"]
+    assert [e["loc"] for e in errors] == [["body", "transfer", "widths", 0], ["body", "verify", "width"]], errors
+    assert all(not e["msg"].startswith("Value error") and ";" not in e["msg"].split(":")[0] for e in errors), errors
+    bound = _post(api, json.dumps(_invalid(("verify",), {"delta": 1.5}))).json()["detail"]
+    assert bound == [{"loc": ["body", "verify", "delta"], "msg": "must be less than 1 (allowed: 0 < delta < 1)",
+                      "type": "less_than"}]
+
+
+def test_a_bad_query_is_422_in_the_same_shape(api):
+    [error] = api.get("/studies", params={"limit": 0}).json()["detail"]
+    assert error == {"loc": ["query", "limit"], "msg": "must be greater than or equal to 1",
+                     "type": "greater_than_equal"}
 
 
 def test_oversized_bodies_are_413(api):

@@ -35,7 +35,28 @@ def test_unknown_key_in_spec(run, tmp_path):
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: x\ntune: {base_width: 16, trials: 3}\ntransfer: {widths: [32]}\n")
     code, out = run("study", "run", str(spec))
-    assert code == 2 and "tune.trials" in out
+    assert code == 2 and "tune.trials: unknown key; did you mean num_trials?" in out
+
+
+def test_a_misspelt_spec_field_names_the_nearest_and_the_valid_ones(run, tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: x\ntune: {base_width: 16}\ntransfer: {widths: [32]}\ntrain: {batchsize: 8}\n")
+    code, out = run("study", "plan", str(spec))
+    assert code == 2 and out.startswith(f"error: {spec} is not a valid study spec:\n"), out
+    assert "  train.batchsize: unknown key; did you mean batch_size? (valid keys here: steps, batch_size, " in out
+    assert "Extra inputs" not in out and "Traceback" not in out
+
+
+def test_spec_messages_do_not_repeat_themselves(run, tmp_path):
+    """No pydantic "Value error, " prefix, no "(top level)", no field named twice on one line."""
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: x\ntune: {base_width: 16}\ntransfer: {widths: [8]}\n"
+                    "validate: {widths: [16, 32], lrs: [0.1, 0.1, 0.2]}\nresources: {storage: rel}\n")
+    code, out = run("study", "plan", str(spec))
+    assert code == 2
+    assert "  validate.lrs [0.1, 0.1, 0.2] must be distinct" in out
+    assert "  resources.storage='rel': give an absolute path" in out
+    assert "Value error" not in out and "(top level)" not in out and "resources.storage: resources" not in out
 
 
 def test_missing_spec_file(run):
@@ -44,8 +65,45 @@ def test_missing_spec_file(run):
 
 
 def test_transfer_to_a_narrower_width(run):
-    code, out = run("transfer", "--from-width", "64", "--to", "32")
-    assert code == 2 and "transfer.widths" in out and "tune.base_width" in out
+    """The cross-field check of the spec, said with the flags typed (it once read `(top level): Value error,
+    transfer.widths[0]=64 must be > tune.base_width=128`)."""
+    code, out = run("transfer", "--to", "64", "--from-width", "128", "--dry-run")
+    assert code == 2, out
+    assert out.strip() == ("error: --to 64 must be > --from-width 128 (transfer goes wider): drop it or lower "
+                           "--from-width"), out
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--from-width", "-32", "--to", "64"], "error: --from-width -32: must be greater than 0"),
+    (["--from-width", "16", "--to", "32", "--trials", "0"], "error: --trials 0: must be greater than 0"),
+])
+def test_a_bad_transfer_flag_names_the_flag_and_its_range(run, argv, line):
+    code, out = run("transfer", *argv, "--dry-run")
+    assert code == 2 and out.strip() == line, out
+    assert "tune." not in out and "not a valid study spec" not in out
+
+
+def test_a_bad_verify_flag_names_the_flag_and_its_whole_range(run):
+    from studies import load_catalog
+    from workers.folder import StudyFolder
+
+    StudyFolder("s1").create().spec.write_text(load_catalog("tiny").to_yaml())  # under the fixture's data dir
+    code, out = run("verify", "s1", "--delta", "1.5")
+    assert code == 2 and out.strip() == "error: --delta 1.5: must be less than 1 (allowed: 0 < delta < 1)", out
+    code, out = run("verify", "s1", "--tolerance", "loose")
+    assert code == 2 and out.strip() == ("error: --tolerance loose: must be 'seed_spread' or 'seed_noise'; or must be "
+                                         "a valid number, unable to parse string as a number"), out
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--batch-size", "0"], "error: --batch-size 0: must be greater than 0"),
+    (["--source", "text"], "error: --path is required with source 'text', e.g. path: corpus/*.txt"),
+    (["--width", "-3"], "error: --width -3: must be greater than 0"),  # base_width (its default) is said once
+    (["--set", "n_iter=0"], "error: --set n_iter=0: must be greater than 0"),
+])
+def test_a_bad_train_flag_names_the_flag(run, argv, line):
+    code, out = run("train", "--steps", "1", *argv)
+    assert code == 2 and out.strip() == line, out
 
 
 def test_report_of_unknown_study(run):

@@ -116,6 +116,24 @@ def test_trials_report_and_certificate(server, study):
     assert {"n_samples", "n_better", "upper_bound", "verdict"} <= set(report["certificate"])
 
 
+def test_the_finished_study_shows_its_verdicts(server, study):
+    """GET /studies/{id} carries each finished phase's verdict, the same certificate the report has; GET /studies
+    one line of them (tiny has no validate phase: its drifts are tests/service/test_verdicts.py's)."""
+    study_id, final, _ = study
+    with server.client(READ) as api:
+        cert = api.get(f"/studies/{study_id}/report").json()["certificate"]
+        [item] = [i for i in api.get("/studies").json()["items"] if i["id"] == study_id]
+    verdicts = final["verdicts"]
+    assert {k: verdicts["verify"][k] for k in ("certified", "bound", "n_better", "n_samples")} == {
+        "certified": cert["certified"], "bound": cert["upper_bound"], "n_better": cert["n_better"],
+        "n_samples": cert["n_samples"]}
+    assert verdicts["tune"]["n_trials"] == PLANNED["tune"] and [p["width"] for p in verdicts["transfer"]["widths"]] \
+        == TINY.transfer.widths
+    assert verdicts["validate"] is None and verdicts["compare"] is None
+    assert (item["verdict"]["certified"], item["verdict"]["bound"]) == (cert["certified"], cert["upper_bound"])
+    assert item["verdict"]["line"].startswith(f"{'' if cert['certified'] else 'not '}certified (bound ")
+
+
 def test_mlflow_server_has_every_trial_run_exactly_once(server, study, mlflow_server):
     study_id, final, _ = study
     client = MlflowClient(tracking_uri=mlflow_server[0])
@@ -140,9 +158,12 @@ def test_cli_client_commands(server, study, monkeypatch, capsys):
     study_id, _, _ = study
     monkeypatch.setenv("PTCTL_TOKEN", READ)
     assert ptctl(["study", "list", "--server", server.url, "--status", "succeeded"]) == 0
-    assert study_id in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert study_id in out and "verdict" in out and "certified (bound " in out, out  # the compact verdict column
     assert ptctl(["study", "show", study_id, "--server", server.url]) == 0
-    assert "succeeded" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "succeeded" in out and "verdicts:" in out, out
+    assert re.search(r"verify: (not )?certified \(bound [\d.]+ [≤>] p [\d.]+\), \d+ of \d+ samples better", out), out
     assert ptctl(["study", "trials", study_id, "--server", server.url]) == 0
     assert f"{sum(PLANNED.values())} trials" in capsys.readouterr().out
     assert ptctl(["study", "report", study_id, "--server", server.url]) == 0

@@ -21,6 +21,7 @@ EXPECTED = {  # the 4xx/5xx each operation can answer with tokens configured
     ("get", "/studies/{study_id}/report"): {401, 404, 409, 431},
     ("post", "/studies/{study_id}/cancel"): {401, 403, 404, 409, 431},
     ("post", "/studies/{study_id}/resume"): {401, 403, 404, 409, 431, 503},
+    ("post", "/plans"): {400, 401, 403, 413, 415, 422, 431, 503},
     ("get", "/healthz"): {431},
     ("get", "/readyz"): {431, 503},
 }

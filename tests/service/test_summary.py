@@ -172,3 +172,51 @@ def test_the_summary_shows_the_lr_optimum_per_depth_and_its_drift(tmp_path):
     assert "lr drift at width 32, completep: +0.00 log2(lr) per doubling of depth" in text
     assert "lr drift at width 32, none: -0.80 log2(lr) per doubling of depth" in text
     assert "completep's optimal lr at width 32 drifts +0.00" in text and "depth.png" in text
+
+
+def test_a_winner_at_the_starting_point_says_how_the_other_trials_fared(tmp_path):
+    """The demo's usual story: TPE's first trial (the space's defaults) won; the summary says so, and that none of
+    the others beat it, how many ASHA stopped early and how many diverged."""
+    rows = [{"eval_loss": 5.1}, {"eval_loss": 5.3, "lr": 0.05}, {"status": "stopped", "eval_loss": 6.0},
+            {"status": "stopped", "eval_loss": 6.2}, {"status": "diverged"}]
+    spec = _spec(transfer={"widths": [128]}, verify=None)
+    view = _study(tmp_path, spec, {"tune": {**TUNE, "best_hparams": spec.space.defaults(), "n_trials": 5}},
+                  {"tune": trials(rows)})
+    text = " ".join(_printed(view).split())
+    assert ("the tune phase's winner is its starting point (the search space's defaults, its first trial): none of "
+            "the other 4 trials beat it (1 completed with a higher eval loss, 2 stopped early by ASHA, 1 diverged)"
+            ) in text
+
+
+def test_a_winner_away_from_the_starting_point_is_not_called_the_start(tmp_path):
+    spec = _spec(transfer={"widths": [128]}, verify=None)
+    moved = {**spec.space.defaults(), "lr": 0.03}
+    view = _study(tmp_path, spec, {"tune": {**TUNE, "best_hparams": moved}}, {"tune": trials([{"eval_loss": 5.1}])})
+    assert "starting point" not in _printed(view)
+
+
+@pytest.mark.parametrize(("tune_wall", "words"), [
+    (3.0, "the tune phase (the proxy) took 75.0 % of the wall time and 7.0 % of the FLOPs of one training run at "
+          "the target width 64 (its 6 trials' wall times summed); tune + verify together took 3.75× its wall time "
+          "and 37.0 % of its FLOPs"),
+    (6.96, "the tune phase (the proxy) took 1.74× the wall time and 7.0 % of the FLOPs of one training run at the "
+           "target width 64"),
+])
+def test_the_cost_line_says_what_it_compares(tmp_path, tune_wall, words):
+    cost = {"rows": [{"phase": "tune", "trials": 6, "steps": 100, "flops": 7.0e9, "trial_wall_s": tune_wall,
+                      "phase_wall_s": 9.0},
+                     {"phase": "transfer", "trials": 2, "steps": 60, "flops": 2.0e11, "trial_wall_s": 8.0,
+                      "phase_wall_s": None},
+                     {"phase": "verify", "trials": 8, "steps": 240, "flops": 3.0e10, "trial_wall_s": 12.0,
+                      "phase_wall_s": 20.0}],
+            "targets": {"32": {"flops": 1.0e10, "wall_s": 4.0}, "64": {"flops": 1.0e11, "wall_s": 4.0}}}
+    view = _study(tmp_path, _spec(transfer={"widths": [128]}, verify=None), {"tune": TUNE}, {})
+    view.folder.cost.write_text(json.dumps(cost))
+    text = " ".join(_printed(view).split())
+    assert f"cost: {words}" in text and "% wall time of one target run" not in text
+
+
+def test_the_cost_line_without_a_target_width(tmp_path):
+    view = _study(tmp_path, _spec(transfer=None, verify=None), {"tune": TUNE}, {})
+    view.folder.cost.write_text(json.dumps({"rows": [], "targets": {}}))
+    assert "cost: no transfer width: no training run at a target width" in _printed(view)

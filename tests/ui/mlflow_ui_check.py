@@ -157,6 +157,24 @@ def _expand(page, run_name: str) -> None:
     cell.locator("button").first.click()
 
 
+def _table_text(page) -> str:
+    """The runs table's text, every column of it: the grid renders only the columns in view (a wide saved view's
+    last ones, `Description` among them, are off screen until scrolled to), so it is read at each horizontal scroll
+    position and scrolled back."""
+    scroller = ".ag-body-horizontal-scroll-viewport"
+    texts = [page.inner_text("body")]
+    width, view = page.evaluate(f"() => {{ const e = document.querySelector('{scroller}'); "
+                                "return e ? [e.scrollWidth, e.clientWidth] : [0, 0]; }")
+    for left in range(view, width, max(view // 2, 1)) if view else ():
+        page.evaluate(f"() => {{ document.querySelector('{scroller}').scrollLeft = {left}; }}")
+        page.wait_for_timeout(500)
+        texts.append(page.inner_text("body"))
+    if len(texts) > 1:
+        page.evaluate(f"() => {{ document.querySelector('{scroller}').scrollLeft = 0; }}")
+        page.wait_for_timeout(500)
+    return "\n".join(texts)
+
+
 def _close_assistant(page) -> None:
     """The MLflow Assistant panel, open by default, takes a third of the width: close it like a user would."""
     close = page.locator("button[data-component-id='mlflow.assistant.chat_panel.close']")
@@ -230,7 +248,7 @@ def check_ui(url: str, out: Path, study_id: str | None = None, chromium: str = C
             if "tune" in phases:
                 page.get_by_role("link", name=re.compile(r"^tune-\d\d")).first.wait_for()
             page.wait_for_timeout(1500)
-            result.texts["runs_table"] = page.inner_text("body")
+            result.texts["runs_table"] = _table_text(page)
             shot = out / "runs_table.png"
             page.screenshot(path=shot)
             result.screenshots.append(shot)

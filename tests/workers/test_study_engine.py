@@ -286,4 +286,4 @@ def test_cost_in_report_summary_and_study_run(tiny_study, capsys):
     report = (art / "report.md").read_text()
     assert f"**proxy cost = {100 * tune_flops / target:.1f} % FLOPs" in report
     local().summary(spec, state)
-    assert "cost: proxy cost = " in capsys.readouterr().out
+    assert "cost: the tune phase (the proxy) took " in capsys.readouterr().out

@@ -57,6 +57,7 @@ def test_the_runs_link_opens_the_saved_verdicts_view(tmp_path, monkeypatch):
     """`save_view` writes the view the MLflow UI's Views menu lists (MLflow 3.17's saved-view envelope) and
     `runs_link` opens it, in the UI's model-training mode; a second study widens the view, never narrows it."""
     monkeypatch.setenv("PTCTL_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("PTCTL_MLFLOW_UI", raising=False)
     tracker = Tracker("viewed", f"sqlite:///{tmp_path / 'mlflow.db'}")
     link = tracker.runs_link()
     assert f"#/experiments/{tracker.experiment_id}/runs?workflowType=machine_learning " in link
@@ -66,14 +67,15 @@ def test_the_runs_link_opens_the_saved_verdicts_view(tmp_path, monkeypatch):
     saved = json.loads(tracker.client.get_experiment(tracker.experiment_id).tags[VIEW_TAG + VIEW_ID])
     assert saved["name"] == "verdicts" and saved["updatedAt"] >= saved["createdAt"] > 0
     state = json.loads(saved["state"])
-    assert state["selectedColumns"] == ["tags.`certified`", "params.`best.lr`", "attributes.`Description`",
-                                        "params.`best.w_H`"]
+    assert state["selectedColumns"] == ["tags.`certified`", "params.`best.w_H`", "attributes.`Description`",
+                                        "params.`best.lr`"]  # the latest columns' order first, then the others
     assert state["columnOrder"] == ["attributes.`Run Name`", "runDateAndNestInfo", "tags.`certified`",
-                                    "params.`best.lr`", "params.`best.w_H`", "duration", "attributes.`Description`"]
+                                    "params.`best.w_H`", "params.`best.lr`", "duration", "attributes.`Description`"]
     link = tracker.runs_link()
     assert link.startswith(f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs?"
                            f"workflowType=machine_learning&viewStateShareKey={VIEW_ID} (after `mlflow ui ")
-    assert tracker.link("abc").endswith(f"#/experiments/{tracker.experiment_id}/runs/abc?workflowType=machine_learning")
+    assert tracker.link("abc") == (f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs/abc?"
+                                   "workflowType=machine_learning")  # the UI's address, not the store's URI
 
 
 @pytest.mark.slow  # four processes, each opening the MLflow store

@@ -55,11 +55,30 @@ def test_trial_run_names_and_provenance():
     assert tags["mlflow.user"] and tags["mlflow.source.name"]
 
 
+def _demo_verdict(spec=SPEC):
+    """The study verdict of a demo-shaped study whose phases all finished: a certificate, a transfer to 64 and 128
+    and an lr sweep whose regret is stated where each parametrization was transferred to (mup at 64 and 128,
+    standard, carried from 64, at 128 alone)."""
+    from analysis import transfer_regret
+
+    sweep = sweep_table(paper_like_optimum)
+    regret = transfer_regret(sweep, {"lr": 2.0**-8.5}, [64, 128], proxy_width=64)
+    records = {"tune": TUNE, "transfer": {"status": "done", "widths": [{"width": 64, "eval_loss_mean": 5.7},
+                                                                       {"width": 128, "eval_loss_mean": 5.5}]},
+               "verify": {"status": "done", "certificate": certify(verify_table([5.0, 5.01], [5.2] * 8)).model_dump()},
+               "validate": {"status": "done", "lr_drift": lr_drift(sweep).model_dump(),
+                            "regret": [r.model_dump() for r in regret]}}
+    state = StudyState.model_validate({"study_id": "s", "spec_hash": "h",
+                                       "phases": {k: v for k, v in records.items() if k in spec.phases()}})
+    return study_verdict(spec, state)
+
+
 def test_verdict_columns_name_every_verdict_the_runs_carry():
     """The saved runs-table view shows what the verdicts log, grouped as the UI groups them (tags, metrics,
     params): the certificate first, each searched hparam's winner (frozen ones are constants), each drift, the
     description last; keys as the MLflow UI writes them."""
-    columns = verdict_columns(SPEC)
+    verdict = _demo_verdict()
+    columns = verdict_columns(SPEC, verdict)
     assert columns[:2] == ["tags.`certified`", "tags.`lr_drift_passed`"]
     assert columns[2:5] == ["metrics.`upper_bound`", "metrics.`n_better`", "metrics.`centre_rank`"]
     assert columns[-1] == "attributes.`Description`"
@@ -68,13 +87,16 @@ def test_verdict_columns_name_every_verdict_the_runs_carry():
             "metrics.`lr_drift.standard`", "tags.`lr_drift_passed`"} <= set(columns)
     assert {f"params.`best.{h}`" for h in SPEC.space.searched()} <= set(columns)
     assert not {f"params.`best.{h}`" for h in SPEC.space.frozen} & set(columns)
-    tune, verdicts = phase_verdict(SPEC, "tune", TUNE), phase_verdict(SPEC, "verify", {"certificate": certify(
-        verify_table([5.0, 5.01], [5.2] * 8)).model_dump()})
-    logged = {*(f"params.`{k}`" for k in tune.params), *(f"metrics.`{k}`" for k in verdicts.metrics[0]),
-              *(f"tags.`{k}`" for k in verdicts.tags)}
-    assert {c for c in columns if c.startswith(("params.`best.", "tags.`cert", "metrics.`upper"))} <= logged
-    tiny = verdict_columns(load_catalog("tiny"))  # no validate phase: no drift column
-    assert not [c for c in tiny if "drift" in c] and "tags.`certified`" in tiny
+    logged = {*(f"params.`{k}`" for k in verdict.params), *(f"tags.`{k}`" for k in verdict.tags),
+              *(f"metrics.`{k}`" for row in verdict.metrics for k in row), "metrics.`eval_loss`",
+              "metrics.`steps_done`", "attributes.`Description`"}  # the last three: every trial run's
+    assert set(columns) <= logged  # a column no run logs is one the UI cannot show
+    tiny = load_catalog("tiny")  # no validate phase: no drift column
+    tiny_columns = verdict_columns(tiny, _demo_verdict(tiny))
+    assert not [c for c in tiny_columns if "drift" in c] and "tags.`certified`" in tiny_columns
+    only_tune = study_verdict(SPEC, StudyState.model_validate({"study_id": "s", "spec_hash": "h",
+                                                                "phases": {"tune": TUNE}}))
+    assert not [c for c in verdict_columns(SPEC, only_tune) if "certified" in c or "drift" in c]
 
 
 def test_the_validate_verdict_carries_the_transfer_regret():
@@ -89,4 +111,7 @@ def test_the_validate_verdict_carries_the_transfer_regret():
     metrics = validate.metrics[0]
     assert round(metrics["regret.lr.mup.w128"], 6) == 0.0125 and round(metrics["regret.lr.standard.w128"], 6) == 0.05
     assert "regret_pct.lr.mup.w128" in metrics and "Transfer regret in lr at width 128: mup" in validate.sentence
-    assert {"metrics.`regret_pct.lr.mup.w128`", "metrics.`best_lead_pct`"} <= set(verdict_columns(SPEC))
+    columns = verdict_columns(SPEC, _demo_verdict())
+    assert {"metrics.`regret_pct.lr.mup.w64`", "metrics.`regret_pct.lr.mup.w128`",
+            "metrics.`regret_pct.lr.standard.w128`", "metrics.`best_lead_pct`"} <= set(columns)
+    assert "metrics.`regret_pct.lr.standard.w64`" not in columns  # standard was carried from 64: no regret there

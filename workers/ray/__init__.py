@@ -16,4 +16,13 @@ from ray._private import ray_constants  # noqa: E402
 from ray.actor import ActorClass  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
-__all__ = ["ActorClass", "NodeAffinitySchedulingStrategy", "ray", "ray_constants"]
+__all__ = ["ActorClass", "NodeAffinitySchedulingStrategy", "keep_loopback", "ray", "ray_constants"]
+
+
+def keep_loopback() -> None:
+    """Keep 127.0.0.1 as this process's Ray node address, so what it starts or serves listens on loopback alone.
+
+    Ray swaps a node address of 127.0.0.1 for the machine's own (then binds every interface) unless it runs as a
+    single-machine cluster: the switch for that, read once at import, is set here for this process and its children."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False

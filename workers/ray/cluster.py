@@ -17,6 +17,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from studies.spec import StudySpec
 from workers.errors import InfrastructureLost, StudyFailed
+from workers.ray import keep_loopback
 from workers.runner import gpu_memory
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,8 @@ def ensure_ray() -> None:
             # RAY_AUTH_MODE is set: the private Ray keeps that default, chosen here, so the terminal stays ptctl's
             os.environ["RAY_AUTH_MODE"] = "token"
             ray._raylet.Config.initialize("")  # type: ignore[attr-defined]  # Ray read the mode at import
+        if address == "local":
+            keep_loopback()  # the private Ray serves this process alone: on loopback, like the embedded head
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      logging_level=logging.WARNING, configure_logging=False)

@@ -1,0 +1,188 @@
+"""A study's verdicts as the API shows them: each finished phase's typed result (`state.json`, the same results the
+report renders) as `service.schemas.Verdicts`, the one-line `VerdictBrief` of `GET /studies`, and the lines
+`ptctl study show` prints.
+
+Pure: nothing here reads a file. Module level imports only the schemas: the CLI renders the lines without pandas
+(`study_verdicts` imports the phases, which import it, when the server calls it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from service.schemas import (
+    CompareBudget,
+    CompareVerdict,
+    DriftVerdict,
+    RegretVerdict,
+    TransferPoint,
+    TransferVerdict,
+    TuneVerdict,
+    ValidateVerdict,
+    VerdictBrief,
+    Verdicts,
+    VerifyVerdict,
+)
+
+if TYPE_CHECKING:
+    from analysis import Certificate, LRDrift, Regret
+    from studies.phases import CompareResult, StudyState, TransferResult, TuneResult, ValidateResult
+
+
+def _num(value: Any) -> float | None:
+    """A finite float, else None (JSON has no NaN)."""
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def tune_verdict(result: TuneResult) -> TuneVerdict:
+    return TuneVerdict(best_eval_loss=_num(result.best_eval_loss), n_trials=result.n_trials,
+                       n_diverged=result.n_diverged)
+
+
+def transfer_verdict(result: TransferResult) -> TransferVerdict:
+    points = [TransferPoint(width=int(r["width"]), eval_loss=_num(r.get("eval_loss_mean"))) for r in result.widths]
+    return TransferVerdict(widths=sorted(points, key=lambda p: p.width))
+
+
+def verify_verdict(cert: Certificate) -> VerifyVerdict:
+    return VerifyVerdict(certified=cert.certified, bound=cert.upper_bound, p=cert.p, alpha=cert.alpha,
+                         n_better=cert.n_better, n_samples=cert.n_samples, centre_rank=cert.centre_rank,
+                         centre_loss=_num(cert.centre_loss), verdict=cert.verdict)
+
+
+def drift_verdict(drift: LRDrift) -> DriftVerdict:
+    from analysis.transfer import JUDGED  # the server's import: the phases loaded analysis already
+
+    judged, beside = JUDGED[drift.axis]
+    ci = drift.drift_ci.get(judged)
+    width = drift.optima[0].width if drift.axis != "width" and drift.optima else None
+    return DriftVerdict(hparam=drift.hparam, axis=drift.axis, width=width, parametrization=judged,
+                        drift=_num(drift.mup_drift), ci95=(ci[0], ci[1]) if ci else None,
+                        baseline=beside if beside in drift.drift else None,
+                        baseline_drift=_num(drift.drift.get(beside)), threshold=drift.threshold,
+                        passed=drift.passed, verdict=drift.verdict)
+
+
+def regret_verdict(regret: Regret) -> RegretVerdict:
+    ci = regret.ci
+    return RegretVerdict(hparam=regret.hparam, parametrization=regret.parametrization, width=regret.width,
+                         regret=_num(regret.regret), regret_pct=_num(regret.regret_pct),
+                         ci95=(ci[0], ci[1]) if ci else None, note=regret.note)
+
+
+def validate_verdict(result: ValidateResult) -> ValidateVerdict:
+    drifts = [drift_verdict(d) for d in result.all_drifts()]
+    return ValidateVerdict(passed=all(d.passed for d in drifts), drifts=drifts,
+                           regret=[regret_verdict(r) for r in result.regret])
+
+
+def compare_verdict(result: CompareResult) -> CompareVerdict:
+    """Per budget: the family ranked first and the study's transferred model's rank (`analysis.compare_table`)."""
+    budgets = []
+    for budget in sorted({float(r["budget"]) for r in result.summary}):
+        rows = [r for r in result.summary if float(r["budget"]) == budget]
+        first = min(rows, key=lambda r: int(r["rank"]))
+        ours = next((r for r in rows if r.get("role") == "transferred"), None)
+        loss = _num(first.get("eval_loss_mean"))  # None: no family finished a seed at this budget
+        rank = int(ours["rank"]) if ours is not None and _num(ours.get("eval_loss_mean")) is not None else None
+        budgets.append(CompareBudget(budget=budget, winner=str(first["family"]) if loss is not None else None,
+                                     eval_loss=loss, transferred_rank=rank))
+    return CompareVerdict(budgets=budgets)
+
+
+def study_verdicts(state: StudyState | None) -> Verdicts:
+    """Each finished phase's verdict (none before the driver wrote `state.json`)."""
+    from studies.phases import CompareResult, TransferResult, TuneResult, ValidateResult, VerifyResult
+
+    if state is None:
+        return Verdicts()
+    tune, transfer = state.result("tune", TuneResult), state.result("transfer", TransferResult)
+    verify, validate = state.result("verify", VerifyResult), state.result("validate", ValidateResult)
+    compare = state.result("compare", CompareResult)
+    return Verdicts(tune=tune_verdict(tune) if tune else None,
+                    transfer=transfer_verdict(transfer) if transfer else None,
+                    verify=verify_verdict(verify.certificate) if verify and verify.certificate else None,
+                    validate_=validate_verdict(validate) if validate else None,
+                    compare=compare_verdict(compare) if compare else None)
+
+
+# ---------------------------------------------------------------------------------- text
+def _signed(value: float | None) -> str:
+    return "—" if value is None else f"{value:+.2f}"
+
+
+def _interval(ci: tuple[float, float] | None) -> str:
+    return f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else ""
+
+
+def certificate_text(v: VerifyVerdict) -> str:
+    """"certified (bound 0.046 ≤ p 0.05)"."""
+    return f"{'certified' if v.certified else 'not certified'} (bound {v.bound:.3g} {'≤' if v.certified else '>'} " \
+           f"p {v.p:g})"
+
+
+def brief(verdicts: Verdicts) -> VerdictBrief | None:
+    """The verdicts in one line: the certificate, the drifts, compare's ranks; the tune winner's loss when none of
+    them finished. None when no phase did."""
+    verify, validate, compare, tune = verdicts.verify, verdicts.validate_, verdicts.compare, verdicts.tune
+    parts = []
+    if verify is not None:
+        parts.append(certificate_text(verify))
+    if validate is not None:
+        lr = next((d for d in validate.drifts if d.hparam == "lr" and d.axis == "width"), None)
+        parts.append(f"drift {'passed' if validate.passed else 'failed'}"
+                     + (f" (lr {_signed(lr.drift)})" if lr is not None else ""))
+    if compare is not None:
+        ranks = ",".join("—" if b.transferred_rank is None else str(b.transferred_rank) for b in compare.budgets)
+        parts.append(f"transferred model ranks {ranks} over {len(compare.budgets)} budgets")
+    if not parts and tune is not None:
+        parts.append(f"tuned (eval loss {tune.best_eval_loss:.4f})" if tune.best_eval_loss is not None else "tuned")
+    if not parts:
+        return None
+    return VerdictBrief(certified=verify.certified if verify else None, bound=verify.bound if verify else None,
+                        drift_passed=validate.passed if validate else None, line="; ".join(parts))
+
+
+def drift_line(d: DriftVerdict) -> str:
+    """"lr along width: mup +0.02 [-0.03, +0.07] per doubling (standard -0.98), threshold 0.25: passed"."""
+    where = {"horizon": "training steps"}.get(d.axis, d.axis) + (f" at width {d.width}" if d.width else "")
+    beside = f" ({d.baseline} {_signed(d.baseline_drift)})" if d.baseline is not None else ""
+    return (f"{d.hparam} along {where}: {d.parametrization} {_signed(d.drift)}{_interval(d.ci95)} per doubling"
+            f"{beside}, threshold {d.threshold:g}: {'passed' if d.passed else 'failed'}")
+
+
+def regret_text(r: RegretVerdict) -> str:
+    """"regret of lr at width 128 (mup): 0.0125 nats (0.3 %) [0.010, 0.015]"."""
+    head = f"regret of {r.hparam} at width {r.width} ({r.parametrization}): "
+    if r.regret is None:
+        return head + (r.note or "unknown")
+    pct = f" ({r.regret_pct:.2g} %)" if r.regret_pct is not None else ""
+    ci = f" [{r.ci95[0]:.3g}, {r.ci95[1]:.3g}]" if r.ci95 else ""
+    return f"{head}{r.regret:.3g} nats{pct}{ci}"
+
+
+def verdict_lines(verdicts: Verdicts) -> list[str]:
+    """One line per finished phase's verdict in phase order; indented under it, the certificate's sentence and
+    validate's drifts and regrets."""
+    lines = []
+    if (tune := verdicts.tune) is not None:
+        loss = f"{tune.best_eval_loss:.4f}" if tune.best_eval_loss is not None else "—"
+        lines.append(f"tune: best eval loss {loss} over {tune.n_trials} trials ({tune.n_diverged} diverged)")
+    if (transfer := verdicts.transfer) is not None:
+        lines.append("transfer: eval loss " + ", ".join(
+            f"{p.width}: {'—' if p.eval_loss is None else f'{p.eval_loss:.4f}'}" for p in transfer.widths))
+    if (verify := verdicts.verify) is not None:
+        lines.append(f"verify: {certificate_text(verify)}, {verify.n_better} of {verify.n_samples} samples better, "
+                     f"centre rank {verify.centre_rank} (alpha {verify.alpha:g})")
+        lines.append(f"  {verify.verdict}")
+    if (validate := verdicts.validate_) is not None:
+        lines.append(f"validate: drift {'passed' if validate.passed else 'failed'}")
+        lines += [f"  {drift_line(d)}" for d in validate.drifts]
+        lines += [f"  {regret_text(r)}" for r in validate.regret]
+    if (compare := verdicts.compare) is not None:
+        lines.append("compare: " + "; ".join(
+            f"budget {b.budget:.3g}: " + (f"{b.winner} first ({b.eval_loss:.4f})" if b.winner else "none finished")
+            + (f", transferred model rank {b.transferred_rank}" if b.transferred_rank is not None else "")
+            for b in compare.budgets))
+    return lines
