@@ -8,7 +8,6 @@ MLflow, httpx) are imported by the method that needs them, so `ptctl report ID` 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,14 +21,6 @@ if TYPE_CHECKING:
     from service.client import Client
     from service.schemas import StudyDetail
     from studies.spec import StudySpec
-
-DEFAULT_SERVER = "http://127.0.0.1:8000"
-
-
-def default_server() -> str:
-    """The API the remote commands talk to: `$PTCTL_SERVER`, else the local default."""
-    return os.environ.get("PTCTL_SERVER") or DEFAULT_SERVER
-
 
 class Backend(Protocol):
     def run(self, spec: StudySpec, study_id: str | None = None) -> int:

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from rich.markup import escape
 from rich.table import Table
 
-from service.backends import RemoteBackend, default_server
-from service.terminal import console
+from service.backends import RemoteBackend
+from service.terminal import console, default_server, load_spec
 
 
 def remote(args: argparse.Namespace) -> RemoteBackend:
@@ -30,9 +30,7 @@ def remote(args: argparse.Namespace) -> RemoteBackend:
 
 # ---------------------------------------------------------------------------------- commands
 def cmd_submit(args: argparse.Namespace) -> int:
-    from service.cli import _load_spec
-
-    return remote(args).run(_load_spec(args.file), watch=args.watch, idempotency_key=args.idempotency_key)
+    return remote(args).run(load_spec(args.file), watch=args.watch, idempotency_key=args.idempotency_key)
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from service.backends import DEFAULT_SERVER, default_server  # noqa: F401  (re-exported)
 from service.field_errors import FieldProblem, as_lines
 from service.schemas import Report, StudyDetail, StudyPage, StudySummary, TrialTable
+from service.terminal import default_server
 from studies.spec import StudySpec
 from workers.errors import PtctlError
 

@@ -155,8 +155,8 @@ def _family_model(name: str, models: list[type[BaseModel]], parent: Any) -> list
     `parent` names (its `family`, or its `model.family`); None for any other field."""
     from pydantic import BaseModel
 
-    from studies.arch import ModelSpec
     from studies.family import FAMILIES
+    from studies.model import ModelSpec
     from studies.space import Space
 
     parent = parent if isinstance(parent, dict) else {}

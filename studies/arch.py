@@ -1,6 +1,6 @@
 """What every family's architecture and model config share: the `Arch` base, `ModelSize` (what a trial adds to an
-arch), `ModelSpec` (the family, its parametrization and its arch) and the width rules. Each family's own arch and
-config live in its module under `studies/families/` (the registry: `studies.family`).
+arch) and the width rules (`studies.model.ModelSpec` names a family, its parametrization and its arch). Each
+family's own arch and config live in its module under `studies/families/` (the registry: `studies.family`).
 
 An arch (e.g. `studies.families.pt.PTArch`) is what a study fixes. A model config (e.g. `PTConfig`) is that arch
 plus what a trial adds: `vocab_size` (from the data), `width`, `base_width` and `parametrization` (`ModelSize`) and
@@ -21,15 +21,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    GetCoreSchemaHandler,
-    GetJsonSchemaHandler,
-    SerializeAsAny,
     ValidationInfo,
-    field_validator,
     model_serializer,
     model_validator,
 )
-from pydantic_core import core_schema
 
 Parametrization = Literal["mup", "standard"]
 DepthParametrization = Literal["none", "completep"]
@@ -144,44 +139,6 @@ def nested(info: ValidationInfo) -> dict[str, Any]:
     return {"strict": True if context.get("strict") else None, "context": info.context}
 
 
-def _registered(name: str) -> str:
-    from studies.family import get_family  # the registry's families import this module
-
-    get_family(name)
-    return name
-
-
-class _FamilyName:
-    """A registered family's name (`studies.family`): validated against the registry, offered as an enum."""
-
-    @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(_registered, core_schema.str_schema())
-
-    @classmethod
-    def __get_pydantic_json_schema__(cls, schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
-        from studies.family import family_names
-
-        return {"type": "string", "enum": family_names()}
-
-
-ModelFamily = Annotated[str, _FamilyName]
-"""A model family's name, one `studies.family.register`ed."""
-
-
-class _FamilyArch:
-    """A registered family's arch (`ModelSpec` validates it by family), or null for its defaults: its JSON schema
-    offers every family's (`StudySpec`'s schema narrows it to the family's)."""
-
-    @classmethod
-    def __get_pydantic_json_schema__(cls, schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
-        from studies.family import FAMILIES
-
-        arches = dict.fromkeys(f.arch for f in FAMILIES.values())  # each once, in registration order
-        return handler(core_schema.nullable_schema(core_schema.union_schema(
-            [a.__pydantic_core_schema__ for a in arches])))
-
-
 def width_steps(arch: BaseModel, base_width: int) -> dict[str, int]:
     """`arch.width_steps(base_width)`: every registered arch has the method (`Arch`'s, or its own)."""
     method = getattr(arch, "width_steps", None)
@@ -256,36 +213,3 @@ class ModelSize(BaseModel):
     @property
     def width_mult(self) -> float:
         return self.width / self.base_width
-
-
-class ModelSpec(BaseModel):
-    """The model family, its parametrization and its fixed architecture (the arch class follows `family`)."""
-
-    model_config = _STRICT
-
-    family: ModelFamily = Field("pt", description="the model family (one registered in `studies.family`)")
-    parametrization: Parametrization = Field("mup", description="'mup' (μP) or 'standard'")
-    arch: Annotated[SerializeAsAny[BaseModel], _FamilyArch] = Field(
-        None, validate_default=True, description="the fixed architecture: the family's arch (omitted: its defaults)")
-
-    @field_validator("arch", mode="wrap")
-    @classmethod
-    def _arch_of_family(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
-        from studies.family import get_family
-
-        if "family" not in info.data:  # the family failed validation: its error names the registered ones
-            return value
-        arch_cls = get_family(info.data["family"]).arch
-        if value is None:
-            return arch_cls()
-        if isinstance(value, arch_cls):
-            return value
-        return arch_cls.model_validate(value.model_dump() if isinstance(value, BaseModel) else value,
-                                       **nested(info))
-
-    @model_validator(mode="after")
-    def _mup_needs_uv(self) -> ModelSpec:
-        error = mup_error(self.arch, self.parametrization)
-        if error:
-            raise ValueError(error)
-        return self

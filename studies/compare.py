@@ -20,10 +20,10 @@ from pydantic import (
     model_validator,
 )
 
-from studies.arch import ModelSpec, nested
+from studies.arch import nested
 from studies.budget import width_for_budget
+from studies.model import ModelSpec, validate_space
 from studies.schema import FamilySpace, by_family
-from studies.space import validate_space
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 PosInt = Annotated[int, Field(gt=0)]

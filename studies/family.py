@@ -49,6 +49,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, create_model
 
+from studies.arch import ModelSize
 from studies.space import Space
 
 Objective = Literal["mlm", "clm"]
@@ -106,8 +107,6 @@ def from_mup(name: str, factory: str, arch: type[BaseModel], space: type[Space],
     float field per hparam of `space` but lr (the space's default as the field's); `coord_hp` is the coordinate
     check's small arch; without `param_count` and `forward_flops` it cannot join a compare study; `adam_eps`: its
     MuAdamW's ε when `train.adam_eps` is null."""
-    from studies.arch import ModelSize  # `studies.arch` imports this module lazily
-
     hparams = tuple(h for h in space.HPARAMS if h != "lr")
     centre = space()
     fields: dict[str, Any] = {
@@ -234,8 +233,6 @@ def _load(ep: EntryPoint) -> str | None:
 
 def _malformed(family: Family) -> str | None:
     """What is wrong with a plugin's `Family`, with the fix (None: nothing found)."""
-    from studies.arch import ModelSize  # `studies.arch` imports this module lazily; loaded by the time plugins are
-
     if not NAME.fullmatch(family.name):
         return f"its name {family.name!r} is not a plain name: use letters, digits, '_', '.' and '-'"
     if not (isinstance(family.arch, type) and issubclass(family.arch, BaseModel)

@@ -4,8 +4,8 @@ their default instead of being tuned). Each family's space lives in its module u
 seven transferred hparams in `pt`, BERT's and UT's four in `encoder`, TauGPT's four in `tauformer`).
 
 A study's tune phase searches `searched()`; every trial also receives `fixed()`; `defaults()` is the point the
-space is centred on. `space_class(family)` gives a model family's space (registered with it in
-`studies.family`); `space_model` builds a space from one declaration of a family's hparams.
+space is centred on (`studies.model.space_class(family)`: a registered family's space); `space_model` builds a
+space from one declaration of a family's hparams.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-__all__ = ["Range", "Space", "check_hparam_names", "space_class", "space_model", "validate_space"]
+__all__ = ["Range", "Space", "check_hparam_names", "space_model"]
 
 
 def check_hparam_names(names: Any, where: str, valid: tuple[str, ...]) -> None:
@@ -122,26 +122,6 @@ class Space(BaseModel):
         """`hparams` with every missing hparam at its default (frozen ones included); unknown names raise."""
         check_hparam_names(hparams, "the hparams given", self.HPARAMS)
         return {**self.defaults(), **{k: float(v) for k, v in hparams.items()}}
-
-
-def space_class(family: str) -> type[Space]:
-    """The search-space class of model `family` (its registration in `studies.family`)."""
-    from studies.family import get_family  # the registry imports this module
-
-    return get_family(family).space
-
-
-def validate_space(value: Any, family: str, **options: Any) -> Space:
-    """`value` (None, a dict or a space) as `family`'s space; a space of another family is re-validated
-    (`options`: `model_validate`'s strict and context)."""
-    cls = space_class(family)
-    if value is None:
-        return cls()
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, BaseModel):
-        value = value.model_dump()
-    return cls.model_validate(value, **options)
 
 
 def space_model(name: str, doc: str, ranges: dict[str, Any], frozen: Any, module: str) -> type[Space]:

@@ -38,8 +38,6 @@ from studies.arch import (
     DEPTH_SWEEP,
     DepthArch,
     DepthParametrization,
-    ModelFamily,
-    ModelSpec,
     Parametrization,
     mup_error,
     nested,
@@ -47,8 +45,8 @@ from studies.arch import (
 )
 from studies.compare import BaselineSpec, CompareSpec
 from studies.family import FAMILIES, get_family
+from studies.model import ModelFamily, ModelSpec, validate_space
 from studies.schema import FamilySpace, by_family
-from studies.space import validate_space
 
 __all__ = ["CATALOG_DIR", "AshaSpec", "BaselineSpec", "CompareSpec", "DataSpec", "ModelFamily", "ModelSpec",
            "Parametrization", "ResourcesSpec", "StudySpec", "TrackingSpec", "TrainSpec", "TransferSpec", "TrialConfig",

@@ -38,7 +38,7 @@ from studies.members import member_key
 from studies.spec import TrialConfig
 from workers.batches import Batch
 from workers.models import build_model
-from workers.models.contract import LanguageModel, adam_settings
+from workers.models.contract import LanguageModel, adam_eps, adam_settings
 
 MODULE_FIELDS = frozenset(vars(nn.Module()))  # nn.Module's own bookkeeping, not the model's state
 Swap = tuple[str, str, str | None]  # (module path, attribute, a config's field or None): one stacked value
@@ -264,8 +264,6 @@ class _AdamW:
     a per-member gradient-norm clip; members not `live` keep their parameters and moments."""
 
     def __init__(self, members: Stacked, cfg: TrialConfig) -> None:
-        from workers.train import adam_eps  # `workers.train` imports this module lazily
-
         self.m, self.betas = members, cfg.betas
         base = members.models[0]  # every member shares the train spec: the same ε and decay per group as solo's
         settings = adam_settings(base, cfg.model, *adam_eps(base, cfg), cfg.weight_decay, cfg.weight_decay_groups)

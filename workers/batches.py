@@ -16,12 +16,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from workers.tokenizer import MASK_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, Tokenizer
+
 if TYPE_CHECKING:
     from studies.spec import DataSpec
-    from workers.tokenizer import Tokenizer
 
-SPECIAL_TOKENS = ("<pad>", "<unk>", "<mask>")
-PAD_ID, UNK_ID, MASK_ID = 0, 1, 2
 IGNORE_INDEX = -100  # label of unscored positions (torch's cross_entropy default)
 SHUFFLE_ROWS = 4096  # rows in a stream's shuffle buffer (StreamData.shuffle_rows)
 _ENCODE_CHUNK = 256  # texts per `encode_batch` call when packing a stream

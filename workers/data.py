@@ -41,10 +41,6 @@ import tokenizers
 from studies.spec import DataSpec
 from workers.batches import (  # noqa: F401  (re-exported: the data API is workers.data)
     IGNORE_INDEX,
-    MASK_ID,
-    PAD_ID,
-    SPECIAL_TOKENS,
-    UNK_ID,
     Batch,
     BatchStream,
     MemoryData,
@@ -58,7 +54,7 @@ from workers.batches import (  # noqa: F401  (re-exported: the data API is worke
 )
 from workers.errors import ConfigError, InputNotFound
 from workers.paths import data_dir
-from workers.tokenizer import TOKENIZERS, Tokenizer  # noqa: F401  (re-exported)
+from workers.tokenizer import MASK_ID, PAD_ID, SPECIAL_TOKENS, TOKENIZERS, UNK_ID, Tokenizer  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from typing import Any
 import tokenizers
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 
-from workers.batches import MASK_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
-
+SPECIAL_TOKENS = ("<pad>", "<unk>", "<mask>")
+PAD_ID, UNK_ID, MASK_ID = 0, 1, 2
 TOKENIZERS = ("word", "wordpiece", "bpe")
 
 

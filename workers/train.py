@@ -36,8 +36,8 @@ from studies.spec import DataSpec, TrialConfig
 from workers.batches import Batch, MemoryData, StreamData
 from workers.data import prepare
 from workers.model_check import plugin_errors
-from workers.models import build_model, family, objective_of
-from workers.models.contract import LanguageModel, adam_settings
+from workers.models import build_model, objective_of
+from workers.models.contract import LanguageModel, adam_eps, adam_settings
 from workers.quiet import quiet
 from workers.report import Row, TrialReport
 
@@ -71,13 +71,6 @@ class EagerAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         return torch.optim.AdamW.step.__wrapped__(self, closure)  # type: ignore[attr-defined,no-any-return]
-
-
-def adam_eps(model: LanguageModel, cfg: TrialConfig) -> tuple[float, float]:
-    """Adam's ε (`train.adam_eps`, else the family's `Family.adam_eps`) and the factor on it in the groups whose lr
-    μP scales with width (`train.adam_eps_scaling`: base_width/width under 'width', else 1)."""
-    eps = cfg.adam_eps if cfg.adam_eps is not None else family(cfg.model).adam_eps
-    return eps, model.width_ratio() if cfg.adam_eps_scaling == "width" else 1.0
 
 
 def make_optimizer(model: LanguageModel, cfg: TrialConfig) -> torch.optim.Optimizer:

@@ -12,8 +12,9 @@ import pandas as pd
 from pydantic import BaseModel
 
 import analysis
-from studies.arch import ModelSpec, rebase
+from studies.arch import rebase
 from studies.budget import train_flops, width_for_budget
+from studies.model import ModelSpec
 from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Stage, Verdict
 from studies.phases.tune import best_hparams
 from studies.plan import PlannedTrial

@@ -7,7 +7,7 @@ from studies.arch import rebase, width_error, width_step
 from studies.families.pt import PTArch, PTConfig
 from studies.families.tauformer import TauArch, TauConfig
 from studies.family import FAMILIES
-from studies.space import space_class
+from studies.model import space_class
 
 SIZE = {"vocab_size", "width", "base_width", "parametrization"}
 

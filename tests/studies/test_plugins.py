@@ -78,7 +78,7 @@ def test_an_installed_plugin_family_appears_everywhere_the_built_ins_do(site, tm
         from service.cli import build_parser
         from service.settings import Settings
         from studies import StudySpec, family_names, load_catalog
-        from studies.arch import ModelSpec
+        from studies.model import ModelSpec
         from studies.family import PLUGINS
         from tests.service.conftest import FakeExecutor
         from workers.models import model_class

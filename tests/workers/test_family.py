@@ -15,10 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from studies import load_catalog
-from studies.arch import ModelSize, ModelSpec
+from studies.arch import ModelSize
 from studies.family import FAMILIES, Family, register
+from studies.model import ModelSpec, space_class
 from studies.plan import PlannedTrial
-from studies.space import Range, Space, space_class
+from studies.space import Range, Space
 from studies.spec import DataSpec, StudySpec, TrialConfig
 from workers import coord_check as coord_check_module
 from workers.coord_check import coord_check, coord_data

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from studies.family import get_family
 from workers.batches import Batch
 from workers.errors import ConfigError
 from workers.models.common import token_loss
@@ -113,6 +114,13 @@ def check_groups(family: str, given: Iterable[str], valid: Iterable[str]) -> Non
     if unknown:
         raise ConfigError(f"model family {family!r} has no parameter group(s) {unknown} named in "
                           f"train.weight_decay_groups: its groups are {sorted(set(valid))}")
+
+
+def adam_eps(model: LanguageModel, cfg: Any) -> tuple[float, float]:
+    """Adam's ε for trial config `cfg` (`train.adam_eps`, else the family's `Family.adam_eps`) and the factor on
+    it in the groups whose lr μP scales with width (`train.adam_eps_scaling`: base_width/width under 'width')."""
+    eps = cfg.adam_eps if cfg.adam_eps is not None else get_family(cfg.model).adam_eps
+    return eps, model.width_ratio() if cfg.adam_eps_scaling == "width" else 1.0
 
 
 def adam_settings(model: LanguageModel, family: str, eps: float, width_eps: float, weight_decay: float,
