@@ -19,7 +19,7 @@ install: $(VENV)/bin/python
 	$(PY) -m pip install -q -e ".[test]"
 	# mup declares torchvision but never imports it; its wheel breaks the CPU torch
 	$(PY) -m pip install -q --no-deps "mup==1.0.0"
-	# the example model family (a plugin: studies/catalog/nanogpt_mup.yaml, README "Your own model")
+	# the example model family (a plugin: studies/catalog/nanogpt_mup.yaml, docs/plugins.md)
 	$(PY) -m pip install -q --no-deps -e examples/nanogpt_mup
 
 demo: install

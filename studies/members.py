@@ -10,7 +10,7 @@ K is `resources.batch_members`: an integer (1: every trial alone, as before batc
 (`auto_members`): on a GPU, as many members as the device's memory holds (`member_bytes`: the parameters with
 their gradients and AdamW moments, and the activations kept for backward, from the shapes `studies.budget`
 counts), spread so that every trial slot of the cluster gets a batch; on CPU, 1 — measured on 2 CPU threads,
-batching PT at widths 32–128 does not speed a trial's arithmetic up (docs/LOG.md, `benchmarks/bench_batched.py`).
+batching PT at widths 32–128 does not speed a trial's arithmetic up (`benchmarks/bench_batched.py`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`StudySpec`: one hyperparameter-transfer study, end to end (README, "How a study flows").
+"""`StudySpec`: one hyperparameter-transfer study, end to end (docs/studies.md, "How a study flows").
 
 The same pydantic model is read from YAML by the CLI, accepted as JSON by the API, handed to Ray,
 logged to MLflow and echoed in the report. Every model is strict (`extra="forbid"`: an unknown

@@ -5,7 +5,7 @@ some grow. Step t is measured after t optimiser updates (t = 0 is initialisation
 same data batches at every width for one seed. The slopes, their seed intervals and the
 verdict are computed by `analysis.coord` from the returned table.
 
-`coord_check` adds seeds until the verdict is conclusive (docs/LOG.md, issue 11): a slope fails
+`coord_check` adds seeds until the verdict is conclusive: a slope fails
 only when its whole seed interval leaves the band, and a pass needs every interval narrow
 enough to have caught a rule error. Its default learning rate is fixed in units of the base
 width, lr·d0 = `CHECK_LR_TIMES_BASE`: under μP with Adam a hidden layer's update moves its
@@ -46,9 +46,8 @@ DEFAULT_DATA = DataSpec(max_tokens=200_000, seq_len=32)
 # The residual stream over depth is judged one-sidedly (it must not grow): under CompleteP each block's share of it
 # is m_L^-1 by design, so `hidden.first` − embed shrinks as 1/L, and the blocks' random initial contributions add
 # up to O(L^-1/2) (L independent branches × 1/L), so the stream tends to the embedding plus what training adds
-# (docs/LOG.md: BERT's stream, whose branches start larger than its embedding, shrinks by −0.2 to −0.5 per
-# doubling at depths 2–16; TauGPT's, embedding-dominated, stays within ±0.05). The branch outputs and the
-# logits are judged as in the width check.
+# (BERT's, whose branches start larger than its embedding, shrinks with depth; TauGPT's, embedding-dominated,
+# stays flat). The branch outputs and the logits are judged as in the width check.
 DEPTH_MAY_VANISH = ("hidden.",)
 LAYER = re.compile(r"\.layer(\d+)$")  # a per-layer trace name's suffix
 

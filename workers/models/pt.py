@@ -8,7 +8,7 @@ Shapes: B batch, n length, d width (Z labels), h channels, r rank, K = 2γ+2 dis
 m topics. Comments give shapes as (B, n, d).
 
 μP changes (spec §3.3–3.5) sit inside blocks marked `# --- μP ---`; each is listed in the
-README's rule → code table and guarded by the coordinate-check test. The config, `PTConfig`, is declared in
+the rule → code table of docs/mup.md and guarded by the coordinate-check test. The config, `PTConfig`, is declared in
 `studies.arch` (its arch, width, parametrization and the six information weights).
 
 Memory (`PTConfig.recompute`, default on): per iteration the only (B, n, K, h, r) tensors kept for

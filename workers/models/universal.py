@@ -16,7 +16,7 @@ branch outputs to the stream exactly as T distinct blocks would, so each applica
 m_L = n_steps / base_depth (at α = 1, x_{t+1} = x_t + (L0/T)·F(x_t): the forward-Euler steps of one ODE, whose
 limit in T exists). The position and timestep signals the UT adds to the state before every step are per-step
 increments of the stream as well, and take the same m_L^-α: unscaled, T coherent additions of the same position
-signal grow the stream ∝ T (measured: slope +0.94 per doubling of n_steps, docs/LOG.md). The shared block's lr
+signal grow the stream ∝ T (a slope of about +1 per doubling of n_steps). The shared block's lr
 and ε take the shared-block factors of `workers/models/common.py` (its gradient sums the T applications): both are
 1 at α = 1, so CompleteP here is the multiplier on each step's increments (branches and signals) alone.
 Under ACT, L is the maximum, `n_steps`.
