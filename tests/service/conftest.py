@@ -29,6 +29,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+EVENT_S = 300  # the ceiling on an event a loaded 2-core machine may be slow to show (a stop, an interruption)
+
+
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.5, seen=None):
     """Poll `predicate` until it returns something truthy; fail naming `what` (and `seen()`, what there is
     instead) after `timeout` s."""
@@ -216,7 +219,7 @@ def running_mlflow(backend_uri: str, root: Path):
     launch = partial(launch_mlflow, backend_uri, root, log)
     proc = None
     try:
-        proc, port = start_serving(launch, http_ok("/health"), root / "mlflow.log", "the MLflow server", timeout=120)
+        proc, port = start_serving(launch, http_ok("/health"), root / "mlflow.log", "the MLflow server")
         yield f"http://127.0.0.1:{port}", root / "mlflow.log"
     finally:
         if proc is not None:

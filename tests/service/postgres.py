@@ -94,7 +94,7 @@ class Postgres:
                      "-c", "max_connections=200"],
                     stdout=log, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True, **self._ids)
 
-        self.proc, _ = start_serving(launch, self._answers, self.log, "the throwaway PostgreSQL server", timeout=60)
+        self.proc, _ = start_serving(launch, self._answers, self.log, "the throwaway PostgreSQL server")
         self.start_s = time.monotonic() - began
         return self
 

@@ -17,7 +17,7 @@ import yaml
 from mlflow import MlflowClient
 
 from studies import load_catalog
-from tests.service.conftest import wait_for
+from tests.service.conftest import EVENT_S, wait_for
 
 pytestmark = pytest.mark.slow
 SYSTEM = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
@@ -62,10 +62,10 @@ def test_lost_driver_is_interrupted_then_resumed_then_cancelled(server, service_
         drivers = [pid for pid, title in ray_work(service_dir).items() if title.startswith("ray::StudyDriverActor")]
         assert len(drivers) == 1, ray_work(service_dir)
         os.kill(drivers[0], signal.SIGKILL)  # the driver dies behind the API's back
-        lost = wait_for(lambda: (d := api.get(f"/studies/{study_id}").json())["status"] == "interrupted" and d, 60,
+        lost = wait_for(lambda: (d := api.get(f"/studies/{study_id}").json())["status"] == "interrupted" and d, EVENT_S,
                         "the reconciler to mark the study interrupted")
         assert "resume" in lost["error"]
-        wait_for(lambda: not ray_work(service_dir), 60, "the lost driver's trials to die with it")
+        wait_for(lambda: not ray_work(service_dir), EVENT_S, "the lost driver's trials to die with it")
 
         resumed = api.post(f"/studies/{study_id}/resume")
         assert resumed.status_code == 200 and resumed.json()["status"] == "running"
@@ -75,7 +75,7 @@ def test_lost_driver_is_interrupted_then_resumed_then_cancelled(server, service_
 
         cancelled = api.post(f"/studies/{study_id}/cancel")
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
-        wait_for(lambda: not ray_work(service_dir), 30, "every trial and the driver to stop after cancel")
+        wait_for(lambda: not ray_work(service_dir), EVENT_S, "every trial and the driver to stop after cancel")
         time.sleep(4)
         assert not ray_work(service_dir), "Ray work came back after cancel"
         assert api.get(f"/studies/{study_id}").json()["status"] == "cancelled"
@@ -104,7 +104,7 @@ def test_a_cancel_stops_every_member_of_a_batched_phase(server, service_dir, mlf
         wait_for(lambda: status()["progress"]["verify"]["running"] >= 4, 240, "a verify batch's members to train",
                  seen=status)
         assert api.post(f"/studies/{study_id}/cancel").json()["status"] == "cancelled"
-        wait_for(lambda: not ray_work(service_dir), 30, "every batch and the driver to stop after cancel")
+        wait_for(lambda: not ray_work(service_dir), EVENT_S, "every batch and the driver to stop after cancel")
 
     client = MlflowClient(tracking_uri=mlflow_server[0])
     experiment = client.get_experiment_by_name("tiny-cancel-batched").experiment_id

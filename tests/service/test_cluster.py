@@ -73,7 +73,7 @@ def s3(tmp_path_factory) -> Iterator[dict[str, str]]:
         except OSError:
             return False
 
-    server, port = start_serving(launch, bucket_made, log, "moto's S3 server", timeout=60)
+    server, port = start_serving(launch, bucket_made, log, "moto's S3 server")
     try:
         yield {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
                "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}

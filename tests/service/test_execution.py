@@ -16,7 +16,7 @@ from service.progress import MlflowView
 from service.settings import Settings
 from service.store import Store
 from studies import load_catalog
-from tests.service.conftest import wait_for
+from tests.service.conftest import EVENT_S, wait_for
 
 
 @pytest.fixture()
@@ -61,7 +61,7 @@ def test_reconcile_interrupts_running_studies_when_the_head_is_lost(dead_head, t
 def _driver_process() -> subprocess.Popen:
     """A process titled as Ray titles a study's driver, returned once bash has taken that title."""
     proc = subprocess.Popen(["bash", "-c", "exec -a ray::StudyDriverActor sleep 60"])
-    wait_for(lambda: execution.running_driver(proc.pid), 5, "bash to exec the titled process", interval=0.01)
+    wait_for(lambda: execution.running_driver(proc.pid), EVENT_S, "bash to exec the titled process", interval=0.01)
     return proc
 
 
@@ -95,7 +95,7 @@ def test_running_driver_is_a_live_process_titled_as_a_driver():
         assert not execution.running_driver(other.pid)
         driver.kill()
         # a zombie until reaped: not running
-        wait_for(lambda: not execution.running_driver(driver.pid), 5, "the killed driver to end", interval=0.01)
+        wait_for(lambda: not execution.running_driver(driver.pid), EVENT_S, "the killed driver to end", interval=0.01)
         driver.wait()
         assert not execution.running_driver(driver.pid)
     finally:

@@ -23,7 +23,7 @@ from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
 from studies import load_catalog
-from tests.service.conftest import wait_for
+from tests.service.conftest import EVENT_S, wait_for
 from tests.service.test_cancel import ray_work
 
 pytestmark = pytest.mark.slow
@@ -55,8 +55,8 @@ def test_a_trial_finished_just_before_its_driver_was_killed_does_not_train_again
         drivers = [pid for pid, title in ray_work(service_dir).items() if title.startswith("ray::StudyDriverActor")]
         os.kill(drivers[0], signal.SIGKILL)  # right after the trial's result was recorded
         killed_at = time.time()
-        wait_for(lambda: api.get(f"/studies/{study_id}").json()["status"] == "interrupted", 60, "the interruption")
-        wait_for(lambda: not ray_work(service_dir), 60, "the lost driver's trials to die with it")
+        wait_for(lambda: api.get(f"/studies/{study_id}").json()["status"] == "interrupted", EVENT_S, "the interruption")
+        wait_for(lambda: not ray_work(service_dir), EVENT_S, "the lost driver's trials to die with it")
         assert api.post(f"/studies/{study_id}/resume").status_code == 200
         final = wait_for(lambda: (d := api.get(f"/studies/{study_id}").json())["status"] != "running" and d, 420,
                          "the resumed study to end", interval=2)

@@ -59,7 +59,7 @@ def served(tmp_path_factory):
             return subprocess.Popen([sys.executable, "-c", SERVE, str(data), str(port), f"admin:{ADMIN}"],
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
-    proc, port = start_serving(launch, http_ok("/healthz"), log, "uvicorn", timeout=60)
+    proc, port = start_serving(launch, http_ok("/healthz"), log, "uvicorn")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

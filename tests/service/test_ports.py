@@ -16,7 +16,7 @@ from contextlib import suppress
 import pytest
 
 from tests.service import conftest
-from tests.service.conftest import free_port, http_ok, listeners, start_serving, wait_for
+from tests.service.conftest import EVENT_S, free_port, http_ok, listeners, start_serving, wait_for
 
 
 def _http_server(port: int, log) -> subprocess.Popen:
@@ -31,7 +31,7 @@ def stranger(tmp_path):
     with open(tmp_path / "stranger.log", "w") as log:
         proc = _http_server(port, log)
     try:
-        wait_for(lambda: proc.pid in listeners(port), 30, "the stranger's listening socket", interval=0.05)
+        wait_for(lambda: proc.pid in listeners(port), EVENT_S, "the stranger's listening socket", interval=0.05)
         yield proc, port
     finally:
         with suppress(ProcessLookupError):
@@ -55,7 +55,7 @@ def test_a_server_whose_port_was_taken_starts_on_another(stranger, tmp_path, mon
         with open(log, "a") as out:
             return _http_server(port, out)
 
-    proc, port = start_serving(launch, http_ok("/"), log, "the http.server", timeout=30)
+    proc, port = start_serving(launch, http_ok("/"), log, "the http.server")
     try:
         assert port != taken  # the stranger's 200 on the taken port did not count as this server up
         assert listeners(port) == {proc.pid}

@@ -23,7 +23,7 @@ import yaml
 from service import ray_head
 from studies import load_catalog
 from tests.conftest import DEFAULT_DATA
-from tests.service.conftest import ADMIN, READ, Server, wait_for
+from tests.service.conftest import ADMIN, EVENT_S, READ, Server, wait_for
 from tests.service.test_cancel import ray_work
 
 pytestmark = pytest.mark.slow
@@ -203,7 +203,7 @@ def test_losing_the_ray_head_interrupts_and_resume_finishes(fresh):
         head = ray_head.running(fresh.data)
         os.killpg(head.pgid, signal.SIGKILL)  # the whole head: GCS, raylet, the driver and its trials
         killed = time.monotonic()
-        lost = wait_for(lambda: (d := _status(api, study_id))["status"] == "interrupted" and d, 60,
+        lost = wait_for(lambda: (d := _status(api, study_id))["status"] == "interrupted" and d, EVENT_S,
                         "the study to be marked interrupted",
                         seen=lambda: {k: _status(api, study_id)[k] for k in ("status", "phase", "progress")})
         assert "Ray head stopped" in lost["error"] and "resume" in lost["error"]
@@ -246,7 +246,7 @@ def test_a_driver_never_told_to_run_is_started_at_start_up(fresh):
     subprocess.run([sys.executable, "-c", _HALF_SUBMIT], input=_spec("half", trials=2), text=True,
                    env=fresh.env, check=True, timeout=120)
     # the submit returns once Ray has the named actor, before its process has started
-    idle = wait_for(lambda: _drivers(fresh.data), 60, "the half submit's idle driver")
+    idle = wait_for(lambda: _drivers(fresh.data), EVENT_S, "the half submit's idle driver")
     fresh.start()
     with fresh.client() as api:
         started = _status(api, "half-submitted")  # start-up started it before the API answered
