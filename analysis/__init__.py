@@ -60,9 +60,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 # Each public name and the module it lives in: loaded on first use (PEP 562), so `from analysis import
-# PHASES` pulls neither pandas nor scipy nor matplotlib, and a plot's caller alone pays for matplotlib.
+# HPARAMS` pulls neither pandas nor scipy nor matplotlib, and a plot's caller alone pays for matplotlib.
 _HOME = {
-    **dict.fromkeys(("HPARAMS", "PHASES", "STATUSES", "TrialStatus", "min_samples"), "constants"),
+    **dict.fromkeys(("HPARAMS", "STATUSES", "TrialStatus", "min_samples"), "constants"),
     **dict.fromkeys(("Certificate", "certify", "confidence", "upper_bound", "verify_losses"), "certificate"),
     **dict.fromkeys(("compare_table", "plot_compare"), "compare"),
     **dict.fromkeys(("CoordOffence", "CoordVerdict", "coord_slopes", "coord_verdict", "plot_coord"), "coord"),
@@ -79,7 +79,7 @@ _HOME = {
 if TYPE_CHECKING:
     from analysis.certificate import Certificate, certify, confidence, upper_bound, verify_losses
     from analysis.compare import compare_table, plot_compare
-    from analysis.constants import HPARAMS, PHASES, STATUSES, TrialStatus, min_samples
+    from analysis.constants import HPARAMS, STATUSES, TrialStatus, min_samples
     from analysis.coord import CoordOffence, CoordVerdict, coord_slopes, coord_verdict, plot_coord
     from analysis.distance import relative_distance
     from analysis.neighbours import NeighbourAdvice, neighbour_advice
@@ -112,7 +112,6 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "HPARAMS",
-    "PHASES",
     "STATUSES",
     "TrialStatus",
     "Certificate",

@@ -1,5 +1,6 @@
-"""The study report as Markdown: spec summary, one compact section per phase, verdicts and figure links;
-and the same report as one self-contained HTML page (`report_html`), its figures inline."""
+"""The study report as Markdown: spec summary, one compact section per phase (each phase writes its own,
+`studies.phases.base.Phase.section`, with the helpers here), verdicts and figure links; and the same report as
+one self-contained HTML page (`report_html`), its figures inline."""
 
 from __future__ import annotations
 
@@ -15,11 +16,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.certificate import Certificate
-from analysis.compare import compare_table
-from analysis.neighbours import NeighbourAdvice
 from analysis.regret import Regret, regret_line
-from analysis.table import HPARAMS, PHASES, STATUSES, judged_loss, loss_spread, phase_rows
-from analysis.transfer import LRDrift, transfer_table
+from analysis.table import STATUSES, judged_loss, loss_spread, phase_rows
+from analysis.transfer import LRDrift
 
 SUMMARY_KEYS: tuple[str, ...] = ("model", "base_width", "widths", "budget", "families", "budgets", "tokens")
 """The spec keys echoed in the report's summary, when the study dict has them."""
@@ -51,85 +50,45 @@ def _cell(value: Any) -> str:
 def render_report(
     *,
     study: Mapping[str, Any],
-    tables: Mapping[str, pd.DataFrame],
-    certificate: Certificate | None,
-    lr_drift: LRDrift | None,
+    phases: Sequence[str],
+    sections: Mapping[str, Sequence[str]],
     plots: Mapping[str, str],
-    hparam_drift: Sequence[LRDrift] = (),
-    hparams: Sequence[str] = HPARAMS,
+    tables: Mapping[str, pd.DataFrame],
+    headline: Mapping[str, tuple[str, str, str]],
     cost: Mapping[str, Any] | None = None,
-    advice: NeighbourAdvice | None = None,
-    regret: Sequence[Regret] = (),
-    horizon_drift: Sequence[LRDrift] = (),
     flags: Sequence[str] = (),
-    depth_drift: LRDrift | None = None,
 ) -> str:
-    """Render a study's Markdown report.
-
-    Args:
-        study: the spec as a dict (e.g. `StudySpec.model_dump()`) plus `id` or `study_id`; the title
-            uses `name` and the id, the summary the keys in `SUMMARY_KEYS` that are present.
-        tables: phase name → trial table holding that phase's rows (a whole-study table works too).
-        certificate: the verify phase's certificate, if it ran.
-        lr_drift: the validate phase's verdict, if it ran; `hparam_drift`: those of its other swept hparams.
-        plots: figure name → PNG path relative to where the report is written. A figure named after
-            a phase (`tune`, `transfer`, `verify`, `validate`; `validate (w_H)` too) is linked in that phase's
-            section, the others (e.g. `coord`) under "figures".
-            The `validate` figure (the lr alignment) is the report's headline, first after the title.
-        hparams: the hparam columns shown beside the best tune trials.
-        cost: `studies.cost.measured_cost`'s account (rows per phase, targets per width), shown under "cost".
-        advice: where an uncertified centre's better neighbours lie (`analysis.neighbour_advice`).
-        regret: the validate phase's transfer regret (`analysis.transfer_regret`): one bold line per swept hparam
-            ("what did transfer cost") and a table, first in the validate section.
-        horizon_drift: a horizon sweep's drifts per doubling of steps (one per width), in the validate section.
-        flags: warnings about the study's design (e.g. `studies.phases.validate.horizon_flag`), bold under tune.
-        depth_drift: a depth sweep's drift per doubling of depth (completep judged, none beside it), in the validate
-            section.
-    """
+    """A study's Markdown report: `study` (the spec as a dict plus `id` or `study_id`: the title, and the keys of
+    `SUMMARY_KEYS`), then each of `phases` (every phase's name, in order) with its `sections` paragraphs and the
+    `plots` named after it (figure name → PNG path; `validate (w_H)` is validate's, `coord` goes under "figures"),
+    but a `headline` figure (name → title, caption, the line left in its section), which goes first; then `cost`
+    (`studies.cost.measured_cost`'s account) and the batched trials of `tables`. `flags`: warnings about the
+    study's design, bold in the first phase's section."""
     study_id = study.get("id", study.get("study_id"))
     title = f"# Study {study.get('name', 'unnamed')}" + (f" (`{study_id}`)" if study_id else "")
     summary = [f"- **{k}**: {_cell(study[k])}" for k in SUMMARY_KEYS if k in study]
-    sections: dict[str, list[str]] = {}
-    if "tune" in tables:
-        sections["tune"] = [_tune_section(tables["tune"], hparams)]
-    if "transfer" in tables:
-        sections["transfer"] = [markdown_table(transfer_table(tables["transfer"]))]
-    if certificate is not None:
-        sections["verify"] = [_verify_section(certificate)]
-        if advice is not None and not certificate.certified:
-            sections["verify"].append(f"**where the better neighbours lie:** {advice.text}")
-    if lr_drift is not None:
-        sections["validate"] = [_validate_section(d) for d in (lr_drift, *hparam_drift)]
-    if regret:
-        sections["validate"] = [_regret_section(regret), *sections.get("validate", [])]
-    if horizon_drift:
-        sections.setdefault("validate", []).extend(_validate_section(d) for d in horizon_drift)
-    if depth_drift is not None:
-        sections.setdefault("validate", []).append(_validate_section(depth_drift))
+    parts = {name: list(paragraphs) for name, paragraphs in sections.items() if paragraphs}
     if flags:
-        sections.setdefault("tune", []).extend(f"**{flag}**" for flag in flags)
-    if "compare" in tables:
-        sections["compare"] = [_compare_section(tables["compare"])]
-    headline = []
+        parts.setdefault(phases[0], []).extend(f"**{flag}**" for flag in flags)
+    top: list[str] = []
     for name, path in plots.items():
-        if name == "validate":
-            headline = ["## lr alignment (the headline)",
-                        "Eval loss against the learning rate at each width, under each parametrization: under μP the "
-                        f"optimum (★) should stay put as width grows.\n\n![{name}]({path})"]
-            sections.setdefault("validate", []).append("The lr-alignment figure heads this report.")
-            continue
         phase = name.split(" (")[0]  # "validate (w_H)": another figure of the validate phase
-        sections.setdefault(phase if phase in PHASES else "figures", []).append(f"![{name}]({path})")
+        if name in headline:
+            heading, caption, line = headline[name]
+            top = [f"## {heading}", f"{caption}\n\n![{name}]({path})"]
+            parts.setdefault(phase, []).append(line)
+            continue
+        parts.setdefault(phase if phase in phases else "figures", []).append(f"![{name}]({path})")
     if cost and cost.get("rows"):
-        sections["cost"] = [cost_section(cost)]
+        parts["cost"] = [cost_section(cost)]
     batched = batches_line(tables)
     if batched:
-        sections.setdefault("cost", []).append(batched)
-    parts = [title, *headline, "## spec", "\n".join(summary) or "_no spec summary given_"]
-    for name in (*PHASES, "cost", "figures"):
-        if name in sections:
-            parts += [f"## {name}", *sections[name]]
-    return "\n\n".join(parts) + "\n"
+        parts.setdefault("cost", []).append(batched)
+    out = [title, *top, "## spec", "\n".join(summary) or "_no spec summary given_"]
+    for name in (*phases, "cost", "figures"):
+        if name in parts:
+            out += [f"## {name}", *parts[name]]
+    return "\n\n".join(out) + "\n"
 
 
 REPORT_CSS = """
@@ -165,7 +124,7 @@ def report_html(markdown: str, figures: Path) -> str:
             f"<style>{REPORT_CSS}</style></head>\n<body>\n{body}</body></html>\n")
 
 
-def _tune_section(table: pd.DataFrame, hparams: Sequence[str], top: int = 5) -> str:
+def tune_section(table: pd.DataFrame, hparams: Sequence[str], top: int = 5) -> str:
     """Trial counts per status and the `top` trials by eval loss with their hparams."""
     rows = phase_rows(table, "tune")
     counts = rows["status"].value_counts().reindex(list(STATUSES), fill_value=0)
@@ -177,8 +136,10 @@ def _tune_section(table: pd.DataFrame, hparams: Sequence[str], top: int = 5) -> 
     return f"{len(rows)} trials: {count_line}.\n\nTop {len(best)} by eval loss:\n\n{top_table}"
 
 
-def _compare_section(table: pd.DataFrame) -> str:
+def compare_section(table: pd.DataFrame) -> str:
     """Per budget, each family's width, counted parameters, training FLOPs and eval loss over seeds."""
+    from analysis.compare import compare_table  # only here: it loads matplotlib, and every trial loads this module
+
     summary = compare_table(table)
     summary["eval_loss"] = [loss_spread(m, s) for m, s in zip(summary["eval_loss_mean"], summary["eval_loss_std"],
                                                                strict=True)]
@@ -189,7 +150,7 @@ def _compare_section(table: pd.DataFrame) -> str:
     return f"{note}\n\n{markdown_table(summary[columns])}"
 
 
-def _verify_section(cert: Certificate) -> str:
+def verify_section(cert: Certificate) -> str:
     """The certificate's verdict in bold, then its fields as a two-column table."""
     fields = cert.model_dump(exclude={"verdict"})
     table = pd.DataFrame({"field": list(fields), "value": list(fields.values())})
@@ -198,7 +159,7 @@ def _verify_section(cert: Certificate) -> str:
     )
 
 
-def _validate_section(drift: LRDrift) -> str:
+def drift_section(drift: LRDrift) -> str:
     """The drift verdict, the drift per parametrization (with its interval over seeds), and the optimum per width
     (per training length, or per depth)."""
     per_doubling = [round(d, 3) + 0.0 for d in drift.drift.values()]  # + 0.0 turns -0.0 into 0.0
@@ -214,7 +175,7 @@ def _validate_section(drift: LRDrift) -> str:
     return f"**{status}**: {drift.verdict}\n\n{markdown_table(drifts)}\n\n{markdown_table(optima)}"
 
 
-def _regret_section(regret: Sequence[Regret]) -> str:
+def regret_section(regret: Sequence[Regret]) -> str:
     """What transfer cost: one bold line per swept hparam, then every (hparam, parametrization, width) regret."""
     lines = [f"**{line}**" for h in dict.fromkeys(r.hparam for r in regret) if (line := regret_line(regret, h))]
     rows = pd.DataFrame([{"hparam": r.hparam, "parametrization": r.parametrization, "width": r.width,

@@ -10,9 +10,9 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from analysis.constants import HPARAMS, LOSS_STATUSES, PHASES, STATUSES, TrialStatus
+from analysis.constants import HPARAMS, LOSS_STATUSES, STATUSES, TrialStatus
 
-__all__ = ["HPARAMS", "LOSS_STATUSES", "PHASES", "STATUSES", "TrialStatus", "judged_loss", "loss_spread",
+__all__ = ["HPARAMS", "LOSS_STATUSES", "STATUSES", "TrialStatus", "judged_loss", "loss_spread",
            "phase_rows", "require_columns"]
 
 

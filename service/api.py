@@ -1,12 +1,13 @@
 """The HTTP endpoints. Each is thin: parse, authorize, call `Control`/`progress`, shape the response.
 
     POST /studies                 StudySpec as JSON or YAML → 201 + Location (Idempotency-Key: same key, same study)
-    GET  /studies                 ?status=&limit=&offset= → a page, newest first
-    GET  /studies/{id}            status, phase, per-phase progress, best hparams, MLflow ids and links
+    GET  /studies                 ?status=&limit=&offset= → a page, newest first, each with its verdicts' line
+    GET  /studies/{id}            status, phase, per-phase progress, best hparams, verdicts, MLflow ids and links
     GET  /studies/{id}/trials     the trial table (finished phases + the running phase's live rows)
     GET  /studies/{id}/report     the Markdown report and the certificate (409 until the study succeeded)
     POST /studies/{id}/cancel     → cancelled (409 if already finished)
     POST /studies/{id}/resume     interrupted | failed | cancelled → running
+    POST /plans                   StudySpec → trials, FLOPs and wall time per phase, timed here; nothing stored
     GET  /healthz, GET /readyz    process up; store, Ray and MLflow reachable
 """
 
@@ -35,14 +36,18 @@ from service.schemas import (
     Report,
     Status,
     StudyDetail,
+    StudyListItem,
     StudyPage,
+    StudyPlan,
     StudySummary,
     TrialTable,
     finite,
 )
 from service.settings import Settings
 from service.store import Study
+from service.verdicts import brief, study_verdicts
 from studies.phases import StudyState, TuneResult
+from studies.spec import StudySpec
 from studies.status import StudyStatus
 from workers.folder import StudyFolder
 
@@ -92,10 +97,22 @@ async def submit(request: Request, response: Response,
     `Idempotency-Key` answers its study (200), started first if its driver never began (a submit cut short)."""
     spec = await read_spec(request)
     await run_in_threadpool(policy.enforce, spec, _settings(request))  # what a remote spec may name (422)
+    await run_in_threadpool(_check_model, spec)
     study, created = await run_in_threadpool(_control(request).submit, spec, idempotency_key)
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/studies/{study.id}"
     return summary(study)
+
+
+def _check_model(spec: StudySpec) -> None:
+    """422 when the study's model breaks ptctl's model contract (`workers.model_check`), before it is stored."""
+    from workers.errors import ConfigError
+    from workers.model_check import check_study
+
+    try:
+        check_study(spec)
+    except ConfigError as exc:
+        raise HTTPException(422, [{"loc": ["body", "model"], "msg": str(exc), "type": "model_contract"}]) from None
 
 
 @router.get("/studies", response_model=StudyPage, tags=["studies"], dependencies=[Read],
@@ -104,7 +121,13 @@ def list_studies(request: Request, status_: Annotated[Status | None, Query(alias
                  limit: Annotated[int, Query(ge=1, le=500)] = 50,
                  offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> StudyPage:
     items, total = _control(request).store.list(status_, limit, offset)
-    return StudyPage(items=[summary(s) for s in items], total=total, limit=limit, offset=offset)
+    return StudyPage(items=[_listed(request, s) for s in items], total=total, limit=limit, offset=offset)
+
+
+def _listed(request: Request, study: Study) -> StudyListItem:
+    """The study's summary with its verdicts in one line, read from its folder's state.json."""
+    verdict = brief(study_verdicts(_folder(request, study).read_state()))
+    return StudyListItem(**summary(study).model_dump(), verdict=verdict)
 
 
 def _observed(request: Request, study: Study, fresh: bool = False
@@ -130,7 +153,7 @@ def get_study(request: Request, study_id: str) -> StudyDetail:
     progress = phase_progress(_folder(request, study), study.spec, state, study.planned, live)
     tune = state.result("tune", TuneResult) if state else None
     return StudyDetail(**summary(study).model_dump(), spec=study.spec, progress=progress,
-                       best_hparams=tune.best_hparams if tune else None, mlflow=info)
+                       best_hparams=tune.best_hparams if tune else None, verdicts=study_verdicts(state), mlflow=info)
 
 
 @router.get("/studies/{study_id}/trials", response_model=TrialTable, tags=["studies"], dependencies=[Read],
@@ -168,6 +191,24 @@ def resume(request: Request, study_id: str) -> StudySummary:
     """Start a new driver on the same study id: finished phases and trials are not run again."""
     policy.enforce(_control(request).store.get(study_id).spec, _settings(request), where=("spec",))  # as of now
     return summary(_control(request).resume(study_id))
+
+
+@router.post("/plans", response_model=StudyPlan, tags=["studies"], dependencies=[Admin],
+             responses=errors(400, *ADMIN, 413, 415, 422, 503))
+async def plan(request: Request, probe: Annotated[bool, Query(description="false: trials, steps and FLOPs only, "
+                                                                      "no timed steps")] = True) -> StudyPlan:
+    """Plan a `StudySpec` (the body of POST /studies) without storing or starting it: per phase its trials, steps,
+    FLOPs and the wall time estimated from a few timed steps of each trial shape on this server (one plan at a
+    time; an admin token, since the steps use the cores studies train on)."""
+    spec = await read_spec(request)
+    await run_in_threadpool(policy.enforce, spec, _settings(request))
+    await run_in_threadpool(_check_model, spec)
+    from service.plan import COMPARE_NOTE, study_plan
+
+    if spec.compare is not None:
+        raise HTTPException(422, [{"loc": ["body", "compare"], "msg": f"the plan is {COMPARE_NOTE}",
+                                   "type": "value_error"}])
+    return await run_in_threadpool(study_plan, spec, probe, _settings(request).ray_num_cpus)
 
 
 # ---------------------------------------------------------------------------------- health

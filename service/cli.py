@@ -19,7 +19,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from service.backends import Backend, LocalBackend, RemoteBackend
-from service.terminal import console, run_command, usage_error, validation_lines
+from service.plan import print_estimate
+from service.terminal import console, invalid_input, load_spec, run_command, usage_error, validated_spec
 
 if TYPE_CHECKING:
     from studies.plan import PlannedTrial
@@ -75,23 +76,41 @@ def _widths(text: str, flag: str = "--widths", least: int = 2, example: str = "3
     return widths
 
 
+# the flag that sets each field of `ptctl train`'s `TrialConfig`, so that an error names what the user typed
+TRAIN_FLAGS = {"model": "--model", "steps": "--steps", "lr": "--lr", "batch_size": "--batch-size",
+               "eval_every": "--eval-every", "seed": "--seed", "device": "--device", "data.source": "--source",
+               "data.path": "--path", "data.max_tokens": "--max-tokens", "data.seq_len": "--seq-len",
+               "data.streaming": "--streaming"}
+
+
+def _model_flags(args: argparse.Namespace) -> dict[str, str]:
+    """The flag that set each field of `ptctl train`'s model config (base_width: --width unless given)."""
+    return {"width": "--width", "base_width": "--base-width" if args.base_width else "--width",
+            "parametrization": "--parametrization", **{k: f"--set {k}=" for k in _parse_set(args.set)}}
+
+
 # ---------------------------------------------------------------------------------------------
 def cmd_train(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from studies.spec import DataSpec, TrialConfig
+    from studies.spec import TrialConfig
     from workers.model_check import check_model
     from workers.models import objective_of
+    from workers.paths import data_dir
     from workers.train import train_trial
 
     hp = {"width": args.width, "base_width": args.base_width or args.width,
           "parametrization": args.parametrization, **_parse_set(args.set)}
     try:
-        data = DataSpec(source=args.source, path=args.path, max_tokens=args.max_tokens, seq_len=args.seq_len,
-                        objective=objective_of(args.model), streaming=args.streaming)
-        cfg = TrialConfig(model=args.model, model_hp=hp, data=data, steps=args.steps, lr=args.lr,
-                          batch_size=args.batch_size, eval_every=args.eval_every, seed=args.seed, device=args.device)
-    except (ValueError, ValidationError) as exc:  # the configs' own checks of the values given on the command line
+        data = {"source": args.source, "path": args.path, "max_tokens": args.max_tokens, "seq_len": args.seq_len,
+                "objective": objective_of(args.model), "streaming": args.streaming}
+        given = {"model": args.model, "model_hp": hp, "data": data, "steps": args.steps, "lr": args.lr,
+                 "batch_size": args.batch_size, "eval_every": args.eval_every, "seed": args.seed,
+                 "device": args.device}
+        cfg = TrialConfig.model_validate(given)
+    except ValidationError as exc:  # the config's own checks of the values given on the command line
+        raise invalid_input(exc, "the training run is not valid", TrialConfig, given, TRAIN_FLAGS) from None
+    except ValueError as exc:
         raise usage_error(str(exc)) from None
 
     def progress(row: dict[str, Any]) -> None:
@@ -101,11 +120,20 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from analysis.constants import TrialStatus
 
-    check_model(cfg.model, cfg.model_hp, cfg.data.seq_len)  # the contract, before the first step
-    result = train_trial(cfg, progress=progress)
+    try:
+        check_model(cfg.model, cfg.model_hp, cfg.data.seq_len)  # the contract, before the first step
+    except ValidationError as exc:  # the model config's checks of --width, --base-width and --set
+        from workers.models import family
+
+        raise invalid_input(exc, f"the {args.model} model is not valid", family(args.model).config, hp,
+                            _model_flags(args)) from None
+    log = data_dir() / "logs" / f"train-{cfg.model}.log"  # the model's own prints and warnings
+    result = train_trial(cfg, progress=progress, log=log)
     console.print(f"[bold]{result.status}[/]: eval loss {result.eval_loss:.4f} (best {result.best_eval_loss:.4f}), "
                   f"{result.params:,} params, {result.tokens:,} tokens in {result.wall_time_s:.1f} s "
                   f"({result.tokens_per_s:,.0f} tok/s) {result.message}")
+    if log.exists() and log.stat().st_size:
+        console.print(f"the model's own output and warnings: {log}")
     return 0 if result.status == TrialStatus.COMPLETED else 1
 
 
@@ -168,26 +196,6 @@ def cmd_coord_check(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-def _validated(data: dict[str, Any], source: str = "the study spec") -> StudySpec:
-    """A `StudySpec` from plain data; a ValidationError becomes one line per field path."""
-    from pydantic import ValidationError
-
-    from studies.spec import StudySpec
-
-    try:
-        return StudySpec.model_validate(data)
-    except ValidationError as exc:
-        raise usage_error(f"{source} is not a valid study spec:\n{validation_lines(exc)}") from None
-
-
-def _load_spec(path: str) -> StudySpec:
-    import yaml
-
-    if not Path(path).is_file():
-        raise usage_error(f"no spec file {path}; give a study spec YAML (catalog: studies/catalog/*.yaml)")
-    return _validated(yaml.safe_load(Path(path).read_text(encoding="utf-8")), path)
-
-
 def cmd_laplacian(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -318,46 +326,58 @@ def _print_batches(spec: StudySpec) -> None:
 
 def _transfer_spec(args: argparse.Namespace) -> StudySpec:
     """The spec file as tune at --from-width → transfer to --to (→ verify at the widest target with --verify)."""
-    data = _load_spec(args.spec).as_dict()
+    data = load_spec(args.spec).as_dict()
     data["tune"] = {**(data.get("tune") or {}), "base_width": args.from_width,
-                    **({"num_trials": args.trials} if args.trials else {})}
+                    **({"num_trials": args.trials} if args.trials is not None else {})}
     data["transfer"] = {**(data.get("transfer") or {}), "widths": sorted(args.to)}
     data["validate"] = None  # tune → transfer (→ verify) only; `ptctl study run` runs a spec's lr sweep
     if not args.verify:
         data["verify"] = None
     elif data.get("verify") and data["verify"].get("width") not in (None, *args.to):
         data["verify"] = {**data["verify"], "width": None}  # verify at the widest target
-    return _validated(data)
+    flags = {"tune.base_width": "--from-width", "transfer.widths": "--to",
+             **({"tune.num_trials": "--trials"} if args.trials is not None else {})}
+    return validated_spec(data, f"{args.spec} with these flags is not a valid study", flags)
 
 
 def cmd_transfer(args: argparse.Namespace) -> int:
     spec = _transfer_spec(args)
     if args.dry_run:
         _print_plan(spec)
+        if args.probe:
+            print_estimate(console, spec)
         return 0
     return backend(args).run(spec)
 
 
+VERIFY_FLAGS = {"n_samples": "--samples", "delta": "--delta", "width": "--width", "sampling": "--sampling",
+                "centre_seeds": "--centre-seeds", "tolerance": "--tolerance"}  # `ptctl verify`: verify's fields
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     """Run the local-optimality check around a finished study's centre (its tune and transfer are reused)."""
-    spec = _load_spec(str(local().file(args.study, "spec.yaml")))
+    spec = load_spec(str(local().file(args.study, "spec.yaml")))
     overrides = {k: v for k, v in {"n_samples": args.samples, "delta": args.delta, "width": args.width,
                                    "sampling": args.sampling, "centre_seeds": args.centre_seeds}.items()
                  if v is not None}
-    if args.tolerance is not None:
-        overrides["tolerance"] = (args.tolerance if args.tolerance in ("seed_spread", "seed_noise")
-                                  else float(args.tolerance))
+    if args.tolerance is not None:  # a number's text becomes a float in validation; other text must be a name
+        overrides["tolerance"] = args.tolerance
     data = spec.as_dict()
     data["verify"] = {**(data["verify"] or {}), **overrides}
-    return local().run(_validated(data))
+    flags = {f"verify.{k}": VERIFY_FLAGS[k] for k in overrides}
+    return local().run(validated_spec(data, f"study {args.study}'s spec with these flags is not valid", flags))
+
 
 
 def cmd_study_run(args: argparse.Namespace) -> int:
-    return local().run(_load_spec(args.file), args.study_id)
+    return local().run(load_spec(args.file), args.study_id)
 
 
 def cmd_study_plan(args: argparse.Namespace) -> int:
-    _print_plan(_load_spec(args.file))
+    spec = load_spec(args.file)
+    _print_plan(spec)
+    if args.probe:
+        print_estimate(console, spec)
     return 0
 
 
@@ -442,7 +462,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--server", default=None, help="submit the study to this ptctl API and follow it live "
                     "(token: $PTCTL_TOKEN) instead of running it here")
     tr.add_argument("--dry-run", action="store_true", help="print the planned trials, FLOPs and the proxy's cost "
-                    "share of one target run; train nothing")
+                    "share of one target run, and the wall time from a few timed steps of each trial shape; train "
+                    "nothing")
+    tr.add_argument("--no-probe", dest="probe", action="store_false", help="with --dry-run: FLOPs only, no timed "
+                    "steps (nothing imports torch)")
     tr.set_defaults(func=cmd_transfer)
 
     st = sub.add_parser("study", help="studies").add_subparsers(dest="study_command", required=True)
@@ -450,8 +473,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("file")
     run.add_argument("--study-id", default=None, help="resume this study id (default: name + spec hash)")
     run.set_defaults(func=cmd_study_run)
-    pl = st.add_parser("plan", help="planned trials and FLOPs per phase, the proxy's cost share; trains nothing")
+    pl = st.add_parser("plan", help="planned trials and FLOPs per phase, the proxy's cost share, and the wall time "
+                       "from a few timed steps of each trial shape; trains nothing")
     pl.add_argument("file")
+    pl.add_argument("--no-probe", dest="probe", action="store_false", help="FLOPs only, no timed steps (nothing "
+                    "imports torch)")
     pl.set_defaults(func=cmd_study_plan)
     from service.cli_remote import add_commands  # study submit|list|show|trials|report|cancel|resume, serve
 

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import ValidationError
 
-from analysis import PHASES, STATUSES, TrialStatus
+from analysis import STATUSES, TrialStatus
 from service.schemas import MlflowInfo, PhaseProgress, finite
-from studies.phases import PhaseStatus, StudyState
+from studies.phases import PHASES, PhaseStatus, StudyState
 from studies.spec import StudySpec
 from workers.folder import StudyFolder
 from workers.paths import redact_uri as redact_uri  # re-exported: service.api and service.app use it
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 def spec_phases(spec: dict[str, Any]) -> list[str]:
     """The phases a stored spec runs (`StudySpec.phases`); a spec stored under an older schema that no
-    longer validates still shows: then every phase with a section in it."""
+    longer validates still shows: then every registered phase with a section in it."""
     try:
         return StudySpec.model_validate(spec).phases()
     except ValidationError:

@@ -10,7 +10,7 @@ import datetime as dt
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from studies.status import StudyStatus
 
@@ -40,6 +40,121 @@ class MlflowInfo(BaseModel):
     detail: str | None = Field(None, description="why the ids are missing, if MLflow could not be asked")
 
 
+Interval = tuple[float, float]
+
+
+class TuneVerdict(BaseModel):
+    """The tune phase's winner (its hparams: `best_hparams`)."""
+
+    best_eval_loss: float | None = Field(description="the winner's eval loss at the base width")
+    n_trials: int = Field(description="tune trials run")
+    n_diverged: int = Field(description="tune trials whose loss diverged")
+
+
+class TransferPoint(BaseModel):
+    width: int = Field(description="a width the winner was transferred to")
+    eval_loss: float | None = Field(description="its mean eval loss over seeds (None: every seed diverged)")
+
+
+class TransferVerdict(BaseModel):
+    """The transfer phase's zero-shot eval loss per width."""
+
+    widths: list[TransferPoint] = Field(description="one point per transfer width, narrowest first")
+
+
+class VerifyVerdict(BaseModel):
+    """The verify phase's local-optimality certificate of the transferred centre (`analysis.certify`)."""
+
+    certified: bool = Field(description="the bound is at most p: the centre is in its neighbourhood's top fraction p")
+    bound: float = Field(description="one-sided (1-alpha) Clopper-Pearson upper bound on the fraction of "
+                                     "neighbours better than the centre")
+    p: float = Field(description="the top fraction the certificate claims")
+    alpha: float = Field(description="1 - the bound's confidence level")
+    n_better: int = Field(description="samples that beat the centre by more than the tolerance")
+    n_samples: int = Field(description="samples judged (failed runs left out)")
+    centre_rank: int = Field(description="the centre's 1-based rank among the samples and itself")
+    centre_loss: float | None = Field(description="the centre's mean eval loss over its seeds")
+    verdict: str = Field(description="the certificate in one sentence")
+
+
+class DriftVerdict(BaseModel):
+    """How far one hparam's optimum moves per doubling of width, training steps or depth (`analysis.lr_drift`)."""
+
+    hparam: str = Field(description="the swept hparam")
+    axis: str = Field(description="what the drift is per doubling of: width, horizon (training steps) or depth")
+    width: int | None = Field(None, description="the width a horizon or depth drift was measured at")
+    parametrization: str = Field(description="the judged parametrization (mup; along depth completep)")
+    drift: float | None = Field(description="its optimum's slope in log2(hparam) per doubling")
+    ci95: Interval | None = Field(None, description="the drift's 95 % interval from each seed's optima "
+                                                    "(None: too few seeds)")
+    baseline: str | None = Field(None, description="the parametrization shown beside it (standard; along depth "
+                                                   "none), if the sweep ran it")
+    baseline_drift: float | None = Field(None, description="its drift, for comparison")
+    threshold: float = Field(description="the largest |drift| that passes")
+    passed: bool = Field(description="|drift| is at most the threshold")
+    verdict: str = Field(description="the drift in one sentence")
+
+
+class RegretVerdict(BaseModel):
+    """What the transferred value of one hparam cost at one swept width (`analysis.transfer_regret`)."""
+
+    hparam: str = Field(description="the swept hparam")
+    parametrization: str = Field(description="the parametrization whose sweep is judged")
+    width: int = Field(description="the swept width the value was transferred to")
+    regret: float | None = Field(description="loss at the transferred value minus the sweep's optimum, in nats "
+                                             "(None: see note)")
+    regret_pct: float | None = Field(description="the regret as a percentage of the optimum's loss")
+    ci95: Interval | None = Field(None, description="95 % interval of the per-seed regrets in nats "
+                                                    "(None: fewer than 2 seeds)")
+    note: str = Field("", description="why a value is missing, if one is")
+
+
+class ValidateVerdict(BaseModel):
+    """The validate phase's μTransfer evidence: each drift and the transfer regret."""
+
+    passed: bool = Field(description="every drift passed")
+    drifts: list[DriftVerdict] = Field(description="along width (lr first, then each swept hparam), then along "
+                                                   "training steps per width, then along depth")
+    regret: list[RegretVerdict] = Field(default_factory=list, description="per swept hparam, parametrization "
+                                                                          "and transferred width")
+
+
+class CompareBudget(BaseModel):
+    budget: float = Field(description="the parameter budget")
+    winner: str | None = Field(description="the family with the lowest mean eval loss (None: none finished)")
+    eval_loss: float | None = Field(description="the winner's mean eval loss over seeds")
+    transferred_rank: int | None = Field(description="the rank of the study's transferred model (1 = best; None: "
+                                                     "it finished no seed)")
+
+
+class CompareVerdict(BaseModel):
+    """The compare phase's ranking of every family at every budget."""
+
+    budgets: list[CompareBudget] = Field(description="one entry per budget, smallest first")
+
+
+class Verdicts(BaseModel):
+    """Each finished phase's verdict, built from the typed results `state.json` keeps (what the report renders);
+    a phase that has not finished, or does not run, is null. A new phase kind adds its own field here."""
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)  # `validate` shadows BaseModel's
+
+    tune: TuneVerdict | None = Field(None, description="the tune phase's winner")
+    transfer: TransferVerdict | None = Field(None, description="the zero-shot loss per transfer width")
+    verify: VerifyVerdict | None = Field(None, description="the local-optimality certificate")
+    validate_: ValidateVerdict | None = Field(None, alias="validate", description="the drifts and the regret")
+    compare: CompareVerdict | None = Field(None, description="every family ranked at every budget")
+
+
+class VerdictBrief(BaseModel):
+    """A study's verdicts in one line, for lists (the full ones: `GET /studies/{id}`'s `verdicts`)."""
+
+    certified: bool | None = Field(None, description="verify's certificate holds (None: no finished verify)")
+    bound: float | None = Field(None, description="verify's upper bound on the fraction of better neighbours")
+    drift_passed: bool | None = Field(None, description="every validate drift passed (None: no finished validate)")
+    line: str = Field(description='e.g. "certified (bound 0.046 ≤ p 0.05); drift passed (lr +0.02)"')
+
+
 class StudySummary(BaseModel):
     id: str
     name: str
@@ -56,11 +171,17 @@ class StudyDetail(StudySummary):
     spec: dict[str, Any]
     progress: dict[str, PhaseProgress] = Field(description="per phase of the spec, in order")
     best_hparams: dict[str, float] | None = Field(None, description="the tuned centre, once tune is done")
+    verdicts: Verdicts = Field(default_factory=Verdicts, description="each finished phase's verdict")
     mlflow: MlflowInfo
 
 
+class StudyListItem(StudySummary):
+    verdict: VerdictBrief | None = Field(None, description="the finished phases' verdicts in one line (None: "
+                                                           "no phase finished)")
+
+
 class StudyPage(BaseModel):
-    items: list[StudySummary]
+    items: list[StudyListItem]
     total: int
     limit: int
     offset: int
@@ -87,6 +208,36 @@ class Check(BaseModel):
 class Readiness(BaseModel):
     ready: bool
     checks: dict[str, Check]
+
+
+class PhasePlan(BaseModel):
+    """One phase of a plan: its trials, their cost, and how long they will take on the server."""
+
+    trials: int = Field(description="trials the phase plans (tune: tune.num_trials)")
+    steps: float = Field(description="optimizer steps over its trials (tune under ASHA: the expectation)")
+    flops: float | None = Field(None, description="training FLOPs over its trials (None: the family registers no "
+                                                  "FLOP counts)")
+    lanes: int | None = Field(None, description="trials running at once on the server (None: not probed)")
+    seconds: float | None = Field(None, description="estimated wall time of the phase (None: not probed, or one of "
+                                                    "its trial shapes could not be)")
+
+
+class StudyPlan(BaseModel):
+    """What a spec would run and how long it would take, from a few timed steps of each trial shape on the
+    server; nothing is stored or started."""
+
+    name: str
+    spec_hash: str
+    phases: dict[str, PhasePlan] = Field(description="per phase of the spec, in order")
+    proxy_pct: dict[int, float] = Field(default_factory=dict, description="tune's FLOPs as a percentage of one "
+                                                                          "training run at each transfer width")
+    total_s: float | None = Field(None, description="estimated wall time of the whole study, Ray's start included "
+                                                    "(None: not probed)")
+    uncertainty: float | None = Field(None, description="the estimate's relative band: 0.25 for ±25 %")
+    assumptions: str = Field("", description="what the estimate assumes, in one line (the probe, the trials at a "
+                                             "time, ASHA, the load)")
+    line: str = Field("", description='the estimate as the CLI prints it, e.g. "estimate: tune 40 s · ... · '
+                                      'total ≈ 5 min (±25 %)"')
 
 
 def finite(value: Any) -> Any:

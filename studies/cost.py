@@ -17,16 +17,13 @@ cap: a corpus with fewer distinct tokens makes the decoder term an upper bound).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from studies.arch import DepthArch
 from studies.budget import train_flops
-from studies.phases.transfer import transfer_trials
+from studies.phases import PHASES
 from studies.phases.tune import asha_rungs
-from studies.phases.validate import validate_trials
-from studies.phases.verify import verify_trials
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 
@@ -88,12 +85,8 @@ def _phase(spec: StudySpec, phase: str, runs: list[tuple[int, float, int | None]
 
 
 def planned_trials(spec: StudySpec) -> dict[str, list[PlannedTrial]]:
-    """The grid phases' planned trials, around the default hparams (what `ptctl study plan` shows)."""
-    centre = spec.space.defaults()
-    plans: dict[str, tuple[object, Callable[[StudySpec, dict[str, float]], list[PlannedTrial]]]] = {
-        "transfer": (spec.transfer, transfer_trials), "verify": (spec.verify, verify_trials),
-        "validate": (spec.validate_, validate_trials)}
-    return {phase: plan(spec, centre) for phase, (section, plan) in plans.items() if section is not None}
+    """The grid phases' planned trials, around the default hparams (what `ptctl study plan` shows: `Phase.planned`)."""
+    return {phase: trials for phase in spec.phases() if (trials := PHASES[phase].planned(spec)) is not None}
 
 
 def planned_runs(spec: StudySpec) -> dict[str, list[tuple[int, float]]]:

@@ -33,9 +33,8 @@ from pydantic import (
     model_validator,
 )
 
-from analysis import PHASES, min_samples
+from analysis import min_samples
 from studies.arch import (
-    DEPTH_SWEEP,
     DepthArch,
     DepthParametrization,
     Parametrization,
@@ -352,16 +351,6 @@ class ValidateSpec(BaseModel):
         depths and one training length, a depth sweep alone."""
         return len(self.widths) > 1 or bool(self.horizons())
 
-    def depth_trials(self) -> int:
-        """The depth sweep's trials: each depth × lr × seed under completep and none (0 without depths)."""
-        return len(DEPTH_SWEEP) * len(self.depths or []) * len(self.lrs) * self.seeds
-
-    def n_trials(self) -> int:
-        values = sum(map(len, self.sweeps().values())) + len(self.lrs) * (len(self.horizons()) - 1) * bool(
-            self.horizons())
-        width = len(self.parametrizations) * len(self.widths) * self.seeds * values if self.width_sweep() else 0
-        return width + self.depth_trials()
-
     @field_validator("parametrizations")
     @classmethod
     def _parametrizations(cls, values: list[str]) -> list[str]:
@@ -437,14 +426,15 @@ class SpecProblems(ValueError):  # a ValueError: pydantic reports it as the spec
 
 
 Section = TypeVar("Section")
-_HOW_TO_ADD = {"transfer": "add one with widths", "verify": "add verify: {}", "validate": "add one with widths and lrs",
-               "compare": "add one with budgets, tokens and baselines"}
 
 
 def required(section: Section | None, name: str) -> Section:
-    """A phase's section of the spec (`spec.verify`, ...); a `ValueError` naming the fix when the study has none."""
+    """A phase's section of the spec (`spec.verify`, ...); a `ValueError` naming the fix (its phase's `how_to_add`)
+    when the study has none."""
     if section is None:
-        raise ValueError(f"this study has no {name} section: {_HOW_TO_ADD[name]} to the spec")
+        from studies.phases import PHASES  # the phases import this module
+
+        raise ValueError(f"this study has no {name} section: {PHASES[name].how_to_add} to the spec")
     return section
 
 
@@ -625,29 +615,19 @@ class StudySpec(BaseModel):
 
     # ----------------------------------------------------------------------------- helpers
     def phases(self) -> list[str]:
-        """The phases this study runs, in order."""
-        if self.compare is not None:
-            return ["compare"]
-        present = {"tune": True, "transfer": self.transfer is not None, "verify": self.verify is not None,
-                   "validate": self.validate_ is not None, "compare": False}
-        return [p for p in PHASES if present[p]]
+        """The phases this study runs, in order (those of `studies.phases.PHASES` it has: `Phase.present`)."""
+        from studies.phases import PHASES  # the phases import this module
+
+        return [name for name, phase in PHASES.items() if phase.present(self)]
 
     def steps_for(self, phase: str) -> int:
-        """The optimizer steps of one trial in `phase` (its override, else train.steps).
+        """The optimizer steps of one trial in `phase` (its override, else train.steps: `Phase.steps`; a compare
+        study's from its token budgets)."""
+        from studies.phases import PHASES
 
-        A compare study's steps come from its token budgets: `compare` (the final runs) from
-        compare.tokens, `tune` from compare.tune_tokens (else compare.tokens).
-        """
-        if self.compare is not None and phase in ("tune", "compare"):
-            c = self.compare
-            tokens = c.tokens if phase == "compare" else (c.tune_tokens or c.tokens)
-            return c.steps(tokens, self.train.batch_size, self.data.seq_len)
-        overrides = {"tune": self.tune.steps, "transfer": None,
-                     "verify": self.verify.steps if self.verify else None,
-                     "validate": self.validate_horizon() if self.validate_ else None}
-        if phase not in overrides:
+        if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}: choose one of {list(PHASES)}")
-        return overrides[phase] or self.train.steps
+        return PHASES[phase].steps(self)
 
     def validate_horizon(self) -> int:
         """The validate sweep's main training length: `validate.steps` (else train.steps); with a list of them,

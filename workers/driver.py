@@ -40,13 +40,11 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import neighbour_advice, render_report, report_html
+from analysis import render_report, report_html
 from studies.cost import measured_cost
 from studies.members import solo_note
-from studies.phases import PHASES, Phase, PhaseFailed, PhaseStatus, StudyState, ValidateResult, VerifyResult
+from studies.phases import PHASES, Phase, PhaseFailed, PhaseStatus, StudyState
 from studies.phases.base import Context, Stage
-from studies.phases.compare import CompareResult
-from studies.phases.validate import horizon_flag
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 from studies.status import StudyStatus
@@ -172,9 +170,6 @@ class StudyDriver:
     def context(self) -> Context:
         """What the phases plan and judge from."""
         return Context(self.spec, self.state, self._table_if_any, lambda: load_data(self.spec.data).vocab_size)
-
-    def centre(self) -> dict[str, float]:
-        return self.context().centre()
 
     def _phase_run(self, phase: str) -> str:
         if phase not in self.state.runs:
@@ -356,7 +351,7 @@ class StudyDriver:
         description = "\n\n".join(s for s in (verdict.sentence, self.spec.description) if s)
         self.tracker.log_verdict(self.state.runs["study"], verdict.params, verdict.metrics, verdict.tags,
                                  description)
-        self.tracker.save_view(verdict_columns(self.spec, verdict))
+        self.tracker.save_view(verdict_columns(verdict))
 
     def _log_dataset(self, run: str) -> None:
         data = self.spec.data
@@ -390,40 +385,28 @@ class StudyDriver:
                 self.tracker.close(self.state.runs[key], run_status, tags)
 
     def write_report(self) -> Path:
-        folder, spec, state = self.folder, self.spec, self.state
+        """report.md: each finished phase's section (`Phase.section`) and figures, the cost, the batches."""
+        folder, spec, state, ctx = self.folder, self.spec, self.state, self.context()
         tables = {p: self.table(p) for p in spec.phases() if folder.trials(p).exists()}
         all_trials = pd.concat(tables.values(), ignore_index=True)
         all_trials.to_csv(folder.all_trials, index=False)
-        plots = {label: f"{name}.png" for p in spec.phases() if state.done(p)
-                 for label, name in PHASES[p].figures(state.phases[p]).items() if folder.figure(name).exists()}
+        done = [PHASES[p] for p in spec.phases() if state.done(p)]
+        plots = {label: f"{name}.png" for p in done for label, name in p.figures(state.phases[p.name]).items()
+                 if folder.figure(name).exists()}
         study = {"name": spec.name, "study_id": self.study_id, "model": spec.model.family,
                  "base_width": spec.tune.base_width, "widths": spec.transfer.widths if spec.transfer else None,
                  "budget": f"{spec.train.steps} steps × batch {spec.train.batch_size}"}
-        compare = state.result("compare", CompareResult)
-        if spec.compare is not None:
-            study.update(families=[spec.model.family, *(b.model.family for b in spec.compare.baselines)],
-                         budgets=spec.compare.budgets, tokens=spec.compare.tokens,
-                         budget=f"{spec.steps_for('compare')} steps × batch {spec.train.batch_size}",
-                         widths={f: info["widths"] for f, info in (compare.widths if compare else {}).items()})
+        for name in spec.phases():
+            study.update(PHASES[name].about(spec, state.phases.get(name)))
         cost = measured_cost(spec, tables, {p: r.wall_s for p, r in state.phases.items() if r.wall_s is not None})
         folder.write_artifact(folder.cost.name, cost)
         if cost["metrics"]:
             self.tracker.log_metrics(state.runs["study"], [{"step": 0, **cost["metrics"]}])
-        verify, validate = state.result("verify", VerifyResult), state.result("validate", ValidateResult)
-        certificate = verify.certificate if verify else None
-        advice = None
-        if certificate is not None and not certificate.certified and "verify" in tables:
-            advice = neighbour_advice(tables["verify"], self.centre(), list(spec.space.searched()),
-                                      certificate.tolerance, alpha=certificate.alpha)
-        text = render_report(study=study, tables=tables, certificate=certificate,
-                             lr_drift=validate.lr_drift if validate else None, plots=plots, hparams=spec.space.HPARAMS,
-                             hparam_drift=list(validate.hparam_drift.values()) if validate else [],
-                             advice=advice, cost=cost, regret=validate.regret if validate else (),
-                             horizon_drift=validate.horizon_drift if validate else (),
-                             depth_drift=validate.depth_drift if validate else None,
-                             flags=[f"horizon: {flag}" for flag in [horizon_flag(spec, validate)] if flag] +
-                             [f"batches: {note}" for note in [solo_note(spec.model.family)]
-                              if note and spec.resources.batch_members != 1])
+        note = solo_note(spec.model.family) if spec.resources.batch_members != 1 else None
+        text = render_report(study=study, phases=list(PHASES), plots=plots, tables=tables, cost=cost,
+                             sections={p.name: p.section(ctx, state.phases[p.name], tables) for p in done},
+                             headline={k: v for p in done for k, v in p.headline.items()},
+                             flags=[f"batches: {note}"] if note else [])
         path = folder.report
         path.write_text(text)
         # report.md beside its figures, which it links by file name; report.html with them inline, for MLflow's

@@ -1,17 +1,11 @@
 """A study's phases, one file each, registered in `PHASES`; and the study's typed state (`state.json`).
 
 Each phase (`studies.phases.base.Phase`) plans its trials from the spec and the state, judges its trial table
-into a typed result and states its verdict; `workers/driver.py` runs them in `spec.phases()` order. Adding a
-phase is its file and one entry here. A phase draws its figures through `analysis.plot_*`, never importing a plot
-by name: that would load matplotlib in every trial process (`workers.ray` imports the phases).
-
-| phase | file | result |
-|---|---|---|
-| tune | `tune.py` | `TuneResult`: the winner (the centre of every later phase) |
-| transfer | `transfer.py` | `TransferResult`: eval loss per width |
-| verify | `verify.py` | `VerifyResult`: the certificate |
-| validate | `validate.py` | `ValidateResult`: the optimum's drift per doubling of width |
-| compare | `compare.py` | `CompareResult`: every family at every budget |
+into a typed result, states its verdict and tells it (report, summary); `workers/driver.py` runs them in
+`spec.phases()` order (those a spec has: `Phase.present`). Adding a
+phase is its file and one entry here (its order: the run's, the report's). A phase draws its figures through
+`analysis.plot_*`, never importing a plot by name: that would load matplotlib in every trial process
+(`workers.ray` imports the phases).
 """
 
 from __future__ import annotations
@@ -32,11 +26,11 @@ from studies.status import PhaseStatus, StudyStatus
 R = TypeVar("R", bound=PhaseResult)
 
 PHASES: dict[str, Phase] = {
-    "tune": tune.PHASE,
-    "transfer": transfer.PHASE,
-    "verify": verify.PHASE,
-    "validate": validate.PHASE,
-    "compare": compare.PHASE,
+    "tune": tune.PHASE,  # `TuneResult`: the winner, the centre of every later phase
+    "transfer": transfer.PHASE,  # `TransferResult`: eval loss per width
+    "verify": verify.PHASE,  # `VerifyResult`: the certificate
+    "validate": validate.PHASE,  # `ValidateResult`: the optimum's drift per doubling of width
+    "compare": compare.PHASE,  # `CompareResult`: every family at every budget
 }
 
 __all__ = ["PHASES", "CompareResult", "Phase", "PhaseFailed", "PhaseResult", "PhaseStatus", "StudyState",

@@ -1,14 +1,16 @@
 """The phase protocol: what every phase file implements, and the typed pieces the driver moves between them.
 
-A phase (`studies.phases.PHASES`) plans its trials from the spec and the study's state, judges its trial table
-into a typed result (a `PhaseResult`: what `state.json` keeps and every reader — the CLI summary, the progress,
-the report, the MLflow verdicts — reads back), writes its own figures and tables through an `Artifacts` folder,
-and states its verdict (params, metrics, tags and one sentence for its MLflow run). The driver
-(`workers/driver.py`) owns the loop, persistence and tracking: nothing here trains, logs or imports torch.
+A phase (`studies.phases.PHASES`) says whether a spec runs it and how long its trials train, plans its trials from
+the spec and the study's state, judges its trial table into a typed result (a `PhaseResult`: what `state.json`
+keeps and every reader reads back), writes its own figures and tables through an `Artifacts` folder, states its
+verdict (params, metrics, tags and one sentence for its MLflow run) and which of it the runs table shows, and
+tells its result: its report section and its lines of the CLI summary. The driver (`workers/driver.py`) owns the
+loop, persistence and tracking: nothing here trains, logs or imports torch.
 """
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -48,10 +50,22 @@ class Verdict:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     tags: dict[str, Any] = field(default_factory=dict)
     sentence: str = ""
+    columns: list[tuple[int, str]] = field(default_factory=list)  # `Phase.columns`, kept by `workers.verdicts`
 
     def merge(self, other: Verdict) -> Verdict:
         return Verdict({**self.params, **other.params}, [*self.metrics, *other.metrics], {**self.tags, **other.tags},
-                       " ".join(s for s in (self.sentence, other.sentence) if s))
+                       " ".join(s for s in (self.sentence, other.sentence) if s), [*self.columns, *other.columns])
+
+    def shown(self, place: int, group: str, pattern: str) -> list[tuple[int, str]]:
+        """Its keys of `group` ("tags", "metrics", "params") that fully match `pattern`, in the order they were
+        logged, as runs-table columns (`metrics.`upper_bound``) at `place`."""
+        keys = {"tags": self.tags, "params": self.params, "metrics": {k: 0 for row in self.metrics for k in row}}
+        return [(place, f"{group}.`{k}`") for k in keys[group] if k != "step" and re.fullmatch(pattern, k)]
+
+
+# The runs table's places (`workers.verdicts.verdict_columns`), in its order: the pass/fail tags, the certificate's
+# counts, the losses, the drifts, the trials' length, then the params: the winner and the widths
+PASS, COUNTS, LOSSES, DRIFTS, LENGTH, SETUP = range(6)
 
 
 class Artifacts(Protocol):
@@ -62,6 +76,12 @@ class Artifacts(Protocol):
     def figure(self, name: str) -> Path: ...
 
     def write_artifact(self, name: str, data: Any) -> Path: ...
+
+
+class Out(Protocol):
+    """Where a phase prints its lines of the CLI summary (a rich `Console`)."""
+
+    def print(self, *objects: Any, soft_wrap: bool | None = None) -> None: ...
 
 
 @dataclass
@@ -96,19 +116,36 @@ class Stage:
 
 class Phase(ABC):
     """One phase of a study (module docstring): a subclass names itself and its result type and implements the
-    abstract methods; the others are the defaults of a phase without stages that is never reused."""
+    abstract methods; the others are the defaults of a phase without stages, never reused, that tells its verdict."""
 
     name: ClassVar[str]
     result: ClassVar[type[PhaseResult]]
     reusable: ClassVar[tuple[str, ...]] = ()  # the spec sections its result depends on: () = never reused
+    how_to_add: ClassVar[str] = "add its section"  # `studies.spec.required`'s fix for a spec without its section
+    told: ClassVar[int] = 9  # where the CLI summary tells its lines, smallest first
+    pictured: ClassVar[int] = 9  # where the CLI summary lists its figures, smallest first
+    # a figure's label → (title, caption, the line left in its section): the figure heads the report
+    headline: ClassVar[Mapping[str, tuple[str, str, str]]] = {}
+
+    @abstractmethod
+    def present(self, spec: StudySpec) -> bool:
+        """Whether `spec` runs the phase (`StudySpec.phases`)."""
+
+    def steps(self, spec: StudySpec) -> int:
+        """The optimizer steps of one of its trials (`StudySpec.steps_for`)."""
+        return spec.train.steps
 
     @abstractmethod
     def plan(self, ctx: Context) -> list[PlannedTrial] | None:
         """The phase's trials (None: the tune search of `ctx.spec`)."""
 
-    @abstractmethod
+    def planned(self, spec: StudySpec) -> list[PlannedTrial] | None:
+        """Its trials around the space's defaults, as `ptctl study plan` shows them; None: not a grid (a search)."""
+        return None
+
     def count(self, spec: StudySpec) -> int:
         """How many trials the phase trains (the progress bar's total)."""
+        return len(self.planned(spec) or [])
 
     @abstractmethod
     def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> PhaseResult:
@@ -122,6 +159,23 @@ class Phase(ABC):
     @abstractmethod
     def verdict(self, spec: StudySpec, result: PhaseResult) -> Verdict:
         """What the phase's MLflow run says at a glance."""
+
+    def columns(self, spec: StudySpec, verdict: Verdict) -> list[tuple[int, str]]:
+        """The runs-table columns of its verdict's keys, each at its place (`PASS`...): by default every key."""
+        return [*verdict.shown(PASS, "tags", ".+"), *verdict.shown(DRIFTS, "metrics", ".+"),
+                *verdict.shown(SETUP, "params", ".+")]
+
+    def about(self, spec: StudySpec, result: PhaseResult | None) -> dict[str, Any]:
+        """What it adds to the report's spec summary (`analysis.report.SUMMARY_KEYS`)."""
+        return {}
+
+    def section(self, ctx: Context, result: PhaseResult, tables: Mapping[str, pd.DataFrame]) -> list[str]:
+        """The Markdown paragraphs of its finished result's report section; `tables`: the phases' trial tables."""
+        return []
+
+    def summary(self, ctx: Context, result: PhaseResult | None, out: Out, runs: Mapping[str, str]) -> None:
+        """Print its lines of the CLI summary (`result` None: not finished; `runs`: trial key → MLflow run id)."""
+        return None
 
     def stages(self, ctx: Context) -> list[Stage]:
         """Tune searches to run before the phase's own trials (compare's); `stage_done` keeps each one's best."""

@@ -5,17 +5,21 @@ kept in the phase's record as it finishes); then every family trains at every bu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pandas as pd
 from pydantic import BaseModel
+from rich.table import Table
 
 import analysis
+from analysis.report import compare_section
+from analysis.table import loss_spread
 from studies.arch import rebase
 from studies.budget import train_flops, width_for_budget
 from studies.model import ModelSpec
-from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Stage, Verdict
+from studies.phases.base import Artifacts, Context, Out, Phase, PhaseResult, Stage, Verdict
 from studies.phases.tune import best_hparams
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec, required
@@ -142,6 +146,14 @@ def _record(ctx: Context) -> CompareResult:
 class Compare(Phase):
     name: ClassVar[str] = "compare"
     result: ClassVar[type[PhaseResult]] = CompareResult
+    how_to_add: ClassVar[str] = "add one with budgets, tokens and baselines"
+
+    def present(self, spec: StudySpec) -> bool:
+        return spec.compare is not None
+
+    def steps(self, spec: StudySpec) -> int:
+        c = required(spec.compare, "compare")
+        return c.steps(c.tokens, spec.train.batch_size, spec.data.seq_len)
 
     def stages(self, ctx: Context) -> list[Stage]:
         return list(compare_stages(ctx.spec, ctx.vocab_size()))
@@ -175,6 +187,29 @@ class Compare(Phase):
 
     def verdict(self, spec: StudySpec, result: PhaseResult) -> Verdict:
         return Verdict()
+
+    def about(self, spec: StudySpec, result: PhaseResult | None) -> dict[str, Any]:
+        c, widths = required(spec.compare, "compare"), result.widths if isinstance(result, CompareResult) else {}
+        return {"families": [spec.model.family, *(b.model.family for b in c.baselines)], "budgets": c.budgets,
+                "tokens": c.tokens, "budget": f"{spec.steps_for('compare')} steps × batch {spec.train.batch_size}",
+                "widths": {f: info["widths"] for f, info in widths.items()}}
+
+    def section(self, ctx: Context, result: PhaseResult, tables: Mapping[str, pd.DataFrame]) -> list[str]:
+        return [compare_section(tables["compare"])] if "compare" in tables else []
+
+    def summary(self, ctx: Context, result: PhaseResult | None, out: Out, runs: Mapping[str, str]) -> None:
+        """Every family at every budget (`analysis.compare_table`'s rows, best first within a budget)."""
+        if not isinstance(result, CompareResult) or not result.summary:
+            return
+        table = Table(title=f"eval loss per parameter budget ({result.tokens:,} training tokens a run)")
+        for col in ("budget", "family", "role", "width", "params", "eval loss (seeds)", "rank"):
+            table.add_column(col, justify="left" if col in ("family", "role") else "right")
+        for row in result.summary:
+            loss = loss_spread(row["eval_loss_mean"], row["eval_loss_std"])
+            loss += f" ({row['n_seeds']}" + (f", {row['n_diverged']} diverged)" if row["n_diverged"] else ")")
+            table.add_row(f"{row['budget']:,.0f}", row["family"], row["role"], str(row["width"]),
+                          f"{row['params']:,}" if row["params"] is not None else "—", loss, str(row["rank"]))
+        out.print(table)
 
 
 PHASE = Compare()

@@ -3,13 +3,15 @@ the result is the eval loss per width."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import pandas as pd
 
 import analysis
 from analysis import transfer_table
-from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Verdict
+from analysis.report import markdown_table
+from studies.phases.base import LOSSES, SETUP, Artifacts, Context, Phase, PhaseResult, Verdict
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec, required
 
@@ -30,12 +32,17 @@ class Transfer(Phase):
     name: ClassVar[str] = "transfer"
     result: ClassVar[type[PhaseResult]] = TransferResult
     reusable: ClassVar[tuple[str, ...]] = ("model", "data", "train", "space", "tune", "transfer")
+    how_to_add: ClassVar[str] = "add one with widths"
+    pictured: ClassVar[int] = 1
+
+    def present(self, spec: StudySpec) -> bool:
+        return spec.compare is None and spec.transfer is not None
 
     def plan(self, ctx: Context) -> list[PlannedTrial]:
         return transfer_trials(ctx.spec, ctx.centre())
 
-    def count(self, spec: StudySpec) -> int:
-        return len(transfer_trials(spec, spec.space.defaults()))
+    def planned(self, spec: StudySpec) -> list[PlannedTrial]:
+        return transfer_trials(spec, spec.space.defaults())
 
     def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> TransferResult:
         summary = transfer_table(table)
@@ -54,6 +61,13 @@ class Transfer(Phase):
         return Verdict({"base_width": spec.tune.base_width, "target_widths": ",".join(str(w) for w in t.widths)},
                        [{"step": int(r["width"]), "eval_loss": r["eval_loss_mean"]} for r in widths],
                        sentence=f"Zero-shot eval loss per width: {losses}.")
+
+    def columns(self, spec: StudySpec, verdict: Verdict) -> list[tuple[int, str]]:
+        return [*verdict.shown(LOSSES, "metrics", "eval_loss"),
+                *verdict.shown(SETUP, "params", "base_width|target_widths")]
+
+    def section(self, ctx: Context, result: PhaseResult, tables: Mapping[str, pd.DataFrame]) -> list[str]:
+        return [markdown_table(transfer_table(tables["transfer"]))] if "transfer" in tables else []
 
 
 PHASE = Transfer()

@@ -6,13 +6,20 @@ Also here, once for both runners: the search space's distributions and the steps
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Mapping
 from typing import ClassVar
 
 import pandas as pd
+from rich.markup import escape
+from rich.table import Table
 
 import analysis
+from analysis.report import tune_section
 from analysis.table import TrialStatus, judged_loss, phase_rows
-from studies.phases.base import Artifacts, Context, Phase, PhaseFailed, PhaseResult, Verdict
+from studies.phases.base import LOSSES, SETUP, Artifacts, Context, Out, Phase, PhaseFailed, PhaseResult, Verdict
+from studies.phases.validate import ValidateResult, horizon_flag, print_horizon
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 
@@ -86,10 +93,57 @@ def lr_text(value: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
+def start_note(ctx: Context, tune: TuneResult) -> str | None:
+    """When tune's winner is its starting point (the space's defaults, its first trial): that, and how the other
+    trials fared (none beat it: completed with a higher loss, stopped early by ASHA, diverged, failed)."""
+    space = ctx.spec.space
+    start, searched = space.defaults(), list(space.searched())
+    if not searched or not all(math.isclose(tune.best_hparams.get(h, math.nan), start[h], rel_tol=1e-9)
+                               for h in searched):
+        return None
+    said = "the tune phase's winner is its starting point (the search space's defaults, its first trial)"
+    table = ctx.tables("tune")
+    if table is None or "status" not in table or table.empty:
+        return f"{said}: none of its other {max(tune.n_trials - 1, 0)} trials beat it"
+    statuses = table["status"].astype(str).tolist()
+    if TrialStatus.COMPLETED in statuses:
+        statuses.remove(TrialStatus.COMPLETED)  # the winner itself
+    fates = {TrialStatus.COMPLETED: "completed with a higher eval loss", TrialStatus.STOPPED: "stopped early by ASHA",
+             TrialStatus.DIVERGED: "diverged", TrialStatus.FAILED: "failed"}
+    counts = [f"{statuses.count(s)} {what}" for s, what in fates.items() if statuses.count(s)]
+    return f"{said}: none of the other {len(statuses)} trials beat it" + (f" ({', '.join(counts)})" * bool(counts))
+
+
+def _width_table(ctx: Context, tune: TuneResult, out: Out, runs: Mapping[str, str]) -> None:
+    """The tuned base width, then every transfer trial: the μTransfer story as a loss per width."""
+    table = Table(title="eval loss per width (the tuned hparams, zero-shot above the base width)")
+    for col in ("width", "seed", "params", "eval loss", "status"):
+        table.add_column(col, justify="left" if col == "status" else "right")
+    table.add_column("MLflow run", overflow="fold", min_width=32)
+    table.add_row(str(ctx.spec.tune.base_width), "", "", f"{tune.best_eval_loss:.4f}", "tuned (base)", "")
+    transfer = ctx.tables("transfer")
+    if transfer is not None:
+        for row in transfer.sort_values(["width", "seed"]).itertuples():
+            params = f"{int(row.params):,}" if row.params == row.params else "—"
+            loss = f"{row.eval_loss:.4f}" if row.eval_loss == row.eval_loss else "—"
+            table.add_row(str(row.width), str(row.seed), params, loss, str(row.status), runs.get(row.trial_id, "—"))
+    out.print(table)
+
+
 class Tune(Phase):
     name: ClassVar[str] = "tune"
     result: ClassVar[type[PhaseResult]] = TuneResult
     reusable: ClassVar[tuple[str, ...]] = ("model", "data", "train", "space", "tune")
+    told: ClassVar[int] = 0
+    pictured: ClassVar[int] = 3  # the search's history after the study's results
+
+    def present(self, spec: StudySpec) -> bool:
+        return spec.compare is None  # a compare study tunes in its stages
+
+    def steps(self, spec: StudySpec) -> int:
+        c = spec.compare  # a compare study's tune trials see compare.tune_tokens (else compare.tokens)
+        return c.steps(c.tune_tokens or c.tokens, spec.train.batch_size, spec.data.seq_len) if c is not None \
+            else spec.tune.steps or spec.train.steps
 
     def plan(self, ctx: Context) -> list[PlannedTrial] | None:
         return None  # the searcher suggests tune.num_trials trials
@@ -107,6 +161,25 @@ class Tune(Phase):
     def figures(self, result: PhaseResult) -> dict[str, str]:
         return {"tune": "tune_history"}
 
+    def section(self, ctx: Context, result: PhaseResult, tables: Mapping[str, pd.DataFrame]) -> list[str]:
+        flag = horizon_flag(ctx.spec, ctx.state.result("validate", ValidateResult))
+        return ([tune_section(tables["tune"], ctx.spec.space.HPARAMS)] if "tune" in tables else []) + \
+            ([f"**horizon: {flag}**"] if flag else [])
+
+    def summary(self, ctx: Context, result: PhaseResult | None, out: Out, runs: Mapping[str, str]) -> None:
+        if not isinstance(result, TuneResult):
+            return
+        reused = f", reused from {result.reused_from}" if result.reused_from else ""
+        out.print(f"tuned at width {ctx.spec.tune.base_width} over {result.n_trials} trials "
+                  f"(best eval loss {result.best_eval_loss:.4f}{reused})")
+        out.print("transferred hparams: " + ", ".join(f"{k}={v:.4g}" for k, v in result.best_hparams.items()))
+        note = start_note(ctx, result)
+        if note:
+            out.print(f"[yellow]{escape(note)}[/]", soft_wrap=True)
+        _width_table(ctx, result, out, runs)
+        if ctx.spec.validate_ is None:  # else the validate phase's lines end with the flag
+            print_horizon(ctx, None, out)
+
     def verdict(self, spec: StudySpec, result: PhaseResult) -> Verdict:
         assert isinstance(result, TuneResult)
         best = result.best_hparams
@@ -115,6 +188,12 @@ class Tune(Phase):
                        [{"step": 0, "best_eval_loss": result.best_eval_loss, "n_trials": result.n_trials}],
                        sentence=f"Tuned at width {spec.tune.base_width} over {result.n_trials} trials: "
                                 f"{shown} (eval loss {result.best_eval_loss:.4f}).")
+
+    def columns(self, spec: StudySpec, verdict: Verdict) -> list[tuple[int, str]]:
+        # each searched hparam's winner, in the space's order (frozen ones are constants)
+        winner = [c for h in spec.space.searched() for c in verdict.shown(SETUP, "params", rf"best\.{re.escape(h)}")]
+        return [*verdict.shown(LOSSES, "metrics", "best_eval_loss"), *winner,
+                *verdict.shown(SETUP, "params", "base_width")]
 
 
 PHASE = Tune()

@@ -11,14 +11,18 @@ CompleteP and none (`studies.arch.DEPTH_SWEEP`), and the optimum's drift per dou
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import ClassVar
 
 import pandas as pd
+from rich.markup import escape
+from rich.table import Table
 
 import analysis
 from analysis import LRDrift, Regret, depth_sweep, lr_drift, regret_line, transfer_regret, without_depth_sweep
+from analysis.report import drift_section, regret_section
 from studies.arch import DEPTH_SWEEP
-from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Verdict
+from studies.phases.base import DRIFTS, PASS, Artifacts, Context, Out, Phase, PhaseResult, Verdict
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec, ValidateSpec, required
 
@@ -110,6 +114,32 @@ def horizon_flag(spec: StudySpec, result: ValidateResult | None = None) -> str |
     return None
 
 
+def print_horizon(ctx: Context, result: ValidateResult | None, out: Out) -> None:
+    """The summary's `horizon_flag` line, when there is one."""
+    if flag := horizon_flag(ctx.spec, result):
+        out.print(f"[yellow]horizon:[/] {escape(flag)}", soft_wrap=True)
+
+
+def _drift_lines(drift: LRDrift, out: Out) -> None:
+    """The optimal lr (or other swept hparam) per width under each parametrization and its drift per doubling."""
+    h, axis = drift.hparam, drift.axis
+    at = "" if axis == "width" else f" at width {drift.optima[0].width}" if drift.optima else ""
+    column = {"width": "width", "horizon": "steps"}.get(axis, axis)
+    table = Table(title=f"{h} sweep (validate){at}: optimal {h} per {column}, interpolated in log {h}")
+    for col in ("parametrization", column, f"best grid {h}", f"interpolated {h}", "eval loss"):
+        table.add_column(col, justify="right")
+    for o in sorted(drift.optima, key=lambda o: (o.parametrization != "mup", o.parametrization, getattr(o, axis))):
+        interp = f"{o.lr_interp:.3g}" if o.lr_interp is not None else "—"
+        edge = " (grid edge)" if o.at_grid_edge else ""
+        table.add_row(o.parametrization, str(getattr(o, axis)), f"{o.lr:.3g}{edge}", interp, f"{o.eval_loss:.4f}")
+    out.print(table)
+    for param, value in drift.drift.items():
+        ci = drift.drift_ci.get(param)
+        interval = f" (95 % CI over seeds [{ci[0] + 0.0:+.2f}, {ci[1] + 0.0:+.2f}])" if ci else ""
+        out.print(f"{h} drift{at}, {param}: {value + 0.0:+.2f} log2({h}) per doubling of {column}{interval}")
+    out.print(f"[{'green' if drift.passed else 'red'}]{h} drift:[/] {drift.verdict}", soft_wrap=True)
+
+
 def _depth_drift(v: ValidateSpec, depths: pd.DataFrame, out: Artifacts) -> LRDrift | None:
     """A depth sweep's figure and its drift per doubling of depth (completep judged, none beside it); None without
     `validate.depths`."""
@@ -126,12 +156,25 @@ def _figure(hparam: str) -> str:
 class Validate(Phase):
     name: ClassVar[str] = "validate"
     result: ClassVar[type[PhaseResult]] = ValidateResult
+    how_to_add: ClassVar[str] = "add one with widths and lrs"
+    told: ClassVar[int] = 1
+    pictured: ClassVar[int] = 0  # the lr alignment: the headline
+    headline: ClassVar[Mapping[str, tuple[str, str, str]]] = {"validate": (
+        "lr alignment (the headline)", "Eval loss against the learning rate at each width, under each "
+        "parametrization: under μP the optimum (★) should stay put as width grows.",
+        "The lr-alignment figure heads this report.")}
+
+    def present(self, spec: StudySpec) -> bool:
+        return spec.compare is None and spec.validate_ is not None
+
+    def steps(self, spec: StudySpec) -> int:
+        return spec.validate_horizon()
 
     def plan(self, ctx: Context) -> list[PlannedTrial]:
         return validate_trials(ctx.spec, ctx.centre())
 
-    def count(self, spec: StudySpec) -> int:
-        return len(validate_trials(spec, spec.space.defaults()))
+    def planned(self, spec: StudySpec) -> list[PlannedTrial]:
+        return validate_trials(spec, spec.space.defaults())
 
     def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> ValidateResult:
         v = required(ctx.spec.validate_, "validate")
@@ -187,6 +230,27 @@ class Validate(Phase):
                                           *(f"lr horizon drift: {d.verdict}." for d in result.horizon_drift),
                                           *([f"lr depth drift: {depth.verdict}."] if depth else []),
                                           *([f"Horizon: {flag}."] if flag else [])]))
+
+    def columns(self, spec: StudySpec, verdict: Verdict) -> list[tuple[int, str]]:
+        # the horizon drifts stay on the run page, and the other hparams' regret
+        return [*verdict.shown(PASS, "tags", r"(?!lr_horizon_)\w+_drift_passed"),
+                *verdict.shown(DRIFTS, "metrics", r"(?!lr_depth_|lr_horizon_)\w+_drift\.\w+"),
+                *verdict.shown(DRIFTS, "metrics", r"regret_pct\.lr\..+"),
+                *verdict.shown(DRIFTS, "metrics", r"lr_depth_drift\.\w+")]
+
+    def section(self, ctx: Context, result: PhaseResult, tables: Mapping[str, pd.DataFrame]) -> list[str]:
+        assert isinstance(result, ValidateResult)
+        return [*([regret_section(result.regret)] if result.regret else []),
+                *(drift_section(d) for d in result.all_drifts())]
+
+    def summary(self, ctx: Context, result: PhaseResult | None, out: Out, runs: Mapping[str, str]) -> None:
+        validate = result if isinstance(result, ValidateResult) else None
+        for drift in validate.all_drifts() if validate else ():
+            _drift_lines(drift, out)
+        for line in regret_lines(validate) if validate else ():
+            out.print(f"[bold]{escape(line)}[/]", soft_wrap=True)
+        if ctx.state.done("tune"):
+            print_horizon(ctx, validate, out)
 
 
 PHASE = Validate()

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any, ClassVar
 
 import pandas as pd
 
 import analysis
-from analysis import Certificate, certify
-from studies.phases.base import Artifacts, Context, Phase, PhaseResult, Verdict
+from analysis import Certificate, certify, neighbour_advice
+from analysis.report import verify_section
+from studies.phases.base import COUNTS, PASS, Artifacts, Context, Out, Phase, PhaseResult, Verdict
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec, required
 
@@ -74,16 +75,32 @@ def with_reused_centre(spec: StudySpec, verify: pd.DataFrame, transfer: pd.DataF
     return pd.concat([rows, verify], ignore_index=True).sort_values("trial_id", kind="stable", ignore_index=True)
 
 
+def _advice(ctx: Context, cert: Certificate, table: pd.DataFrame | None) -> str | None:
+    """Where an uncertified centre's better neighbours lie (`analysis.neighbour_advice`); None: nothing to say."""
+    if cert.certified or table is None or not ctx.state.done("tune"):
+        return None
+    return neighbour_advice(table, ctx.centre(), list(ctx.spec.space.searched()), cert.tolerance, alpha=cert.alpha).text
+
+
 class Verify(Phase):
     name: ClassVar[str] = "verify"
     result: ClassVar[type[PhaseResult]] = VerifyResult
+    how_to_add: ClassVar[str] = "add verify: {}"
+    told: ClassVar[int] = 2
+    pictured: ClassVar[int] = 2
+
+    def present(self, spec: StudySpec) -> bool:
+        return spec.compare is None and spec.verify is not None
+
+    def steps(self, spec: StudySpec) -> int:
+        return (spec.verify.steps if spec.verify else None) or spec.train.steps
 
     def plan(self, ctx: Context) -> list[PlannedTrial]:
         reused = reused_centre_seeds(ctx.spec) if ctx.tables("transfer") is not None else []
         return verify_trials(ctx.spec, ctx.centre(), reused)
 
-    def count(self, spec: StudySpec) -> int:
-        return len(verify_trials(spec, spec.space.defaults()))
+    def planned(self, spec: StudySpec) -> list[PlannedTrial]:
+        return verify_trials(spec, spec.space.defaults())
 
     def completed(self, ctx: Context, table: pd.DataFrame) -> pd.DataFrame:
         transfer = ctx.tables("transfer")
@@ -111,6 +128,22 @@ class Verify(Phase):
             metrics.update(best_lead=c.best_lead, best_lead_pct=c.best_lead_pct)
         return Verdict({"verify_width": spec.verify_width()}, [metrics], {"certified": str(bool(c.certified)).lower()},
                        sentence=f"Certificate: {c.verdict}.")
+
+    def columns(self, spec: StudySpec, verdict: Verdict) -> list[tuple[int, str]]:
+        return [*verdict.shown(PASS, "tags", "certified"),
+                *verdict.shown(COUNTS, "metrics", "upper_bound|n_better|centre_rank|best_lead_pct")]
+
+    def section(self, ctx: Context, result: PhaseResult, tables: Mapping[str, pd.DataFrame]) -> list[str]:
+        assert isinstance(result, VerifyResult) and result.certificate is not None
+        cert, advice = result.certificate, _advice(ctx, result.certificate, tables.get("verify"))
+        return [verify_section(cert), *([f"**where the better neighbours lie:** {advice}"] if advice else [])]
+
+    def summary(self, ctx: Context, result: PhaseResult | None, out: Out, runs: Mapping[str, str]) -> None:
+        cert = result.certificate if isinstance(result, VerifyResult) else None
+        if cert is not None:
+            out.print(f"[{'green' if cert.certified else 'yellow'}]certificate:[/] {cert.verdict}", soft_wrap=True)
+        if cert is not None and (advice := _advice(ctx, cert, ctx.tables("verify"))):
+            out.print(f"where the better neighbours lie: {advice}", soft_wrap=True)
 
 
 PHASE = Verify()

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from analysis.compare import compare_table, plot_compare
-from analysis.report import render_report
+from analysis.report import compare_section, render_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -50,7 +50,7 @@ def test_plot_compare_and_report_section(tmp_path):
     data = (tmp_path / "compare.png").read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 10_000
     text = render_report(study={"name": "c", "families": ["pt", "bert", "ut"], "budgets": [1e5, 2e5]},
-                         tables={"compare": table()}, certificate=None, lr_drift=None,
-                         plots={"compare": "compare.png"})
+                         phases=["compare"], sections={"compare": [compare_section(table())]},
+                         tables={"compare": table()}, plots={"compare": "compare.png"}, headline={})
     assert "## compare" in text and "5.0150 ± 0.0071" in text and "![compare](compare.png)" in text
     assert "- **families**: pt, bert, ut" in text

@@ -5,9 +5,11 @@ import math
 import pandas as pd
 
 from analysis.certificate import certify
-from analysis.report import markdown_table, render_report, report_html
+from analysis.report import markdown_table, report_html
 from analysis.transfer import lr_drift
+from studies import load_catalog
 from tests.analysis._tables import paper_like_optimum, sweep_table, trials, verify_table
+from tests.studies._report import phase_report
 
 STUDY = {
     "name": "pt-mlm",
@@ -31,6 +33,16 @@ def _tables():
     return {"tune": tune, "transfer": transfer}
 
 
+SPEC = load_catalog("cpu_demo")
+TUNE = {"best_hparams": dict.fromkeys(SPEC.space.HPARAMS, 1.0)}
+
+
+def _report(study=STUDY, tables=None, plots=None, cost=None, **results) -> str:
+    """The report of a cpu_demo-shaped study whose tune phase and `results` (a phase → its result's fields)
+    finished, as the driver renders it."""
+    return phase_report(SPEC, {"tune": TUNE, **results}, study, tables, plots, cost)
+
+
 def test_markdown_table_formats_cells():
     df = pd.DataFrame({"a": [1.234567, math.nan], "b": ["x|y", None], "c": [True, False]})
     assert markdown_table(df).splitlines() == [
@@ -45,7 +57,8 @@ def test_report_has_every_phase_verdict_table_and_link():
     cert = certify(verify_table([2.0, 2.01], [2.1] * 62))
     drift = lr_drift(sweep_table(paper_like_optimum))
     plots = {"tune": "tune.png", "verify": "verify.png", "validate": "mutransfer.png", "coord": "coord.png"}
-    md = render_report(study=STUDY, tables=_tables(), certificate=cert, lr_drift=drift, plots=plots)
+    md = _report(tables=_tables(), plots=plots, transfer={}, verify={"certificate": cert},
+                 validate={"lr_drift": drift})
     assert md.startswith("# Study pt-mlm (`s-42`)")
     assert "- **model**: family=pt, d=256" in md and "- **widths**: 256, 512" in md
     # tune: counts and the five best trials only
@@ -70,7 +83,7 @@ def test_report_has_every_phase_verdict_table_and_link():
 
 
 def test_report_without_verdicts_or_plots():
-    md = render_report(study={"name": "bare"}, tables={}, certificate=None, lr_drift=None, plots={})
+    md = _report(study={"name": "bare"})
     assert md.startswith("# Study bare\n")
     assert "_no spec summary given_" in md
     assert "## verify" not in md and "## validate" not in md
@@ -78,7 +91,7 @@ def test_report_without_verdicts_or_plots():
 
 def test_report_shows_a_failed_certificate():
     cert = certify(verify_table([2.0], [1.5] * 3 + [2.1] * 59))
-    md = render_report(study=STUDY, tables={}, certificate=cert, lr_drift=None, plots={})
+    md = _report(verify={"certificate": cert})
     assert "**not certified**" in md and "NOT certified" in md
 
 
@@ -94,21 +107,16 @@ def test_cost_section_states_the_proxy_share_of_one_target_run():
             "targets": {"32": {"flops": 1.0e10, "wall_s": 4.0}, "64": {"flops": 1.0e11, "wall_s": 4.0}}}
     assert cost_line(cost) == ("proxy cost = 7.0 % FLOPs / 75.0 % wall time of one target run at width 64; "
                                "tune + verify = 37.0 % FLOPs / 375.0 % wall time")
-    text = render_report(study={"name": "s"}, tables={}, certificate=None, lr_drift=None, plots={}, cost=cost)
+    text = _report(study={"name": "s"}, cost=cost)
     section = text.split("## cost", 1)[1]
     assert "**proxy cost = 7.0 %" in section and "| tune | 6 | 100 | 7e+09 | 7 | 3 | 75 | 9 |" in section
-    no_target = render_report(study={"name": "s"}, tables={}, certificate=None, lr_drift=None, plots={},
-                              cost={"rows": cost["rows"][:1], "targets": {}})
+    no_target = _report(study={"name": "s"}, cost={"rows": cost["rows"][:1], "targets": {}})
     assert "no transfer width" in no_target
 
 
 def test_report_says_where_the_better_neighbours_lie():
-    from analysis import neighbour_advice
-
     table = verify_table([2.0, 2.01], [1.5] * 3 + [2.1] * 59)
-    cert = certify(table)
-    advice = neighbour_advice(table, dict.fromkeys(("lr",), 1.0), ["lr"], cert.tolerance)
-    md = render_report(study=STUDY, tables={}, certificate=cert, lr_drift=None, plots={}, advice=advice)
+    md = _report(tables={"verify": table}, verify={"certificate": certify(table)})
     verify = md.split("## verify")[1]
     assert "where the better neighbours lie" in verify and "tune.num_trials" in verify
 
@@ -119,8 +127,7 @@ def test_report_html_holds_its_figures_inline(tmp_path):
     png = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
     (tmp_path / "tune.png").write_bytes(png)
     plots = {"tune": "tune.png", "verify": "verify.png", "coord": "../coord.png"}
-    md = render_report(study=STUDY, tables=_tables(), certificate=certify(verify_table([2.0, 2.01], [2.1] * 62)),
-                       lr_drift=None, plots=plots)
+    md = _report(tables=_tables(), plots=plots, verify={"certificate": certify(verify_table([2.0, 2.01], [2.1] * 62))})
     page = report_html(md + "\n<script>alert(1)</script>\n", tmp_path)
     assert page.startswith("<!doctype html>") and "<title>Study pt-mlm (s-42)</title>" in page
     assert '<img src="data:image/png;base64,iVBORw0KGgo' in page and 'alt="tune"' in page
@@ -130,13 +137,9 @@ def test_report_html_holds_its_figures_inline(tmp_path):
 
 
 def test_report_shows_the_noise_expectation_and_blames_noise_for_it():
-    from analysis import neighbour_advice
-
     # centre 2.0 ± 0.02 over 3 seeds; 15 of 59 samples ahead by 0.03: ≈11.4 expected from seed noise at t = s
     table = verify_table([2.0, 2.02, 1.98], [1.97] * 15 + [2.01] * 44)
-    cert = certify(table)
-    advice = neighbour_advice(table, dict.fromkeys(("lr",), 1.0), ["lr"], cert.tolerance, alpha=cert.alpha)
-    md = render_report(study=STUDY, tables={}, certificate=cert, lr_drift=None, plots={}, advice=advice)
+    md = _report(tables={"verify": table}, verify={"certificate": certify(table)})
     verify = md.split("## verify")[1]
     assert "| noise_better_rate | 0.19324 |" in verify and "| noise_better_expected | 11.401 |" in verify
     assert "| noise_explains | yes |" in verify
@@ -149,11 +152,11 @@ def test_report_answers_what_transfer_cost_in_one_line():
 
     sweep = sweep_table(paper_like_optimum)
     regret = transfer_regret(sweep, {"lr": 2.0**-8.5}, [64, 128], proxy_width=64)
-    md = render_report(study=STUDY, tables={}, certificate=None, lr_drift=lr_drift(sweep), plots={}, regret=regret)
+    md = _report(validate={"lr_drift": lr_drift(sweep), "regret": regret})
     validate = md.split("## validate")[1]
     line = regret_line(regret)
     assert line is not None and f"**{line}**" in validate.splitlines()
     assert line.startswith("Transfer regret in lr at width 64: mup +0.0125 nats") and "at width 128: mup" in line
     assert "| lr | standard | 128 |" in validate and validate.index("Transfer regret") < validate.index("**pass**")
-    unchanged = render_report(study=STUDY, tables={}, certificate=None, lr_drift=lr_drift(sweep), plots={})
+    unchanged = _report(validate={"lr_drift": lr_drift(sweep)})
     assert "Transfer regret" not in unchanged

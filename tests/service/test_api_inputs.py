@@ -31,7 +31,9 @@ LIMIT = 20_000
 @pytest.fixture(scope="module")
 def api(tmp_path_factory, migrated):
     executor = FakeExecutor()
-    app = create_app(Settings(data_dir=migrated(tmp_path_factory.mktemp("api-data")), max_body_bytes=LIMIT), executor)
+    # ray_num_cpus 1: POST /plans times each shape alone, without spawning a companion process per valid body
+    app = create_app(Settings(data_dir=migrated(tmp_path_factory.mktemp("api-data")), max_body_bytes=LIMIT,
+                              ray_num_cpus=1), executor)
     with TestClient(app, raise_server_exceptions=False) as client:
         client.executor = executor
         yield client

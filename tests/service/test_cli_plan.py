@@ -33,14 +33,15 @@ print(json.dumps(done))
 CATALOG = ROOT / "studies" / "catalog"
 # the plans the tests read, in one fresh interpreter (each a `ptctl` call, in this order): a plan must not import
 # torch, Ray or MLflow, and the modules are read after each call, so the calls that may import them come last
+# (`--no-probe`: FLOPs only; the probe's wall-time estimate imports torch, tests/service/test_plan_estimate.py)
 CALLS = {
-    "dry_run": ["transfer", "--spec", str(GPU_SPEC), "--from-width", "128", "--to", "1024", "--dry-run"],
-    "gpu": ["study", "plan", str(GPU_SPEC)],
-    "compare": ["study", "plan", str(CATALOG / "compare_cpu.yaml")],
-    "batched": ["study", "plan"],  # and cpu_demo with resources.batch_members = 16, which `plans` writes
-    "horizon": ["study", "plan", str(CATALOG / "horizon_cpu.yaml")],
-    "cpu_demo": ["study", "plan", str(CATALOG / "cpu_demo.yaml")],
-    "tau": ["study", "plan", str(CATALOG / "tau_cpu.yaml")],
+    "dry_run": ["transfer", "--spec", str(GPU_SPEC), "--from-width", "128", "--to", "1024", "--dry-run", "--no-probe"],
+    "gpu": ["study", "plan", "--no-probe", str(GPU_SPEC)],
+    "compare": ["study", "plan", "--no-probe", str(CATALOG / "compare_cpu.yaml")],
+    "batched": ["study", "plan", "--no-probe"],  # and cpu_demo with resources.batch_members = 16, which `plans` writes
+    "horizon": ["study", "plan", "--no-probe", str(CATALOG / "horizon_cpu.yaml")],
+    "cpu_demo": ["study", "plan", "--no-probe", str(CATALOG / "cpu_demo.yaml")],
+    "tau": ["study", "plan", "--no-probe", str(CATALOG / "tau_cpu.yaml")],
     "missing": ["study", "plan", "nope.yaml"],
 }
 

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 import studies
 from studies.families.pt import HPARAMS, PTConfig
+from studies.phases.validate import depth_trials, validate_trials
 from studies.spec import CATALOG_DIR, StudySpec, TrialConfig, VerifySpec
 from tests.studies._dicts import with_changes
 
@@ -427,7 +428,7 @@ def test_the_horizon_catalog_study_is_cpu_sized():
     spec = studies.load_catalog("horizon_cpu")
     assert spec.phases() == ["tune", "validate"] and spec.validate_.horizons() == [150, 300, 600]
     assert spec.steps_for("tune") < spec.train.steps == spec.validate_horizon()
-    assert spec.validate_.n_trials() <= 40 and spec.train.device == "cpu"
+    assert len(validate_trials(spec, spec.space.defaults())) <= 40 and spec.train.device == "cpu"
 
 
 # ------------------------------------------------------------------------------------ the depth sweep (validate.depths)
@@ -441,13 +442,14 @@ TAU = {"name": "deep", "model": {"family": "tauformer", "arch": {"head_dim": 16,
 def test_a_spec_without_depths_dumps_and_hashes_as_before():
     """Leaving validate.depths out keeps it out of the dump (the pinned hashes above hold); giving it changes both."""
     plain = StudySpec.from_yaml(CATALOG_DIR / "pt_lr_alignment.yaml")
-    assert "depths" not in plain.as_dict()["validate"] and plain.validate_.depth_trials() == 0
+    assert "depths" not in plain.as_dict()["validate"] and depth_trials(plain, plain.space.defaults()) == []
     deep = StudySpec.model_validate(TAU)
     assert deep.as_dict()["validate"]["depths"] == [2, 4, 8]
     assert StudySpec.from_yaml(deep.to_yaml()) == deep
     shallower = StudySpec.model_validate(with_changes(TAU, **{"validate.depths": [2, 4]}))
     assert deep.content_hash() != shallower.content_hash()
-    assert deep.validate_.n_trials() == 2 * 3 * 3  # completep and none × 3 depths × 3 lrs; one width: no width sweep
+    # completep and none × 3 depths × 3 lrs; one width: no width sweep
+    assert len(validate_trials(deep, deep.space.defaults())) == 2 * 3 * 3
 
 
 @pytest.mark.parametrize(("depths", "needle"), [
@@ -477,4 +479,4 @@ def test_the_depth_catalog_study_is_cpu_sized():
     spec = studies.load_catalog("depth_cpu")
     assert spec.phases() == ["tune", "validate"] and spec.validate_.depths == [2, 4, 8]
     assert spec.model.arch.depth == spec.model.arch.base_depth == 2 and spec.train.device == "cpu"
-    assert spec.validate_.n_trials() == 72 and spec.steps_for("validate") == 100
+    assert len(validate_trials(spec, spec.space.defaults())) == 72 and spec.steps_for("validate") == 100

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import render_report
 from studies import load_catalog
 from studies.phases import StudyState, TuneResult, ValidateResult
 from studies.phases.base import Context
 from studies.phases.validate import PHASE, horizon_flag, validate_trials
+from tests.studies._report import phase_report
 
 SPEC = load_catalog("horizon_cpu")
 CENTRE = {**SPEC.space.defaults(), "lr": 0.016}  # the proxy's lr (tuned at 150 steps): 2^-5.97
@@ -67,8 +67,8 @@ def test_a_horizon_sweep_is_judged_along_the_steps(tmp_path):
     assert flag is not None and "tune trains 150 steps, the target 600" in flag
     assert f"drifts {drift.mup_drift:+.2f}" in flag
     assert f"at 600 steps lies ≈ {2 * drift.mup_drift:+.2f} log2(lr) from the optimum at the 150 steps" in flag
-    report = render_report(study={"name": SPEC.name}, tables={}, certificate=None, lr_drift=None, plots={},
-                           regret=result.regret, horizon_drift=result.horizon_drift, flags=[f"horizon: {flag}"])
+    report = phase_report(SPEC, {"tune": {"best_hparams": CENTRE}, "validate": result.model_dump()},
+                          {"name": SPEC.name})
     assert f"**horizon: {flag}**" in report.split("## tune")[1]
     validate = report.split("## validate")[1]
     assert "Transfer regret in lr at width 64" in validate and "drift (log2 lr per doubling of steps)" in validate
@@ -108,8 +108,8 @@ def test_a_depth_sweep_is_judged_along_depth(tmp_path):
     assert verdict.tags == {"lr_depth_drift_passed": "true"}
     assert "lr depth drift: completep's optimal lr at width 32 drifts" in verdict.sentence
     assert "per doubling of depth" in verdict.sentence and "; none drifts -0.7" in verdict.sentence
-    report = render_report(study={"name": DEEP.name}, tables={}, certificate=None, lr_drift=None,
-                           plots={"validate (depth)": "depth.png"}, depth_drift=drift)
+    report = phase_report(DEEP, {"validate": result.model_dump()}, {"name": DEEP.name},
+                          plots={"validate (depth)": "depth.png"})
     validate = report.split("## validate")[1]
     assert "drift (log2 lr per doubling of depth)" in validate and "| depth |" in validate
     assert "![validate (depth)](depth.png)" in validate and "| horizon" not in validate

@@ -78,7 +78,7 @@ def test_verdict_columns_name_every_verdict_the_runs_carry():
     params): the certificate first, each searched hparam's winner (frozen ones are constants), each drift, the
     description last; keys as the MLflow UI writes them."""
     verdict = _demo_verdict()
-    columns = verdict_columns(SPEC, verdict)
+    columns = verdict_columns(verdict)
     assert columns[:2] == ["tags.`certified`", "tags.`lr_drift_passed`"]
     assert columns[2:5] == ["metrics.`upper_bound`", "metrics.`n_better`", "metrics.`centre_rank`"]
     assert columns[-1] == "attributes.`Description`"
@@ -92,11 +92,11 @@ def test_verdict_columns_name_every_verdict_the_runs_carry():
               "metrics.`steps_done`", "attributes.`Description`"}  # the last three: every trial run's
     assert set(columns) <= logged  # a column no run logs is one the UI cannot show
     tiny = load_catalog("tiny")  # no validate phase: no drift column
-    tiny_columns = verdict_columns(tiny, _demo_verdict(tiny))
+    tiny_columns = verdict_columns(_demo_verdict(tiny))
     assert not [c for c in tiny_columns if "drift" in c] and "tags.`certified`" in tiny_columns
     only_tune = study_verdict(SPEC, StudyState.model_validate({"study_id": "s", "spec_hash": "h",
                                                                 "phases": {"tune": TUNE}}))
-    assert not [c for c in verdict_columns(SPEC, only_tune) if "certified" in c or "drift" in c]
+    assert not [c for c in verdict_columns(only_tune) if "certified" in c or "drift" in c]
 
 
 def test_the_validate_verdict_carries_the_transfer_regret():
@@ -111,7 +111,7 @@ def test_the_validate_verdict_carries_the_transfer_regret():
     metrics = validate.metrics[0]
     assert round(metrics["regret.lr.mup.w128"], 6) == 0.0125 and round(metrics["regret.lr.standard.w128"], 6) == 0.05
     assert "regret_pct.lr.mup.w128" in metrics and "Transfer regret in lr at width 128: mup" in validate.sentence
-    columns = verdict_columns(SPEC, _demo_verdict())
+    columns = verdict_columns(_demo_verdict())
     assert {"metrics.`regret_pct.lr.mup.w64`", "metrics.`regret_pct.lr.mup.w128`",
             "metrics.`regret_pct.lr.standard.w128`", "metrics.`best_lead_pct`"} <= set(columns)
     assert "metrics.`regret_pct.lr.standard.w64`" not in columns  # standard was carried from 64: no regret there

@@ -1,0 +1,127 @@
+"""What every reader makes of a fixed finished study, byte for byte: the report, the CLI summary, the MLflow
+columns, the progress and the plan, against goldens written before the phases owned them (PTCTL_GOLDEN=1 rewrites
+them). The studies run through the driver with canned trial tables and the null tracker; the phases' wall times
+are pinned."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from studies import load_catalog
+from studies.cost import planned_runs
+from studies.phases import PHASES
+from studies.plan import PlannedTrial
+from studies.spec import StudySpec
+from workers.driver import StudyDriver, run_study
+from workers.folder import StudyFolder
+from workers.report import TrialReport
+from workers.runner import PhaseJob, trial_frame, trial_row
+from workers.tracker import NullTracker
+from workers.verdicts import study_verdict, verdict_columns
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.fixture(autouse=True)
+def data_dir(tmp_path, monkeypatch):
+    from tests.conftest import DEFAULT_DATA
+
+    (DEFAULT_DATA / "corpora").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "corpora").symlink_to(DEFAULT_DATA / "corpora")
+    monkeypatch.setenv("PTCTL_DATA_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _loss(t: PlannedTrial) -> float:
+    """Best at lr = 0.01 (standard: shrinking with width) and w_H = 1.4, away from tune's w_H: an uncertified
+    centre."""
+    lr = 0.01 * (16 / t.width if t.parametrization == "standard" else 1.0)
+    return 4.0 + math.log(t.hparams["lr"] / lr) ** 2 + 0.1 * math.log(t.hparams.get("w_H", 1.4) / 1.4) ** 2
+
+
+class Canned:
+    """Every planned trial `completed` at `_loss` (tune: `num_trials` lrs around 0.01)."""
+
+    def run_phase(self, job: PhaseJob) -> pd.DataFrame:
+        planned = job.planned
+        if planned is None:
+            planned = [PlannedTrial.for_tune(job.spec, f"{i:05d}", {"lr": 0.01 * 2.0 ** (i - 2)})
+                       for i in range(job.spec.tune.num_trials)]
+        return trial_frame([trial_row(job.spec, t, TrialReport(
+            status="completed", eval_loss=_loss(t), steps=t.horizon or job.spec.steps_for(t.phase), tokens=100,
+            wall_time_s=0.1 * (1 + i % 3), params=1000 * t.width)) for i, t in enumerate(planned)])
+
+
+def _transfer() -> StudySpec:
+    data = load_catalog("tiny").as_dict()
+    data["tune"].update(steps=15, num_trials=5)
+    data["validate"] = {"widths": [16, 32], "lrs": [0.0025, 0.005, 0.01, 0.02, 0.04], "hparams": {"w_H": [0.5, 1, 2]},
+                        "steps": [15, 30]}
+    return StudySpec.model_validate(data)
+
+
+def _depth() -> StudySpec:
+    data = load_catalog("depth_cpu").as_dict()
+    data["tune"].update(num_trials=4)
+    data["validate"].update(lrs=[0.0025, 0.005, 0.01, 0.02, 0.04], seeds=1)
+    return StudySpec.model_validate(data)
+
+
+def _compare() -> StudySpec:
+    """compare_cpu shrunk as tests/workers/test_compare_study.py shrinks it."""
+    data = load_catalog("compare_cpu").as_dict()
+    data["data"].update(vocab_size=500, seq_len=32, max_tokens=60_000, max_eval_sequences=32)
+    data["train"].update(batch_size=8, warmup_steps=2, eval_every=5, eval_batches=2, log_every=5)
+    data["tune"].update(num_trials=2, asha={"enabled": False})
+    data["compare"].update(budgets=[25_000, 55_000], proxy_budget=25_000, tokens=8 * 32 * 10, tune_tokens=8 * 32 * 5,
+                           seeds=2)
+    for baseline in data["compare"]["baselines"]:
+        baseline["num_trials"] = 2
+        baseline["model"]["arch"]["max_len"] = 32
+    return StudySpec.model_validate(data)
+
+
+SPECS = {"transfer": _transfer, "depth": _depth, "compare": _compare}
+
+
+def _read(spec: StudySpec, data_dir: Path) -> dict:
+    from service import summary
+    from service.progress import phase_progress
+
+    run_study(spec, "g1", runner=Canned(), tracker=NullTracker())
+    driver = StudyDriver(spec, Canned(), NullTracker(), study_id="g1")
+    for k, record in enumerate(driver.state.phases.values()):
+        record.wall_s = 10.0 * (k + 1)
+    report = driver.write_report().read_text()
+    console = Console(record=True, width=200)
+    folder = StudyFolder("g1")
+    summary.print_summary(console, summary.StudyView(spec, driver.state, folder, {"transfer-w32-s0": "run-1"},
+                                                     "http://ui/#/runs"))
+    planned = {p: PHASES[p].count(spec) for p in spec.phases()}
+    progress = phase_progress(folder, spec.as_dict(), driver.state, planned, [])
+    return {"report": report, "summary": console.export_text().replace(str(data_dir), "<data>"),
+            "columns": verdict_columns(study_verdict(spec, driver.state)),
+            "sentence": study_verdict(spec, driver.state).sentence,
+            "progress": {p: v.model_dump(mode="json") for p, v in progress.items()},
+            "phases": spec.phases(), "steps": {p: spec.steps_for(p) for p in spec.phases()}, "planned": planned,
+            "runs": {p: [list(r) for r in runs] for p, runs in planned_runs(spec).items()} if spec.compare is None
+            else None}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_a_finished_study_reads_as_it_did(name, data_dir):
+    got = _read(SPECS[name](), data_dir)
+    path = GOLDEN / f"{name}.json"
+    if os.environ.get("PTCTL_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(got, indent=1, ensure_ascii=False) + "\n")
+    want = json.loads(path.read_text())
+    for key in want:
+        assert got[key] == want[key], key
