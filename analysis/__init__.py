@@ -26,9 +26,7 @@ params              int      the model's parameter count
 is_centre           bool     verify phase only: True for the runs of the unperturbed centre
                              (run with several seeds), False for the perturbed samples
 parametrization     str      ``mup`` | ``standard`` (validate phase)
-lr, w_H, ...        float    one column per hparam; the default set is ``HPARAMS``:
-                             ``lr, w_H, w_topic, w_unary, w_dep, w_head, w_topic_z`` (PT);
-                             BERT and UT have ``lr, init_std, output_mult, attn_mult``
+lr, ...             float    one column per hparam of the study's search space (its ``HPARAMS``)
 family              str      compare phase: the model family (``pt``, ``bert``, ``ut``)
 budget              float    compare phase: the parameter count the width was solved for
 role                str      compare phase: ``transferred`` (tuned once at a proxy) or ``tuned``
@@ -60,9 +58,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 # Each public name and the module it lives in: loaded on first use (PEP 562), so `from analysis import
-# HPARAMS` pulls neither pandas nor scipy nor matplotlib, and a plot's caller alone pays for matplotlib.
+# min_samples` pulls neither pandas nor scipy nor matplotlib, and a plot's caller alone pays for matplotlib.
 _HOME = {
-    **dict.fromkeys(("HPARAMS", "STATUSES", "TrialStatus", "min_samples"), "constants"),
+    **dict.fromkeys(("STATUSES", "TrialStatus", "min_samples"), "constants"),
     **dict.fromkeys(("Certificate", "certify", "confidence", "upper_bound", "verify_losses"), "certificate"),
     **dict.fromkeys(("compare_table", "plot_compare"), "compare"),
     **dict.fromkeys(("CoordOffence", "CoordVerdict", "coord_slopes", "coord_verdict", "plot_coord"), "coord"),
@@ -79,7 +77,7 @@ _HOME = {
 if TYPE_CHECKING:
     from analysis.certificate import Certificate, certify, confidence, upper_bound, verify_losses
     from analysis.compare import compare_table, plot_compare
-    from analysis.constants import HPARAMS, STATUSES, TrialStatus, min_samples
+    from analysis.constants import STATUSES, TrialStatus, min_samples
     from analysis.coord import CoordOffence, CoordVerdict, coord_slopes, coord_verdict, plot_coord
     from analysis.distance import relative_distance
     from analysis.neighbours import NeighbourAdvice, neighbour_advice
@@ -111,7 +109,6 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "HPARAMS",
     "STATUSES",
     "TrialStatus",
     "Certificate",

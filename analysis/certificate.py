@@ -1,18 +1,11 @@
 """The verify phase's local-optimality certificate (PT spec §3.6, eqs. 8–9).
 
-N hparam vectors are drawn around the transferred centre and trained at the verify width.
-If the centre is *not* in the best fraction p of its neighbourhood, the chance that none of N
-iid samples beats it is at most (1-p)^N; more generally, k of N samples beating it bound the
-fraction of better neighbours by the one-sided Clopper-Pearson upper limit.
-
-Seed noise alone makes samples "better": a one-seed sample and the mean of the centre's n_c seeds differ by
-noise of sd σ·√(1+1/n_c) (σ: one seed's sd, estimated by the centre's seed std), so a sample exactly as good
-as the centre beats it by more than the tolerance t with probability q = Φ(-t / (σ·√(1+1/n_c))), ≈ 19% at
-t = σ and n_c = 3. If no neighbour is truly better, each sample beats the centre with probability at most q,
-so k is stochastically at most Binomial(N, q). `noise_explains` says whether k is within that distribution's
-(1-α) quantile and the best sample's lead over the centre within what the largest of N noise differences
-reaches with probability 1-α (at most Φ⁻¹(1-α/N)·σ·√(1+1/n_c), a union bound: 3.1 of those sds at N = 59, α = 5%):
-a few samples far ahead of the centre are not noise, however few.
+N hparam vectors are drawn around the transferred centre and trained at the verify width. If the centre is not
+in the best fraction p of its neighbourhood, k of N samples beating it bound the fraction of better neighbours by
+the one-sided Clopper–Pearson upper limit ((1-p)^N at k = 0). Seed noise alone makes samples "better", each with
+probability q = Φ(-t / (σ·√(1+1/n_c))) for a sample as good as the centre; `noise_explains` says whether k fits
+Binomial(N, q) and the best lead fits the largest of N noise differences (a union bound). The numbers and the
+advice: docs/certificate.md.
 """
 
 from __future__ import annotations
@@ -161,20 +154,11 @@ def certify(
     alpha: float = 0.05,
     tolerance: Tolerance = "seed_spread",
 ) -> Certificate:
-    """Certify that the verify phase's centre is in the top fraction `p` of its neighbourhood.
+    """Certify that the verify phase's centre is in the top fraction `p` of its neighbourhood, at confidence 1 - alpha.
 
-    Args:
-        table: the trial table; its verify-phase rows are used.
-        p: the top fraction claimed.
-        alpha: 1 - the confidence level.
-        tolerance: the margin a sample must beat the centre's mean loss by to count as better.
-            `"seed_spread"`: the centre's seed standard deviation s (ddof=1; 0 with one seed).
-            `"seed_noise"`: 2·s·√(1+1/n_c), twice the sd of a one-seed sample's difference from the centre's
-            mean: an equally good sample counts as better with probability Φ(-2) ≈ 2.3%.
-            A float: relative to the centre's loss (0.004 = 0.4%, the paper's noise level).
-
-    Returns:
-        The `Certificate`.
+    `tolerance` is the margin a sample must beat the centre's mean loss by to count as better: `"seed_spread"`, the
+    centre's seed std s (ddof=1; 0 with one seed); `"seed_noise"`, 2·s·√(1+1/n_c), so that an equally good sample
+    counts with probability Φ(-2) ≈ 2.3%; or a float, relative to the centre's loss (0.004 = the paper's 0.4%).
     """
     check_probabilities(p, alpha)
     centre, samples = verify_losses(table)

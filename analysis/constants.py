@@ -8,9 +8,6 @@ from __future__ import annotations
 import math
 from enum import StrEnum
 
-HPARAMS: tuple[str, ...] = ("lr", "w_H", "w_topic", "w_unary", "w_dep", "w_head", "w_topic_z")
-"""The seven transferred hparams: `lr` plus PT's six information weights (PT spec §3.2)."""
-
 
 class TrialStatus(StrEnum):
     """A trial's status, the table's `status` column (and the `status` tag of its MLflow run).

@@ -41,18 +41,12 @@ def coord_slopes(df: pd.DataFrame, confidence: float = 0.95, axis: str = "width"
     """Slope of log2(rms) against log2(`axis`: width, or depth) per (parametrization if present, name, step), with
     a seed interval.
 
-    With a `seed` column (the coordinate check's rows), each seed is one replicate: its own model at
-    every width, trained on the seed's batches. A slope is fitted per seed; `slope` is their mean
-    (= the slope of the seeds' mean log2 rms) and `ci_low`/`ci_high` the two-sided Student-t
-    interval at `confidence` from their spread (NaN with one seed). Without a `seed` column, rows
-    repeated at one width are averaged and the slope has no interval.
-
-    A curve with a non-positive or non-finite (inf or NaN) rms in any seed, i.e. a blow-up or an
-    exactly zero readout, gets a NaN slope, which the verdict fails.
-
-    Returns:
-        Columns `[parametrization,] name, step, slope, ci_low, ci_high, n_seeds, n_widths` (`n_widths`: the sizes
-        on `axis` behind the slope); `attrs["axis"]` is `axis`.
+    With a `seed` column each seed is one replicate (its own model at every width): a slope is fitted per seed,
+    `slope` is their mean (= the slope of the seeds' mean log2 rms) and `ci_low`/`ci_high` the two-sided Student-t
+    interval at `confidence` (NaN with one seed). Without one, rows repeated at a width are averaged and the slope
+    has no interval. A non-positive or non-finite rms in any seed (a blow-up, a zero readout) gives a NaN slope,
+    which the verdict fails. Returns columns `[parametrization,] name, step, slope, ci_low, ci_high, n_seeds,
+    n_widths` (`n_widths`: the sizes on `axis` behind the slope); `attrs["axis"]` is `axis`.
     """
     if axis not in AXES:
         raise ValueError(f"axis={axis!r}: choose one of {list(AXES)}")
@@ -133,24 +127,13 @@ def coord_verdict(
 ) -> CoordVerdict:
     """Judge `coord_slopes`' output: hidden |slope| ≤ hidden_tol and output slope ≤ output_max at `steps`.
 
-    With seed intervals (`ci_low`, `ci_high`), a slope fails only when its whole interval lies outside
-    its band (a significant departure: the verdict does not flip on seed noise), and the check is
-    conclusive only when every interval is narrow enough to have failed a rule error: a half-width ≤
-    rule_error − band, so that a true slope of ±rule_error has an interval clear of the band. μP's rules
-    are powers of √d, so the smallest exponent a wrong rule leaves is 1/2 (the default rule_error).
-    Without intervals (one seed, or a table without seeds) the point slopes are judged.
-
-    Args:
-        slopes: the output of `coord_slopes`.
-        steps: the steps judged (early steps catch update-size mistakes that init checks miss).
-        hidden_tol: the largest |slope| allowed for every activation except the output.
-        output_name: the output activation's name, judged one-sidedly.
-        output_max: the largest slope allowed for the output (it may shrink, not grow).
-        parametrization: the parametrization judged when `slopes` has that column.
-        may_vanish: name prefixes judged one-sidedly like the output (slope <= hidden_tol): activations
-            that μP lets shrink with width, e.g. attention-like logits scaled 1/r whose random
-            initial part vanishes as r^-1/2 when r grows with width.
-        rule_error: the smallest |slope| a wrong μP rule produces; sets the power an interval needs.
+    With seed intervals a slope fails only when its whole interval lies outside its band, and the verdict is
+    conclusive only when every half-width is ≤ rule_error − band, narrow enough to have failed a slope of
+    ±rule_error (μP's rules are powers of √d, so a wrong rule leaves at least 1/2). Without intervals the point
+    slopes are judged. `output_name` is judged one-sidedly (it may shrink, not grow), and so are names starting with
+    a `may_vanish` prefix (slope ≤ hidden_tol: activations μP lets shrink, e.g. logits scaled 1/r whose random
+    initial part vanishes as r^-1/2). The early `steps` catch update-size mistakes that init checks miss;
+    `parametrization` is the one judged when `slopes` has that column.
     """
     judged = slopes[slopes["step"].isin(steps)]
     has_param = "parametrization" in slopes.columns

@@ -7,13 +7,13 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.table import HPARAMS, require_columns
+from analysis.table import require_columns
 
 
 def relative_distance(
     table: pd.DataFrame,
     centre: Mapping[str, float],
-    hparams: Sequence[str] = HPARAMS,
+    hparams: Sequence[str],
     log: bool = False,
 ) -> pd.Series:
     """D(θ, θ₀) for every row of `table`, indexed like it.
@@ -21,7 +21,7 @@ def relative_distance(
     Args:
         table: rows with one column per hparam.
         centre: the centre θ₀, hparam name → value.
-        hparams: the hparams the distance is taken over.
+        hparams: the hparams the distance is taken over (the study's space's `HPARAMS`).
         log: False: sqrt(Σ((x - x₀)/x₀)²), the relative distance of eq. 10.
             True: sqrt(Σ(ln x - ln x₀)²), symmetric in up and down moves; needs positive values.
 

@@ -1,18 +1,12 @@
 """Transfer regret: what carrying the tuned hparams to a wider width cost, measured on the validate sweep.
 
-At a swept width, the regret of a transferred value x_t of an hparam is L(x_t) − L*, the sweep's loss at x_t minus
-its optimum's, in nats and in % of L*. L* is the minimum of the parabola (in log2 of the hparam) through the best
-grid value and its two neighbours, the one `analysis.transfer.interpolate_optimum` takes the optimum from (the
-best grid loss where there is no such parabola). L(x_t) is the curve's loss at x_t: the grid loss when x_t is a
-grid value, else that parabola's value when x_t lies between the best value's neighbours, else the straight line
-between the two grid values around x_t (in log2). So the regret is 0 when x_t is the interpolated optimum, and
-never negative on one curve.
-
-Under the study's own parametrization x_t is the tuned centre's value. Under the other (`standard` beside `mup`)
-it is that parametrization's own interpolated optimum at the proxy width (the tune base width when swept, else
-the smallest swept width): what a user tuning at the proxy without μP would have carried, so its regret is what
-μP saved. The regret is computed on the seed-mean curve; its 95 % interval is the Student t-interval of every
-seed's own regret (each seed's curve at x_t minus that curve's own minimum; none with fewer than 2 seeds).
+At a swept width, the regret of a transferred value x_t is L(x_t) − L*, in nats and in % of L*. L* is the
+minimum of the parabola (in log2 of the hparam) through the best grid value and its two neighbours, as in
+`analysis.transfer.interpolate_optimum`; L(x_t) is the grid loss at a grid value, else that parabola between
+the best value's neighbours, else the straight line between the grid values around x_t. So the regret is 0 at
+the interpolated optimum and never negative. Under the study's parametrization x_t is the tuned centre's value;
+under the other it is that parametrization's own optimum at the proxy width, so its regret is what μP saved.
+The regret is taken on the seed-mean curve, its 95 % interval over every seed's own regret (none with one seed).
 """
 
 from __future__ import annotations
@@ -131,17 +125,11 @@ def transfer_regret(table: pd.DataFrame, centre: Mapping[str, float], widths: It
                     hparams: Sequence[str] | None = None) -> list[Regret]:
     """The regret of the transferred hparams at each of `widths` the sweep covers (module docstring).
 
-    Args:
-        table: the trial table; its `phase` rows are the validate sweep.
-        centre: the tuned hparams (the transferred values under `parametrization`).
-        widths: the transferred widths (and the base width); those the sweep lacks are skipped.
-        parametrization: the study's own, whose transferred value is `centre`'s.
-        proxy_width: the width the others' own optimum is carried from (default: their smallest swept width);
-            their regret is stated at the wider widths only.
-        hparams: the swept hparams (default: every one the table sweeps, lr first).
-
-    Returns:
-        One `Regret` per (hparam, parametrization, width), in that order, widths increasing.
+    `table`'s `phase` rows are the validate sweep; `centre` holds the tuned hparams, the transferred values under
+    `parametrization` (the study's own); `widths` are the transferred widths and the base width (those the sweep
+    lacks are skipped). The other parametrizations carry their own optimum from `proxy_width` (default: their
+    smallest swept width) and are stated at the wider widths only. `hparams`: default every swept one, lr first.
+    Returns one `Regret` per (hparam, parametrization, width), in that order, widths increasing.
     """
     out: list[Regret] = []
     wanted = sorted(set(widths))

@@ -10,10 +10,10 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from analysis.constants import HPARAMS, LOSS_STATUSES, STATUSES, TrialStatus
+from analysis.constants import LOSS_STATUSES, STATUSES, TrialStatus
 
-__all__ = ["HPARAMS", "LOSS_STATUSES", "STATUSES", "TrialStatus", "judged_loss", "loss_spread",
-           "phase_rows", "require_columns"]
+__all__ = ["LOSS_STATUSES", "STATUSES", "TrialStatus", "judged_loss", "loss_spread", "phase_rows",
+           "require_columns"]
 
 
 def require_columns(table: pd.DataFrame, columns: Iterable[str], what: str) -> None:

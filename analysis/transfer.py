@@ -12,14 +12,9 @@ from analysis.table import TrialStatus, judged_loss, phase_rows, require_columns
 def transfer_table(table: pd.DataFrame, phase: str | None = "transfer") -> pd.DataFrame:
     """One row per width: the transferred hparams' loss over seeds and what the runs cost.
 
-    Args:
-        table: the trial table.
-        phase: the phase whose rows are summarised; None summarises every row.
-
-    Returns:
-        Columns `width, params, eval_loss_mean, eval_loss_std, n_seeds, tokens, wall_time_s,
-        n_diverged, n_failed`, sorted by width. Loss statistics, tokens and wall time are over the
-        runs with a finite eval loss (`n_seeds` of them; std with ddof=1, NaN for one seed).
+    `phase`: the phase whose rows are summarised (None: every row). Returns columns `width, params, eval_loss_mean,
+    eval_loss_std, n_seeds, tokens, wall_time_s, n_diverged, n_failed`, sorted by width; loss, tokens and wall time
+    are over the runs with a finite eval loss (`n_seeds` of them; std with ddof=1, NaN for one seed).
     """
     rows = table.reset_index(drop=True) if phase is None else phase_rows(table, phase)
     require_columns(
@@ -220,18 +215,11 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
              axis: str = "width") -> LRDrift:
     """Fit the drift of the optimal log2(lr) (or log2 of `hparam`) per doubling of width, per parametrization.
 
-    The drift is the slope over the seed-mean curves' interpolated optima; its interval (`drift_ci`) is the slope's
-    95 % t-interval over every seed's own optima, so seed-to-seed scatter widens it.
-
-    Args:
-        table: the trial table; the rows of `phase` form a sweep over widths, seeds and
-            parametrizations (`mup` required, `standard` reported beside it).
-        threshold: the largest |drift| of `mup` that passes, in log2 per doubling of width.
-        phase: the phase holding the sweep.
-        hparam: the swept hparam (rows with `swept` equal to it; lr by default).
-        axis: `width`, or `horizon`: the drift per doubling of the training steps of a horizon sweep (`horizon`
-            column) at one width (pass that width's rows), or `depth`: per doubling of depth (`depth_sweep`'s rows,
-            `completep` judged, `none` reported beside it).
+    The drift is the slope over the seed-mean curves' interpolated optima; `drift_ci` is its 95 % t-interval over
+    every seed's own optima. `table`'s `phase` rows are a sweep over widths, seeds and parametrizations (`mup`
+    required, `standard` beside it); `threshold` is the largest |drift| of `mup` that passes; `hparam` selects the
+    rows whose `swept` it is. `axis`: `width`; `horizon`, per doubling of the training steps at one width (pass
+    that width's rows); or `depth`, per doubling of depth (`depth_sweep`'s rows, `completep` judged, `none` beside).
     """
     if axis not in AXES:
         raise ValueError(f"axis {axis!r}: choose one of {list(AXES)}")

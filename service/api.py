@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, cast
 
 import httpx
-from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from service import policy
@@ -55,16 +55,20 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-def _control(request: Request) -> Control:
+async def _control(request: Request) -> Control:  # async: FastAPI runs a sync dependency on a worker thread
     return cast(Control, request.app.state.control)
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     return cast(Settings, request.app.state.settings)
 
 
-def _folder(request: Request, study: Study) -> StudyFolder:
-    return StudyFolder(study.id, _settings(request).data_dir)
+ControlDep = Annotated[Control, Depends(_control)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
+
+
+def _folder(control: Control, study: Study) -> StudyFolder:
+    return StudyFolder(study.id, control.data_dir)
 
 
 # ---------------------------------------------------------------------------------- errors
@@ -89,16 +93,15 @@ def summary(study: Study) -> StudySummary:
 @router.post("/studies", status_code=201, response_model=StudySummary, tags=["studies"], dependencies=[Admin],
              responses={200: {"model": StudySummary, "description": "replay of an Idempotency-Key"},
                         **errors(400, *ADMIN, 409, 413, 415, 422, 503)})
-async def submit(request: Request, response: Response,
+async def submit(request: Request, response: Response, control: ControlDep, settings: SettingsDep,
                  idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None
                  ) -> StudySummary:
-    """Validate a `StudySpec` (JSON, or YAML with `Content-Type: application/yaml`), store it, start it.
-    Parsed and validated off the event loop, within the `PTCTL_MAX_*` bounds (service/limits.py). A known
+    """Validate a `StudySpec` (JSON, or YAML with `Content-Type: application/yaml`), store it and start it; a known
     `Idempotency-Key` answers its study (200), started first if its driver never began (a submit cut short)."""
-    spec = await read_spec(request)
-    await run_in_threadpool(policy.enforce, spec, _settings(request))  # what a remote spec may name (422)
+    spec = await read_spec(request)  # off the event loop, within the PTCTL_MAX_* bounds (service/limits.py)
+    await run_in_threadpool(policy.enforce, spec, settings)  # what a remote spec may name (422)
     await run_in_threadpool(_check_model, spec)
-    study, created = await run_in_threadpool(_control(request).submit, spec, idempotency_key)
+    study, created = await run_in_threadpool(control.submit, spec, idempotency_key)
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/studies/{study.id}"
     return summary(study)
@@ -117,25 +120,25 @@ def _check_model(spec: StudySpec) -> None:
 
 @router.get("/studies", response_model=StudyPage, tags=["studies"], dependencies=[Read],
             responses=errors(*READ, 422))
-def list_studies(request: Request, status_: Annotated[Status | None, Query(alias="status")] = None,
+def list_studies(control: ControlDep, status_: Annotated[Status | None, Query(alias="status")] = None,
                  limit: Annotated[int, Query(ge=1, le=500)] = 50,
                  offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> StudyPage:
-    items, total = _control(request).store.list(status_, limit, offset)
-    return StudyPage(items=[_listed(request, s) for s in items], total=total, limit=limit, offset=offset)
+    items, total = control.store.list(status_, limit, offset)
+    return StudyPage(items=[_listed(control, s) for s in items], total=total, limit=limit, offset=offset)
 
 
-def _listed(request: Request, study: Study) -> StudyListItem:
+def _listed(control: Control, study: Study) -> StudyListItem:
     """The study's summary with its verdicts in one line, read from its folder's state.json."""
-    verdict = brief(study_verdicts(_folder(request, study).read_state()))
+    verdict = brief(study_verdicts(_folder(control, study).read_state()))
     return StudyListItem(**summary(study).model_dump(), verdict=verdict)
 
 
-def _observed(request: Request, study: Study, fresh: bool = False
+def _observed(control: Control, study: Study, fresh: bool = False
               ) -> tuple[StudyState | None, list[dict[str, Any]], MlflowInfo]:
     """The study folder's state.json, its MLflow trial rows (cached unless `fresh`) and its MLflow ids;
     with MLflow unreachable, no rows and no ids."""
-    mlflow = _control(request).mlflow
-    state = _folder(request, study).read_state()
+    mlflow = control.mlflow
+    state = _folder(control, study).read_state()
     try:
         return state, mlflow.live(study.spec, study.id, state, fresh), mlflow.info(study.spec, state)
     except Exception as exc:  # a read must not fail because MLflow is away: say so instead
@@ -147,10 +150,10 @@ def _observed(request: Request, study: Study, fresh: bool = False
 
 @router.get("/studies/{study_id}", response_model=StudyDetail, tags=["studies"], dependencies=[Read],
             responses=errors(*READ, 404))
-def get_study(request: Request, study_id: str) -> StudyDetail:
-    study = _control(request).store.get(study_id)
-    state, live, info = _observed(request, study)
-    progress = phase_progress(_folder(request, study), study.spec, state, study.planned, live)
+def get_study(control: ControlDep, study_id: str) -> StudyDetail:
+    study = control.store.get(study_id)
+    state, live, info = _observed(control, study)
+    progress = phase_progress(_folder(control, study), study.spec, state, study.planned, live)
     tune = state.result("tune", TuneResult) if state else None
     return StudyDetail(**summary(study).model_dump(), spec=study.spec, progress=progress,
                        best_hparams=tune.best_hparams if tune else None, verdicts=study_verdicts(state), mlflow=info)
@@ -158,18 +161,18 @@ def get_study(request: Request, study_id: str) -> StudyDetail:
 
 @router.get("/studies/{study_id}/trials", response_model=TrialTable, tags=["studies"], dependencies=[Read],
             responses=errors(*READ, 404))
-def get_trials(request: Request, study_id: str) -> TrialTable:
+def get_trials(control: ControlDep, study_id: str) -> TrialTable:
     """The trial table: one row per trial."""
-    study = _control(request).store.get(study_id)
-    state, live, _ = _observed(request, study, fresh=True)  # every run id, even of a trial that just ended
-    return TrialTable(study_id=study.id, trials=trial_table(_folder(request, study), study.spec, state, live))
+    study = control.store.get(study_id)
+    state, live, _ = _observed(control, study, fresh=True)  # every run id, even of a trial that just ended
+    return TrialTable(study_id=study.id, trials=trial_table(_folder(control, study), study.spec, state, live))
 
 
 @router.get("/studies/{study_id}/report", response_model=Report, tags=["studies"], dependencies=[Read],
             responses=errors(*READ, 404, 409))
-def get_report(request: Request, study_id: str) -> Report:
-    study = _control(request).store.get(study_id)
-    folder = _folder(request, study)
+def get_report(control: ControlDep, study_id: str) -> Report:
+    study = control.store.get(study_id)
+    folder = _folder(control, study)
     if study.status != StudyStatus.SUCCEEDED or not folder.report.exists():
         raise HTTPException(409, f"study {study.id} is {study.status}: its report is written when it succeeds; "
                             f"poll GET /studies/{study.id}")
@@ -180,35 +183,35 @@ def get_report(request: Request, study_id: str) -> Report:
 
 @router.post("/studies/{study_id}/cancel", response_model=StudySummary, tags=["studies"], dependencies=[Admin],
              responses=errors(*ADMIN, 404, 409))
-def cancel(request: Request, study_id: str) -> StudySummary:
+def cancel(control: ControlDep, study_id: str) -> StudySummary:
     """Kill the study's driver and its Tune trials; everything logged so far stays."""
-    return summary(_control(request).cancel(study_id))
+    return summary(control.cancel(study_id))
 
 
 @router.post("/studies/{study_id}/resume", response_model=StudySummary, tags=["studies"], dependencies=[Admin],
              responses=errors(*ADMIN, 404, 409, 503))
-def resume(request: Request, study_id: str) -> StudySummary:
+def resume(control: ControlDep, settings: SettingsDep, study_id: str) -> StudySummary:
     """Start a new driver on the same study id: finished phases and trials are not run again."""
-    policy.enforce(_control(request).store.get(study_id).spec, _settings(request), where=("spec",))  # as of now
-    return summary(_control(request).resume(study_id))
+    policy.enforce(control.store.get(study_id).spec, settings, where=("spec",))  # as of now
+    return summary(control.resume(study_id))
 
 
 @router.post("/plans", response_model=StudyPlan, tags=["studies"], dependencies=[Admin],
-             responses=errors(400, *ADMIN, 413, 415, 422, 503))
-async def plan(request: Request, probe: Annotated[bool, Query(description="false: trials, steps and FLOPs only, "
-                                                                      "no timed steps")] = True) -> StudyPlan:
+             responses=errors(400, *ADMIN, 413, 415, 422, 503))  # admin: its timed steps take the studies' cores
+async def plan(request: Request, settings: SettingsDep,
+               probe: Annotated[bool, Query(description="false: trials, steps and FLOPs only, no timed steps")] = True
+               ) -> StudyPlan:
     """Plan a `StudySpec` (the body of POST /studies) without storing or starting it: per phase its trials, steps,
-    FLOPs and the wall time estimated from a few timed steps of each trial shape on this server (one plan at a
-    time; an admin token, since the steps use the cores studies train on)."""
+    FLOPs and the wall time estimated from a few timed steps of each trial shape on this server."""
     spec = await read_spec(request)
-    await run_in_threadpool(policy.enforce, spec, _settings(request))
+    await run_in_threadpool(policy.enforce, spec, settings)
     await run_in_threadpool(_check_model, spec)
     from service.plan import COMPARE_NOTE, study_plan
 
     if spec.compare is not None:
         raise HTTPException(422, [{"loc": ["body", "compare"], "msg": f"the plan is {COMPARE_NOTE}",
                                    "type": "value_error"}])
-    return await run_in_threadpool(study_plan, spec, probe, _settings(request).ray_num_cpus)
+    return await run_in_threadpool(study_plan, spec, probe, settings.ray_num_cpus)
 
 
 # ---------------------------------------------------------------------------------- health
@@ -218,8 +221,7 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", response_model=Readiness, tags=["health"], responses={503: {"model": Readiness}})
-def readyz(request: Request, response: Response) -> Readiness:
-    control, settings = _control(request), _settings(request)
+def readyz(response: Response, control: ControlDep, settings: SettingsDep) -> Readiness:
     checks = {"store": _check(lambda: _store_check(control)),
               "ray": _check(control.executor.check),
               "mlflow": _check(lambda: _mlflow_check(settings.tracking_uri))}

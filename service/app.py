@@ -1,19 +1,11 @@
 """The FastAPI application: `create_app(settings)`; `ptctl serve` runs it under uvicorn.
 
-Start-up (lifespan): migrate the store (Alembic, to head) → create and migrate the MLflow store (so
-studies started together do not race to do it) → connect to Ray (the embedded head or
-`RAY_ADDRESS`; a failure is logged and retried on the next request that needs Ray, and `/readyz`
-reports it) → reconcile studies left `running` by an earlier API process, and start those it left
-before their driver began (`pending`, or `running` with an idle driver; if Ray is not reachable yet,
-the reconciler's first pass that reaches it does) → start the reconciler thread. Shutting down stops
-only that thread: drivers and the Ray head keep running.
-
-Middleware: request heads over `PTCTL_MAX_HEADER_BYTES` get 431 before anything reads them (auth
-included); `OPTIONS` and 405 answers carry `Allow` with every method of the path. Request bodies
-(POST /studies and POST /plans) are read and parsed by `service.intake`, off the event loop. Errors are JSON
-`{"detail": ...}` (`schemas.Error`): 404 unknown id, 409 illegal state change, 413 body too large,
-431 headers too large, 422 invalid spec (field paths), 503 Ray unreachable. OpenAPI at
-`/openapi.json` lists exactly these per operation; interactive docs at `/docs`.
+Start-up (lifespan): migrate the store → create and migrate the MLflow store (so studies started together do not
+race to) → connect to Ray (a failure is logged, `/readyz` reports it, and the next request that needs Ray
+retries) → reconcile studies an earlier API process left → start the reconciler thread. Shutting down stops only
+that thread: drivers and the Ray head keep running. Middleware answers oversized request heads with 431 before
+anything reads them (auth included) and adds `Allow` to `OPTIONS` and 405. Errors are JSON `{"detail": ...}`;
+the OpenAPI document lists exactly the ones each operation can answer (docs/control-plane.md).
 """
 
 from __future__ import annotations

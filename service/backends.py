@@ -173,4 +173,5 @@ class RemoteBackend:
             self.console.print("verdicts:\n" + "\n".join(f"  {escape(line)}" for line in lines), soft_wrap=True)
         m = study.mlflow
         self.console.print(f"MLflow: {m.tracking_uri}, experiment {m.experiment!r}"
-                           + (f" (id {m.experiment_id}), study run {m.runs.get('study')}" if m.experiment_id else ""))
+                           + (f" (id {m.experiment_id}), study run {m.runs.get('study')}" if m.experiment_id else "")
+                           + (f"\n  {m.links['study']}" if "study" in m.links else ""), soft_wrap=True)

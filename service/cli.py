@@ -147,8 +147,12 @@ def cmd_coord_check(args: argparse.Namespace) -> int:
     depths = _widths(args.depths, "--depths", example="2,4,8,16") if args.depths else None  # depth at one width
     widths = _widths(args.widths, least=1, example="64") if depths and args.widths else \
         _widths(args.widths or ("64" if depths else "32,64,128,256"), least=1 if depths else 2)
-    pt = args.model == "pt"  # only PT has head-selection paradigms
-    hp = {**({"paradigm": args.paradigm} if pt else {}), **_parse_set(args.set)}
+    paradigms = family(args.model).paradigms  # the ways the family may widen (PT: its head selection), if any
+    if args.paradigm not in (None, *paradigms):
+        raise usage_error(f"--paradigm {args.paradigm}: the {args.model} family's paradigms are {list(paradigms)}: "
+                          "choose one or drop --paradigm")
+    paradigm = args.paradigm or next(iter(paradigms), None)
+    hp = {**({"paradigm": paradigm} if paradigm else {}), **_parse_set(args.set)}
     if depths:
         hp.setdefault("depth_parametrization", args.depth_parametrization or "completep")
     elif args.depth_parametrization:
@@ -160,7 +164,7 @@ def cmd_coord_check(args: argparse.Namespace) -> int:
                                               model_hp=hp, depths=depths)
     out = Path(args.out) if args.out else data_dir() / "coord_check"
     out.mkdir(parents=True, exist_ok=True)
-    variant = f"{args.parametrization}_{args.paradigm}" if pt else args.parametrization
+    variant = f"{args.parametrization}_{paradigm}" if paradigm else args.parametrization
     axis = "depth" if depths else "width"
     if depths:
         variant += f"_{hp['depth_parametrization']}_depth"
@@ -224,10 +228,10 @@ def _print_compare_plan(spec: StudySpec) -> None:
     """A compare study's runs: each family's width and parameters at every budget, its tune trials there, its
     final runs and their steps and FLOPs (at the spec's vocab_size cap: the corpus may have fewer tokens)."""
     from studies.budget import param_count
-    from studies.phases.compare import compare_stages, compare_trials
-    from studies.spec import required
+    from studies.phases.base import required
+    from studies.phases.compare import Compare, compare_stages, compare_trials
 
-    c, vocab = required(spec.compare, "compare"), spec.data.vocab_size
+    c, vocab = required(spec.compare, Compare), spec.data.vocab_size
     stages = compare_stages(spec, vocab)
     tuned: dict[tuple[str, float | None], int] = {(s.family, s.budget): s.spec.tune.num_trials for s in stages}
     finals: dict[tuple[str, float | None], list[PlannedTrial]] = {}
@@ -422,7 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--model", default="pt", choices=_Families(), metavar="FAMILY",
                    help="the model family: one of %(choices)s (installed plugins' included)")
     c.add_argument("--parametrization", choices=["mup", "standard"], default="mup")
-    c.add_argument("--paradigm", choices=["channels", "rank"], default="channels", help="PT only")
+    c.add_argument("--paradigm", default=None, help="how a family with a choice widens (pt: channels | rank); "
+                   "default: its first")
     c.add_argument("--widths", default=None, help="default 32,64,128,256; with --depths one width, default 64")
     c.add_argument("--depths", default=None, help="e.g. 2,4,8,16: vary depth (n_layers; UT: n_steps) at one width "
                    "and judge the depth parametrization per doubling of depth")

@@ -1,27 +1,14 @@
 """The control plane's verbs, independent of HTTP: submit, cancel, resume, reconcile.
 
-Ordering keeps the store and Ray consistent whichever step fails (the states: `studies/status.py`):
-- submit/resume: create the named driver actor (idle) → store `running`, only from the status this
-  request saw (`pending` for a submit, the resumable status for a resume) → tell the actor to run
-  under the new attempt number, answering once the driver has begun (else the study is `interrupted`).
-  The reconciler only judges `running` studies, and those always have an actor by then; if the store
-  refuses `running` (a concurrent cancel or resume won), the new actor is killed. The driver itself
-  checks that its attempt is still the current one before it trains, and records that it began
-  (`Store.begin`; `began` stays 0 while no driver of the study ever began).
-- a submit that did not complete (the API died between its steps, or it answered 503) is finished by
-  its retry: the same `Idempotency-Key` starts a study whose driver never began (pending, or left
-  `running` by a dead API with an idle driver, or `interrupted`/`failed` before any driver began); a
-  study whose driver began, or that was cancelled, is answered as it is.
-- cancel: store `cancelled` first (it decides races with the driver's own last write), then kill
-  the driver (its Tune trials die with it), then close the MLflow runs it left open. A cancel that
-  lands between a submit's insert and its actor start still wins: the submit's move to `running`
-  expects `pending` and fails, and its actor is killed.
-- reconcile (API start-up, then every `PTCTL_RECONCILE_S`): a `running` study without a live
-  driver actor becomes `interrupted` (resumable). The first pass that reaches Ray (at start-up, or
-  later if Ray was unreachable then) also starts every study an earlier API process left before its
-  driver began: `pending` ones (any idle driver actor is replaced) and `running` ones whose driver is
-  alive but idle. It judges only studies last written before this process started, never a submit of
-  its own between its steps (one API process per store).
+The order of each verb keeps the store and Ray consistent whichever step fails (the states: `studies/status.py`):
+- submit/resume: create the driver actor idle → store `running`, only from the status this request saw → launch
+  it under the new attempt, answering once it has begun. If the store refuses (a concurrent cancel or resume won),
+  the new actor is killed. A retry with the same `Idempotency-Key` finishes a submit whose driver never began.
+- cancel: store `cancelled` first (it decides races with the driver's last write), then kill the driver and its
+  trials, then close the MLflow runs it left open.
+- reconcile (start-up, then every `PTCTL_RECONCILE_S`): a `running` study without a live driver becomes
+  `interrupted`; the first pass that reaches Ray also starts the studies an earlier API process left before their
+  driver began. The whole protocol: docs/control-plane.md.
 """
 
 from __future__ import annotations

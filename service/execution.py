@@ -1,27 +1,13 @@
 """Study execution on Ray: one detached, named driver actor per study. The service never trains.
 
-    StudyDriverActor.options(name="ptctl-driver-<study id>", namespace="ptctl", lifetime="detached",
-                             num_cpus=0).remote()  →  .run(spec, study_id, database_url, attempt)
-                                                      →  .ordered(timeout): has `run` begun?
+`StudyDriverActor` (name `ptctl-driver-<study id>`, namespace `ptctl`, detached, no CPUs): `.run(spec, study_id,
+database_url, attempt)` runs `workers.driver.run_study`; `.ordered(timeout)` says whether `run` has begun. The Tune
+trials are actors it owns, so `ray.kill(driver)` takes them down too; being detached, the driver outlives the API,
+which finds it again by name. The actor writes its own status to the store, every write fenced by its attempt, and
+exits without training when its attempt is no longer the study's current one (docs/control-plane.md).
 
-`run` calls `workers.driver.run_study` in the actor process; the Tune trials it spawns are actors
-owned by it, so `ray.kill(driver)` takes them down too (checked by the cancel test). Being detached,
-the driver outlives the API process: a restarted API finds it again by name (`alive`).
-
-Status reporting: the actor writes to the study store itself (same SQLAlchemy URL, handed to `run`):
-the current phase and its planned trial count at each phase start, `succeeded` at the end, `failed`
-with the error (type and message) if the driver raises. Every write is fenced by the attempt the
-driver was launched for, and before it trains the driver checks that this attempt is still the
-study's current one, recording that it began (`Store.begin`): a driver whose study was cancelled or
-resumed meanwhile exits without training and without making a single MLflow run. The API writes
-`running`, `cancelled` and `interrupted` (a study whose driver actor is gone; see `reconcile`). Status changes
-are conditional updates (`store.py`), so a cancel racing the driver's last write ends in exactly one of the two.
-
-Where Ray runs: with `RAY_ADDRESS` the API joins that cluster (token auth as the cluster is set up:
-`RAY_AUTH_TOKEN` or `RAY_AUTH_TOKEN_PATH`); without it, it starts or reuses the embedded head of
-`ray_head.py`. The driver gets `PTCTL_DATA_DIR` and `MLFLOW_TRACKING_URI` through its runtime_env,
-which its Tune trials inherit; on a cluster the data directory must be shared storage mounted at the
-same path on the API and every Ray node (docker-compose.yml mounts one volume at /data).
+Ray is the `RAY_ADDRESS` cluster (token auth as the cluster is set up) or the embedded head of `ray_head.py`. The
+driver gets `PTCTL_DATA_DIR` and `MLFLOW_TRACKING_URI` through its runtime_env, which its Tune trials inherit.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Validation errors in the user's words: one account of them for the CLI's lines and the API's 422 bodies.
 
-`field_problems(errors, root, data)` reads pydantic's error entries (a `ValidationError`'s or FastAPI's
-`RequestValidationError`'s `.errors()`) into `FieldProblem`s:
-
-- pydantic's "Value error, " and "Assertion failed, " prefixes dropped, "Input should be" said "must be";
-- an unknown key: the valid keys of its section and the nearest one ("did you mean batch_size?");
-- a broken bound of a field bounded on both sides: its whole range ("0 < delta < 1");
-- a spec's cross-field problems (`studies.spec.SpecProblems`, raised at the top level): one problem each, placed at
-  the field its message starts with (`transfer.widths[0]=64 must be > ...` → loc transfer.widths.0).
-
-`as_json(problems, prefix)` is the API's 422 `detail` (loc, msg, type); `as_lines(problems, flags)` the CLI's
-lines, `flags` mapping a field path to the flag that set it (tune.base_width → --from-width), so that an error
-names what the user typed. Imports only the standard library at module level (`ptctl --help` stays fast).
+`field_problems(errors, root, data)` reads pydantic's error entries (a `ValidationError`'s or FastAPI's) into
+`FieldProblem`s: pydantic's prefixes dropped and "Input should be" said "must be"; an unknown key with its
+section's valid keys and the nearest one; a two-sided bound as its whole range ("0 < delta < 1"); each of a
+spec's cross-field problems (`studies.spec.SpecProblems`) placed at the field its message starts with.
+`as_json(problems, prefix)` is the API's 422 `detail`; `as_lines(problems, flags)` the CLI's lines, naming the
+flag that set a field (tune.base_width → --from-width). Only the standard library at module level (`ptctl --help`
+stays fast).
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """A `StudySpec` from a request body, off the event loop: nothing a client sends can stall other requests.
 
-`read_spec(request)`: the Content-Type is checked (415), the body read up to `PTCTL_MAX_BODY_BYTES` (413,
-by its Content-Length or while it streams in) and its structure counted (over `PTCTL_MAX_NODES` lists,
-maps, items or lines: 413; C parsers hold the GIL, so the size of what they build is capped), then parsed
-and validated in a thread pool of its own (`PTCTL_MAX_PARSES` threads, so the pool of the sync endpoints
-is never exhausted). A body waits at most
-`PTCTL_MAX_PARSE_S` for a free thread (else 503 with Retry-After) and is given as long to finish (else 422);
-its thread's slot is freed only when the thread really ends.
-
-`parse_spec(body, media, limits)` is the pure part, in this order (cheap before expensive):
-
-1. UTF-8 only: other bytes (UTF-16/32 included, which `json.loads(bytes)` would silently accept) → 400.
-2. JSON (NaN/Infinity refused) or YAML without anchors and aliases (a 505-byte alias bomb expands to
-   billions of nodes; refused while parsing, in microseconds) and with YAML 1.2 numbers (`1e6` is a float,
-   as in JSON, not the string YAML 1.1 makes of it) → 400 when malformed.
-3. Bounds (`service.limits.check`; a list over `PTCTL_MAX_LIST` is not walked) → 422 naming the setting.
-4. Values: finite numbers, valid Unicode (a lone surrogate such as "\\ud800" cannot be stored or echoed) →
-   422 with the field path.
-5. `StudySpec` in strict mode: "16", true and false are not numbers → 422 with the field path.
+`read_spec(request)` checks the Content-Type (415), reads at most `PTCTL_MAX_BODY_BYTES` (413) and counts the
+body's structure (over `PTCTL_MAX_NODES`: 413, since C parsers hold the GIL), then parses and validates it in a
+pool of `PTCTL_MAX_PARSES` threads of its own, so the sync endpoints' pool is never exhausted. A body waits at
+most `PTCTL_MAX_PARSE_S` for a thread (503) and is given as long to finish (422); its slot is freed only when
+its thread really ends. `parse_spec(body, media, limits)` is the pure part, cheap checks first: UTF-8 only (400);
+JSON or YAML with YAML 1.2 numbers and no anchors or aliases (an alias bomb; 400); bounds (`service.limits`,
+422); finite numbers and valid Unicode (422); `StudySpec` in strict mode (422). The answers: docs/control-plane.md.
 """
 
 from __future__ import annotations

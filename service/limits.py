@@ -1,45 +1,10 @@
 """What a remote client may ask of the service: upper bounds on every size-like field of a `StudySpec`,
-and the limits on a request itself. Each is a `PTCTL_MAX_*` variable (`Limits`, part of `Settings`).
+and the limits on a request itself. Each is a `PTCTL_MAX_*` variable (`Limits`, part of `Settings`); the defaults
+and the fields each bounds: docs/control-plane.md and `FIELDS`.
 
-Bounds on the spec (defaults: generous for a 1-GPU box up to a cluster, finite everywhere):
-
-| variable | default | fields (anywhere in the spec: model, compare.baselines[*].model, ...) |
-|---|---|---|
-| `PTCTL_MAX_WIDTH` | 16384 | tune.base_width, transfer.widths[*], verify.width, validate.widths[*] |
-| `PTCTL_MAX_ARCH` | 16384 | model.arch.head_dim, n_channels, rank, n_topics |
-| `PTCTL_MAX_MULT` | 64 | model.arch.ffn_mult, kv_group |
-| `PTCTL_MAX_LAYERS` | 256 | model.arch.n_layers, n_steps (UT), n_iter (PT), base_depth, validate.depths[*] |
-| `PTCTL_MAX_STEPS` | 10_000_000 | train.steps, warmup_steps, eval_every, log_every, plateau_patience; |
-|  |  | tune/verify/validate.steps, tune.asha.grace_steps, data.stream_val_every, model.arch.recalibrate_every |
-| `PTCTL_MAX_TRIALS` | 10_000 | tune.num_trials, compare.baselines[*].num_trials |
-| `PTCTL_MAX_CONCURRENT` | 1024 | tune.max_concurrent |
-| `PTCTL_MAX_SAMPLES` | 10_000 | verify.n_samples |
-| `PTCTL_MAX_SEEDS` | 100 | transfer/validate/compare.seeds, verify.centre_seeds |
-| `PTCTL_MAX_SEED` | 2³²−1 | every seed value (tune.seed, verify.seed, data.seed, model.arch.laplacian_seed) |
-| `PTCTL_MAX_SEQ_LEN` | 65536 | data.seq_len, model.arch.max_len, model.arch.gamma |
-| `PTCTL_MAX_VOCAB` | 1_000_000 | data.vocab_size |
-| `PTCTL_MAX_BATCH` | 65536 | train.batch_size |
-| `PTCTL_MAX_EVAL` | 100_000 | train.eval_batches, data.max_eval_sequences |
-| `PTCTL_MAX_TOKENS` | 10¹³ | data.max_tokens, compare.tokens, compare.tune_tokens |
-| `PTCTL_MAX_PARAMS` | 10¹¹ | compare.budgets[*], compare.proxy_budget (parameter counts) |
-| `PTCTL_MAX_GPUS` | 8 | resources.gpus_per_trial, transfer_gpus |
-| `PTCTL_MAX_CPUS` | 256 | resources.cpus_per_trial |
-| `PTCTL_MAX_MEMBERS` | 64 | resources.batch_members (trials trained as one batched model in one process) |
-| `PTCTL_MAX_LIST` | 64 | the length of every list (widths, lrs, budgets, baselines, space.frozen, ...) |
-
-Limits on a request (answered before any spec is read, or while it is):
-
-| variable | default | meaning |
-|---|---|---|
-| `PTCTL_MAX_HEADER_BYTES` | 16384 | request line + headers; more: 431 (HTTP parser of `ptctl serve`, then the app) |
-| `PTCTL_MAX_NODES` | 10_000 | `[`, `{`, `,` and newlines in a body (a spec needs a few hundred); more: 413 |
-| `PTCTL_MAX_PARSES` | 4 | request bodies parsed and validated at once, in their own threads; more wait, then 503 |
-| `PTCTL_MAX_PARSE_S` | 5 | seconds a body may take to parse and validate (or to wait for a parse slot) |
-
-`check(data, limits)` checks the raw parsed body, before pydantic sees it: a bound is cheap to check and
-some validation is not (a compare section solves a width per budget and family). A field over its bound is
-a 422 with its path (`loc: ["body", "tune", "num_trials"]`) naming the variable that raises it. The local
-CLI applies none of these: its user owns the machine.
+`check(data, limits)` checks the raw parsed body before pydantic sees it: a bound is cheap to check and some
+validation is not (a compare section solves a width per budget and family). A field over its bound is a 422 with
+its path naming the variable that raises it. The local CLI applies none of these: its user owns the machine.
 """
 
 from __future__ import annotations
@@ -76,34 +41,34 @@ FIELDS: dict[str, str] = {
 
 
 class Limits(BaseSettings):
-    """The `PTCTL_MAX_*` bounds (see the module docstring); `Limits()` reads the environment."""
+    """The `PTCTL_MAX_*` bounds (`FIELDS`; docs/control-plane.md); `Limits()` reads the environment."""
 
     model_config = SettingsConfigDict(env_prefix="PTCTL_MAX_", extra="ignore", frozen=True)
 
-    width: int = Field(16384, gt=0)
-    arch: int = Field(16384, gt=0)
-    mult: int = Field(64, gt=0)
-    layers: int = Field(256, gt=0)
-    steps: int = Field(10_000_000, gt=0)
-    trials: int = Field(10_000, gt=0)
-    concurrent: int = Field(1024, gt=0)
-    samples: int = Field(10_000, gt=0)
-    seeds: int = Field(100, gt=0)
-    seed: int = Field(2**32 - 1, gt=0)
-    seq_len: int = Field(65536, gt=0)
-    vocab: int = Field(1_000_000, gt=0)
-    batch: int = Field(65536, gt=0)
-    eval: int = Field(100_000, gt=0)
-    tokens: int = Field(10**13, gt=0)
-    params: float = Field(1e11, gt=0)
-    gpus: float = Field(8, ge=0)
-    cpus: float = Field(256, gt=0)
-    members: int = Field(64, gt=0)
-    list: int = Field(64, gt=0)
-    header_bytes: int = Field(16384, ge=1024)
-    nodes: int = Field(10_000, gt=0)
-    parses: int = Field(4, gt=0)
-    parse_s: float = Field(5.0, gt=0)
+    width: int = Field(16384, gt=0)  # PTCTL_MAX_WIDTH
+    arch: int = Field(16384, gt=0)  # PTCTL_MAX_ARCH
+    mult: int = Field(64, gt=0)  # PTCTL_MAX_MULT
+    layers: int = Field(256, gt=0)  # PTCTL_MAX_LAYERS
+    steps: int = Field(10_000_000, gt=0)  # PTCTL_MAX_STEPS
+    trials: int = Field(10_000, gt=0)  # PTCTL_MAX_TRIALS
+    concurrent: int = Field(1024, gt=0)  # PTCTL_MAX_CONCURRENT
+    samples: int = Field(10_000, gt=0)  # PTCTL_MAX_SAMPLES
+    seeds: int = Field(100, gt=0)  # PTCTL_MAX_SEEDS
+    seed: int = Field(2**32 - 1, gt=0)  # PTCTL_MAX_SEED
+    seq_len: int = Field(65536, gt=0)  # PTCTL_MAX_SEQ_LEN
+    vocab: int = Field(1_000_000, gt=0)  # PTCTL_MAX_VOCAB
+    batch: int = Field(65536, gt=0)  # PTCTL_MAX_BATCH
+    eval: int = Field(100_000, gt=0)  # PTCTL_MAX_EVAL
+    tokens: int = Field(10**13, gt=0)  # PTCTL_MAX_TOKENS
+    params: float = Field(1e11, gt=0)  # PTCTL_MAX_PARAMS
+    gpus: float = Field(8, ge=0)  # PTCTL_MAX_GPUS
+    cpus: float = Field(256, gt=0)  # PTCTL_MAX_CPUS
+    members: int = Field(64, gt=0)  # PTCTL_MAX_MEMBERS
+    list: int = Field(64, gt=0)  # PTCTL_MAX_LIST
+    header_bytes: int = Field(16384, ge=1024)  # PTCTL_MAX_HEADER_BYTES
+    nodes: int = Field(10_000, gt=0)  # PTCTL_MAX_NODES
+    parses: int = Field(4, gt=0)  # PTCTL_MAX_PARSES
+    parse_s: float = Field(5.0, gt=0)  # PTCTL_MAX_PARSE_S
 
 
 def _error(loc: tuple[Any, ...], msg: str, kind: str) -> dict[str, Any]:

@@ -1,34 +1,15 @@
 """What a spec submitted over HTTP may name, and what an error shown over HTTP may say.
 
-A `StudySpec` names files (`data.path` for text/jsonl/hf, TauGPT's `model.arch.laplacian_path`, the same
-in `compare.baselines[i].model.arch`), possibly a Hugging Face hub dataset (`data.path` with source hf) and
-a tracking URI (`resources.tracking.tracking_uri`). The workers read the files and the driver talks to
-the URI with the service's rights, so a remote spec is held to the operator's settings:
+The workers read a spec's files and the driver talks to its tracking URI with the service's rights, so a remote
+spec is held to the operator's settings: files only under `PTCTL_DATA_ROOTS` (never the service's own), resolved
+as the workers resolve them (`workers.data._local_files`, symlinks followed), a path outside refused before
+anything is looked up; hub datasets only with `PTCTL_ALLOW_HF_HUB`; tracking URIs the service's own or
+`PTCTL_TRACKING_URIS`; families by registered name, within `PTCTL_FAMILIES`. The check runs at submit and again at
+resume (the roots may have narrowed, a link may have moved); the local CLI never calls it. The rules:
+docs/control-plane.md.
 
-- files: only under `PTCTL_DATA_ROOTS` (default: the data directory and its corpus cache `corpora/`),
-  and never the service's own files there (the Ray head's folder with its auth token, the SQLite stores).
-  A path is resolved as the workers will resolve it: `~` expanded; a relative path refused (it would be
-  read from the Ray worker's working directory, which the service does not choose); `..` refused; a
-  glob's fixed prefix must lie in a root; then the files the workers would read (the same expansion,
-  `workers.data._local_files`) must each, symlinks followed, lie in a root too (`**` following a
-  symlinked directory out of a root is caught here). Outside-root paths are refused before anything
-  is looked up, so the check tells a client nothing about files it may not read.
-- hub datasets: refused unless `PTCTL_ALLOW_HF_HUB=true` (the workers would download from the network).
-  A hub name that looks like a local data file (`x.jsonl`) is refused either way. (`datasets` prefers a
-  local folder of the same name, relative to the worker's working directory: with the hub allowed, run
-  the workers from a directory that holds nothing else.)
-- tracking URI: omitted (the service's own) or equal, after normalisation, to the service's own or one
-  listed in `PTCTL_TRACKING_URIS` (`*`: any).
-- model families (`model.family`, each compare baseline's): a spec names a family only by its registered name
-  (a built-in or an installed plugin's, `studies.family`; nothing in a spec imports a module or a path), and
-  only one of `PTCTL_FAMILIES` when the operator sets it (default: every registered family).
-
-The check runs at submit and again at resume (the roots may have narrowed, a link may have moved). The
-local CLI (`ptctl study run`, `ptctl transfer`) never calls it: a local user already has these rights.
-
-`public_error(exc)` is the one-line error a study records (and `GET /studies/{id}` shows): it keeps the
-exception type and our own message but withholds the text of any exception raised from an HTTP answer
-(MLflow's REST errors, requests, httpx, urllib3, the HF hub), which may echo a remote server's body.
+`public_error(exc)` is the one-line error a study records: it keeps the type and our own message but withholds
+the text of any exception raised from an HTTP answer, which may echo a remote server's body.
 """
 
 from __future__ import annotations

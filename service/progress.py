@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from analysis import STATUSES, TrialStatus
 from service.schemas import MlflowInfo, PhaseProgress, finite
-from studies.phases import PHASES, PhaseStatus, StudyState
+from studies.phases import PHASES, PhaseStatus, StudyState, phases_of
 from studies.spec import StudySpec
 from workers.folder import StudyFolder
 from workers.paths import redact_uri as redact_uri  # re-exported: service.api and service.app use it
@@ -42,7 +42,7 @@ def spec_phases(spec: dict[str, Any]) -> list[str]:
     """The phases a stored spec runs (`StudySpec.phases`); a spec stored under an older schema that no
     longer validates still shows: then every registered phase with a section in it."""
     try:
-        return StudySpec.model_validate(spec).phases()
+        return phases_of(StudySpec.model_validate(spec))
     except ValidationError:
         return [p for p in PHASES if spec.get(p) is not None]
 

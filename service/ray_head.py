@@ -1,25 +1,12 @@
 """The embedded Ray head: a `ray start --head` process group that outlives the API process.
 
-Without `RAY_ADDRESS`, the service must not `ray.init()` a local cluster inside uvicorn's process:
-that cluster, and every study driver on it, would die with the web process. Instead it starts a
-head as its own process group (its own session, so killing the API leaves it running), records it
-in `<data dir>/ray/head.json`, and connects to it with `ray.init(address=...)`. A restarted API finds
-the record, checks that the head's processes are still there, and reuses it.
-
-Token authentication (Ray 2.60 turns it on by default): the head gets `RAY_AUTH_MODE=token` and
-`RAY_AUTH_TOKEN_PATH=<data dir>/ray/auth_token` (a random token made once, mode 0600), and so does
-every process that connects (`use_token`). The user's own `~/.ray/auth_token` is neither read nor
-written. The head takes free ports (other Ray clusters may share the machine).
-
-Where it listens (`PTCTL_RAY_HOST`): by default on 127.0.0.1 alone, like `ptctl serve`. Ray binds its GCS,
-raylet and workers to loopback only when the node's address is exactly 127.0.0.1, and swaps a given 127.0.0.1
-for the machine's address unless `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` (`LOOPBACK_ENV`): the head gets that
-switch, and so must every process that connects (`workers.ray.keep_loopback`). Another `PTCTL_RAY_HOST` (this
-machine's address on a network) lets other machines join; Ray then binds every interface, and the token is
-what keeps others out.
-
-Only this head is ever stopped (`stop`, by its process group), never with `ray stop`, which kills
-every Ray process of the user. This module runs Ray's CLI as a subprocess and imports no Ray.
+Without `RAY_ADDRESS` the service must not `ray.init()` a local cluster inside uvicorn's process: that cluster,
+and every study driver on it, would die with the web process. The head runs in its own session, recorded in
+`<data dir>/ray/head.json`; a restarted API reuses it while its processes live. It uses token auth with its own
+token (`<data dir>/ray/auth_token`, mode 0600; `use_token`) and free ports. By default it listens on 127.0.0.1
+alone, which Ray honours only with `LOOPBACK_ENV` set in the head and every process that connects
+(`workers.ray.keep_loopback`). Only this head is ever stopped (`stop`, by its process group), never with
+`ray stop`, which kills every Ray process of the user. This module imports no Ray. More: docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,8 @@
 """The service's settings, read from the environment (pydantic-settings).
 
-| variable | default | meaning |
-|---|---|---|
-| `PTCTL_DATA_DIR` | `~/.ptctl` | studies, the embedded SQLite stores, the embedded Ray head's files |
-| `PTCTL_DATABASE_URL` | `sqlite:///<data dir>/ptctl.db` | the study store (`postgresql+psycopg://...` on a cluster) |
-| `PTCTL_API_TOKENS` | none | `admin:TOKEN1,read:TOKEN2`: bearer tokens and their scopes; none = no auth |
-| `PTCTL_HOST` / `PTCTL_PORT` | `127.0.0.1` / `8000` | where `ptctl serve` listens |
-| `PTCTL_ALLOW_ANONYMOUS` | false | serve on a non-loopback host without tokens (refused otherwise) |
-| `PTCTL_MAX_BODY_BYTES` | 1 MB | larger request bodies get 413 |
-| `PTCTL_MAX_*` | see `service/limits.py` | bounds on a remote spec's sizes; header bytes (431); parse threads, time |
-| `PTCTL_RAY_NUM_CPUS` | all cores | CPUs of the embedded Ray head |
-| `PTCTL_RAY_HOST` | `127.0.0.1` | the embedded Ray head's address; this machine's IP: other machines may join |
-| `PTCTL_RECONCILE_S` | 10 | seconds between checks that running studies still have a live driver |
-| `PTCTL_RAY_LOST_S` | 60 | a `RAY_ADDRESS` cluster unreachable this long is lost: its studies become `interrupted` |
-| `PTCTL_NO_NODE_S` | 60 | no live Ray node fits a phase's trials this long: the study is `interrupted`; 0: wait |
-| `PTCTL_ARTIFACT_ROOT` | `<data dir>/mlartifacts` | MLflow artifacts of experiments on a database store (no server) |
-| `RAY_ADDRESS` | none | join this Ray cluster instead of starting the embedded head |
-| `MLFLOW_TRACKING_URI` | `sqlite:///<data dir>/mlflow.db` | where studies log |
-| `PTCTL_MLFLOW_UI` | `http://127.0.0.1:5000` | the MLflow UI that links open when the tracking URI is not http(s) |
-| `PTCTL_DATA_ROOTS` | the data dir | directories a remote spec may read data from (`os.pathsep`- or comma-separated) |
-| `PTCTL_ALLOW_HF_HUB` | false | let a remote spec name a Hugging Face hub dataset (the workers download it) |
-| `PTCTL_TRACKING_URIS` | none | tracking URIs a remote spec may choose besides the service's own (`*`: any) |
-| `PTCTL_FAMILIES` | all installed | the model families a remote spec may name (comma-separated, e.g. `pt,bert`) |
-
-Secrets (`PTCTL_API_TOKENS`) are `SecretStr`: they never appear in a repr, a log line or a response;
-their format is checked by `tokens()` (not by a validator, whose error would echo the raw value).
+Every variable, its default and meaning: docs/control-plane.md ("Every setting"); the `PTCTL_MAX_*` bounds are
+`service.limits.Limits`. Secrets (`PTCTL_API_TOKENS`) are `SecretStr`: they never appear in a repr, a log line or
+a response; their format is checked by `tokens()` (not by a validator, whose error would echo the raw value).
 This module imports only pydantic, so the CLI client loads it without Ray, MLflow or torch.
 """
 

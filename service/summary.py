@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 from rich.console import Console
 
-from studies.phases import PHASES, PhaseResult, StudyState
+from studies.phases import PHASES, PhaseResult, StudyState, phases_of
 from studies.phases.base import Context
 from studies.spec import StudySpec
 from workers.folder import StudyFolder
@@ -44,14 +44,14 @@ def print_summary(console: Console, view: StudyView) -> None:
     state, spec = view.state, view.spec
     console.print(f"study [bold]{state.study_id}[/]: {state.status}")
     ctx = Context(spec, state, lambda name: _table(view, name))
-    for name in sorted(spec.phases(), key=lambda p: PHASES[p].told):
+    for name in sorted(phases_of(spec), key=lambda p: PHASES[p].told):
         PHASES[name].summary(ctx, state.result(name, PhaseResult), console, view.runs)
     if view.folder.cost.exists():
         console.print(f"cost: {cost_words(json.loads(view.folder.cost.read_text()))}", soft_wrap=True)
     report = view.folder.report
     if report.exists():
         console.print(f"report: {report}")
-    figures = [path for p in sorted(spec.phases(), key=lambda p: PHASES[p].pictured) if state.done(p)
+    figures = [path for p in sorted(phases_of(spec), key=lambda p: PHASES[p].pictured) if state.done(p)
                for name in PHASES[p].figures(state.phases[p]).values() if (path := view.folder.figure(name)).exists()]
     if figures:
         console.print("figures: " + ", ".join(str(f) for f in figures), soft_wrap=True)

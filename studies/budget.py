@@ -1,27 +1,11 @@
 """Parameter counts, FLOPs and the width-for-budget solver, computed from the architectures' shapes (no torch).
 
 `param_count` equals `sum(p.numel() for p in model.parameters())` of the model `build_model` makes (a tied
-decoder counted once); `tests/workers/test_budget_counts.py` builds the models and checks it. Sizes at a width
-come from the arches (`PTArch.at_width`, `heads_at`), the same the models are built with.
-
-FLOPs are the matmul FLOPs of the implementation as written (2 per multiply-add: every `nn.Linear`,
-`einsum` and `@`), the convention of Kaplan et al. and of `benchmarks/bench_pt.py`; elementwise work
-(softmax, LayerNorm, GELU, masking) is left out. Per sequence of n tokens with n_dec decoded (masked) ones:
-
-  BERT, per layer   q, k, v 2·n·d·3a   scores QKᵀ 2·n²·a   attention·V 2·n²·a   o 2·n·a·d   FFN 2·2·n·d·f
-  UT                the same layer × T (ACT: × T, its maximum, plus the halting unit 2·n·d per step)
-  PT, per iteration projections P·U, P·V 2·2·n·d·K·h·r   far scores n_far·2·h·n²·r   gathers
-                    n_msg·n_far·2·h·n²·r   back-projections n_msg·2·n·K·h·r·d   topics 2·2·n·d·m
-                    near-diagonal products 3·2·h·P_near·r (elementwise in the code, counted here)
-  MLM head          transform 2·n_dec·d² (BERT, UT with mlm_transform)   decoder 2·n_dec·d·V
-
-with a = heads·head_dim, f = ffn_mult·d, n_far = 2 (1 when γ = 0), n_msg = 2 (1 with block_msg), P_near
-the near (|i-j| ≤ γ) pairs. The trainer decodes only the masked positions, so n_dec = mask_rate·n in
-expectation. Training FLOPs = 3 × forward (the backward pass costs twice the forward) × sequences seen.
-
-Each family's counts live in its module (`studies.families.pt`, `.bert`, `.ut`; the encoder's shared terms in
-`.encoder`) and are registered with it (`studies.family.Family.param_count`, `forward_flops`); a family without
-them cannot join a compare study.
+decoder counted once; `tests/workers/test_budget_counts.py` checks it), from the same sizes at a width the models
+are built with (`PTArch.at_width`, `heads_at`). FLOPs are the matmul FLOPs of the implementation as written, 2
+per multiply-add, elementwise work left out; training FLOPs = 3 × forward × sequences seen. The per-family
+formulas: docs/studies.md. Each family's counts live in its module (`studies.families.*`) and are registered with
+it (`Family.param_count`, `forward_flops`); a family without them cannot join a compare study.
 """
 
 from __future__ import annotations
@@ -53,7 +37,7 @@ def param_count(family: str, arch: BaseModel, width: int, vocab_size: int, base_
 
 def forward_flops(family: str, arch: BaseModel, width: int, vocab_size: int, seq_len: int, n_decoded: float,
                   base_width: int | None = None) -> dict[str, float]:
-    """Matmul FLOPs of one forward pass over one sequence, term by term (module docstring)."""
+    """Matmul FLOPs of one forward pass over one sequence, term by term (the terms: docs/studies.md)."""
     flops = _counted(family).forward_flops
     assert flops is not None  # `_counted` checks it
     return flops(arch, width, vocab_size, seq_len, n_decoded, base_width)

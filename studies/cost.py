@@ -22,7 +22,7 @@ from typing import Any
 
 from studies.arch import DepthArch
 from studies.budget import train_flops
-from studies.phases import PHASES
+from studies.phases import PHASES, phases_of
 from studies.phases.tune import asha_rungs
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
@@ -86,7 +86,7 @@ def _phase(spec: StudySpec, phase: str, runs: list[tuple[int, float, int | None]
 
 def planned_trials(spec: StudySpec) -> dict[str, list[PlannedTrial]]:
     """The grid phases' planned trials, around the default hparams (what `ptctl study plan` shows: `Phase.planned`)."""
-    return {phase: trials for phase in spec.phases() if (trials := PHASES[phase].planned(spec)) is not None}
+    return {phase: trials for phase in phases_of(spec) if (trials := PHASES[phase].planned(spec)) is not None}
 
 
 def planned_runs(spec: StudySpec) -> dict[str, list[tuple[int, float]]]:

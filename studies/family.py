@@ -1,40 +1,15 @@
 """The model families, each one registration: `register(Family(...))` is everything the rest of ptctl knows
 about a family.
 
-A `Family` names its fixed architecture (`model.arch`), its model config (the arch plus a trial's width,
-parametrization and hparams), its search space, the data objective it trains with, the trace name of its output
-logits (the coordinate check's one-sided readout), the coordinate check's small model and the activations it
-lets vanish, the MLflow tags its monitoring's per-step metrics raise, its parameter and FLOP
-counts (`studies.budget`; a family without them cannot join a compare study) and its `nn.Module` — as a
-"module:Class" path, so `studies` imports no torch (`workers.models.build_model` imports it). `ModelSpec.family`,
-`TrialConfig.model`, the arch and space a study validates and the objective it defaults to are all looked up
-here; `family_names()` is the list every error message and schema offers.
+A `Family` names its arch, model config, search space, data objective, readout trace name, the coordinate check's
+model, its parameter and FLOP counts (`studies.budget`) and its `nn.Module` as a "module:Class" path, so
+`studies` imports no torch. Specs, trial configs and every error message or schema (`family_names()`) look
+families up here. The built-ins are one module each under `studies/families/`.
 
-Adding a family that needs no new training hook: its model file (a `workers.models.contract.LanguageModel`) and
-one `register` call (its arch, config and space classes beside it). The built-in families are one module each
-under `studies/families/`, which registers them when `studies` is imported.
-
-Families from installed packages (plugins): a distribution that declares an entry point in the group
-`ptctl.families` adds a family. `import studies` registers them once per process, after the built-ins (so every
-schema, error message and lookup built later sees them, the Ray workers' included: they import `studies` too),
-in the order of their entry point names. The entry point is named after the family and its object is a `Family`,
-or a function of no arguments that returns one:
-
-    [project.entry-points."ptctl.families"]
-    tinygpt = "tinygpt_plugin:FAMILY"
-
-A plugin whose load raises, whose object is no `Family`, whose family is malformed, named unlike its entry point,
-named like a built-in family or like another plugin's is skipped, with one logged warning naming its
-distribution and the fix; the other families are untouched. Registrations a plugin's module makes itself while it
-is imported are undone: the entry point's object is the plugin's one family. A spec names a plugin's family only
-by its registered name (nothing in a spec imports a module); the service can narrow the families it accepts
-(`PTCTL_FAMILIES`, `service.policy`).
-
-A model built with mup needs no model class of its own: `from_mup(name, "module:make_model", Arch, Space)` makes its
-family. `make_model(width, vocab_size, **arch, **hparams)` returns an `nn.Module` whose readout is mup's
-`MuReadout` (or `MuSharedReadout`) and whose forward maps token ids (B, T) to logits (B, T, V);
-`workers.models.mup_model.MupModel` builds it with `mup.set_base_shapes` and trains it with `mup.MuAdamW` (module
-docstring there).
+Plugins: an entry point in the group `ptctl.families`, named after its family, whose object is a `Family` (or a
+function of no arguments returning one). `import studies` registers them once per process after the built-ins,
+so every later schema, error and Ray worker sees them; a plugin that fails any check is skipped with one warning.
+`from_mup` makes the family of a model built with mup. The contract: docs/plugins.md, docs/families.md.
 """
 
 from __future__ import annotations
@@ -82,6 +57,7 @@ class Family:
     # reach its forward through its config, attributes and buffers, stacked); None: its trials train one at a time
     batchable: tuple[str, ...] | None = None
     adam_eps: float = 1e-8  # Adam's ε when `train.adam_eps` is null (torch's default; a hand-written GPT: 1e-12)
+    paradigms: tuple[str, ...] = ()  # the coordinate check's --paradigm values (its config's `paradigm`), default first
 
     @property
     def comparable(self) -> bool:

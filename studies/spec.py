@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -242,10 +242,8 @@ class VerifySpec(BaseModel):
     sampling: Literal["linear", "log"] = Field("linear", description="uniform in x, or in log x, there")
     centre_seeds: PosInt = Field(3, description="seeds of the unperturbed centre (its seed spread)")
     tolerance: Literal["seed_spread", "seed_noise"] | Annotated[float, Field(ge=0, lt=1)] = Field(
-        "seed_spread", description="margin a sample must beat the centre by: the centre's seed spread s (an "
-        "equally good sample still counts as better ≈19% of the time at 3 seeds), 'seed_noise' = 2·s·√(1+1/"
-        "centre_seeds), twice the sd of a one-seed sample's difference from the centre's mean (≈2.3%), "
-        "or a relative float (0.004 = the paper's 0.4% noise level)")
+        "seed_spread", description="margin a sample must beat the centre by: the centre's seed sd s, 'seed_noise' "
+        "(2·s·√(1+1/centre_seeds)) or a relative float (0.004 = the paper's 0.4%)")  # rates: docs/certificate.md
     seed: NonNegInt = Field(0, description="seeds the sampling of the N perturbed points")
     steps: PosInt | None = Field(None, description="override train.steps for verify trials")
 
@@ -382,13 +380,12 @@ class ResourcesSpec(BaseModel):
         2, ge=0, le=10, description="times a trial whose worker dies (killed, node lost) is restarted from its last "
         "checkpoint before it is recorded failed; 0: never")
     checkpoint_every_s: float = Field(
-        30, ge=0, description="seconds of training between a trial's checkpoints (a restart redoes at most this "
-        "much); 0: at every evaluation. Each checkpoint makes Tune snapshot the experiment, a fixed cost per save")
+        30, ge=0, description="seconds of training between a trial's checkpoints, each a fixed-cost Tune snapshot "
+        "(a restart redoes at most this much); 0: at every evaluation")
     storage: str | None = Field(
-        None, description="where Tune keeps experiment state and trial checkpoints, which every Ray node must reach: "
-        "an absolute path every node mounts at the same place (e.g. /mnt/nfs/ptctl) or an S3 URI (s3://bucket/prefix; "
-        "endpoint and credentials from each node's AWS environment); None: PTCTL_STORAGE, else the study's folder "
-        "(one machine, or a data directory every node shares)")
+        None, description="where Tune keeps experiment state and checkpoints, reached by every Ray node: an "
+        "absolute path mounted alike on each (/mnt/nfs/ptctl) or an S3 URI (credentials from each node's AWS "
+        "environment); None: PTCTL_STORAGE, else the study's folder")  # details: docs/cluster.md
     batch_members: PosInt | Literal["auto"] = Field(
         "auto", description="trials of a transfer, verify or validate phase trained together as one batched model "
         "(same width, steps and seed; each member its own lr and hparams, its own run): at most this many per "
@@ -423,19 +420,6 @@ class SpecProblems(ValueError):  # a ValueError: pydantic reports it as the spec
 
     def __reduce__(self) -> tuple[type[SpecProblems], tuple[list[str]]]:
         return SpecProblems, (self.problems,)  # pickled (Ray) with its list, not the joined text
-
-
-Section = TypeVar("Section")
-
-
-def required(section: Section | None, name: str) -> Section:
-    """A phase's section of the spec (`spec.verify`, ...); a `ValueError` naming the fix (its phase's `how_to_add`)
-    when the study has none."""
-    if section is None:
-        from studies.phases import PHASES  # the phases import this module
-
-        raise ValueError(f"this study has no {name} section: {PHASES[name].how_to_add} to the spec")
-    return section
 
 
 class StudySpec(BaseModel):
@@ -496,10 +480,10 @@ class StudySpec(BaseModel):
     @model_validator(mode="after")
     def _cross_checks(self) -> StudySpec:
         base, arch, problems = self.tune.base_width, self.model.arch, self._family_problems()
+        sections = [name for name, section in (("transfer", self.transfer), ("verify", self.verify),
+                                               ("validate", self.validate_)) if section is not None]
         if self.compare is not None:
-            phases = [name for name, section in (("transfer", self.transfer), ("verify", self.verify),
-                                                 ("validate", self.validate_)) if section is not None]
-            problems += self.compare.problems(self.model, self.data.vocab_size, base, phases)
+            problems += self.compare.problems(self.model, self.data.vocab_size, base, sections)
             if self.tune.steps is not None:
                 problems.append("tune.steps is unused in a compare study (tune trials see compare.tune_tokens): "
                                 "remove it or set compare.tune_tokens")
@@ -534,7 +518,7 @@ class StudySpec(BaseModel):
         if shortest is not None and self.train.warmup_steps >= shortest:
             problems.append(f"train.warmup_steps={self.train.warmup_steps} must be < validate.steps[0]={shortest}: "
                             "lower warmup_steps or raise the shortest horizon")
-        for phase in self.phases():
+        for phase in ["compare"] if self.compare is not None else ["tune", *sections]:  # the phases it runs
             if self.train.warmup_steps >= self.steps_for(phase):
                 problems.append(f"train.warmup_steps={self.train.warmup_steps} must be < the {phase} phase's "
                                 f"{self.steps_for(phase)} steps: lower warmup_steps or raise the steps")
@@ -614,20 +598,16 @@ class StudySpec(BaseModel):
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     # ----------------------------------------------------------------------------- helpers
-    def phases(self) -> list[str]:
-        """The phases this study runs, in order (those of `studies.phases.PHASES` it has: `Phase.present`)."""
-        from studies.phases import PHASES  # the phases import this module
-
-        return [name for name, phase in PHASES.items() if phase.present(self)]
-
     def steps_for(self, phase: str) -> int:
-        """The optimizer steps of one trial in `phase` (its override, else train.steps: `Phase.steps`; a compare
-        study's from its token budgets)."""
-        from studies.phases import PHASES
-
-        if phase not in PHASES:
-            raise ValueError(f"unknown phase {phase!r}: choose one of {list(PHASES)}")
-        return PHASES[phase].steps(self)
+        """The optimizer steps of one trial in `phase`: its section's override (tune.steps, verify.steps, the
+        validate horizon), else train.steps; a compare study's tune and compare trials from its token budgets."""
+        c = self.compare
+        if c is not None and phase in ("tune", "compare"):
+            tokens = (c.tune_tokens if phase == "tune" else None) or c.tokens
+            return c.steps(tokens, self.train.batch_size, self.data.seq_len)
+        own = {"tune": self.tune.steps, "verify": self.verify.steps if self.verify else None,
+               "validate": self.validate_horizon()}
+        return own.get(phase) or self.train.steps
 
     def validate_horizon(self) -> int:
         """The validate sweep's main training length: `validate.steps` (else train.steps); with a list of them,

@@ -1,26 +1,14 @@
 """K trials of one shape as one batched model: `Stacked`, the engine `workers.train.train` uses for K > 1.
 
-Members share everything but the hparams their family declares batchable (`studies.family.Family.batchable`,
-`studies.members.member_key`): the width, the steps, the seed (so the init draw and the data order) and the
-schedule. Each member is built alone, exactly as a solo trial builds it, and the K models are stacked
-(`torch.func.stack_module_state`): every parameter and buffer gets a leading member dimension, and one
-`vmap(functional_call)` runs the K forward and backward passes as batched kernels (the Python and dispatch cost
-of a step is paid once, not K times).
-
-Every value a member's model holds that differs from the other members' reaches that member's forward: besides
-its parameters and buffers (stacked), each attribute of its modules that differs — a number or tensor stored when
-the model was built (a readout multiplier, an init scale), or a config whose numeric fields differ (the built-in
-families read their hparams from `cfg`) — is stacked too and set to the member's own slice inside the vmapped
-call. A difference that cannot be stacked (a string, an int, a structure), a family that declares no batchable
-hparams, a model with its own optimiser, or members whose hparams differ while their models do not (the hparam
-reaches the model some way the batch cannot see) is a `BatchingError` naming the fix: never a member trained with
-another member's value. The lr enters the optimiser: AdamW over the stacked tensors (`_AdamW`, torch's
-single-tensor arithmetic) with a (K,) learning rate per parameter group and a per-member gradient-norm clip.
-
-At dropout 0 a member equals the same trial trained alone (tests/workers/test_batched.py: float64 ≤ 1e-8 after
-20 steps); with dropout the members draw independent masks (vmap's randomness="different"). The K models stay:
-their parameters and buffers are views into the stacked tensors, so the family's hooks run on each member's own
-module as in a solo trial.
+Members share everything but their family's batchable hparams (`Family.batchable`, `studies.members.member_key`).
+Each is built exactly as a solo trial builds it; the K models are stacked (`torch.func.stack_module_state`) and
+one `vmap(functional_call)` runs the K forward and backward passes, so a step's Python and dispatch cost is paid
+once. Every value that differs between members (parameters, buffers, numeric module attributes, a config's
+fields) is stacked and reaches that member's own forward; a difference that cannot be is a `BatchingError`,
+never a member trained with another's value. `_AdamW` steps the stacked tensors with a (K,) lr per group and a
+per-member gradient clip. At dropout 0 a member equals its solo trial (`tests/workers/test_batched.py`). The K
+models stay: their parameters are views into the stacked tensors, so the family's hooks run on each member's own
+module. The contract: docs/studies.md ("Batched trials"), docs/plugins.md §4.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ A phase runs several trials at once, and they share more than cores: on a 2-vCPU
 stepped 2.2× slower than one alone (docs/LOG.md). So the probe times a shape while `k - 1` companions train the same
 shape in their own processes (spawned: a forked torch can hang in its thread pool), each stepping until told to stop.
 
-`Companions(spec, n, threads)` starts `n` processes; `with companions.beside(shape, k):` has `k - 1` of them train
-`shape` for as long as the block runs; `close()` ends them.
+`Companions(spec, n, threads, build)` starts `n` processes, which build each shape with `build` (the probe's `rig`);
+`with companions.beside(shape, k):` has `k - 1` of them train `shape` for as long as the block runs; `close()` ends
+them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.synchronize import Event
 from typing import Any
 
@@ -23,17 +24,18 @@ from studies.spec import StudySpec
 READY_S = 120.0  # a companion's start (torch's import) and its model's build, at most
 
 
-def _train_beside(spec_data: dict[str, Any], threads: int, todo: Any, said: Any, halt: Event) -> None:
+Build = Callable[[StudySpec, Shape], Any]  # a shape built as a trial builds it, with `step(i)`
+
+
+def _train_beside(build: Build, spec_data: dict[str, Any], threads: int, todo: Any, said: Any, halt: Event) -> None:
     """A companion's loop: for each shape it is given, build it, say "ready", step until `halt`, say "done"."""
     import torch
-
-    from workers.probe import rig
 
     torch.set_num_threads(threads)
     spec = StudySpec.model_validate(spec_data)
     while (shape := todo.get()) is not None:
         try:
-            built = rig(spec, shape)
+            built = build(spec, shape)
             said.put("ready")
             i = 0
             while not halt.is_set():
@@ -45,11 +47,11 @@ def _train_beside(spec_data: dict[str, Any], threads: int, todo: Any, said: Any,
 
 
 class Companions:
-    def __init__(self, spec: StudySpec, n: int, threads: int) -> None:
+    def __init__(self, spec: StudySpec, n: int, threads: int, build: Build) -> None:
         context = mp.get_context("spawn")
         self.halt, self.said = context.Event(), context.Queue()
         self.todo = [context.Queue() for _ in range(n)]
-        self.processes = [context.Process(target=_train_beside, args=(spec.as_dict(), threads, todo, self.said,
+        self.processes = [context.Process(target=_train_beside, args=(build, spec.as_dict(), threads, todo, self.said,
                                                                       self.halt), daemon=True) for todo in self.todo]
         for process in self.processes:
             process.start()

@@ -1,23 +1,14 @@
 """Coordinate check: the RMS of every traced activation over the first optimiser steps, per width.
 
-Under μP each activation's RMS stays flat as width grows; under the standard parametrization
-some grow. Step t is measured after t optimiser updates (t = 0 is initialisation), with the
-same data batches at every width for one seed. The slopes, their seed intervals and the
-verdict are computed by `analysis.coord` from the returned table.
+Under μP each activation's RMS stays flat as width grows; under the standard parametrization some grow. Step t
+is measured after t updates (t = 0: initialisation), on the same batches at every width for one seed;
+`analysis.coord` turns the table into slopes and a verdict, and `coord_check` adds seeds until it is conclusive.
+The default lr is fixed in units of the base width, lr·d0 = `CHECK_LR_TIMES_BASE`, because under μP with Adam a
+hidden layer's per-step change is ≈ lr·d0: lr·d0, not lr, sets how hard the check drives the dynamics.
 
-`coord_check` adds seeds until the verdict is conclusive: a slope fails
-only when its whole seed interval leaves the band, and a pass needs every interval narrow
-enough to have caught a rule error. Its default learning rate is fixed in units of the base
-width, lr·d0 = `CHECK_LR_TIMES_BASE`: under μP with Adam a hidden layer's update moves its
-output by ≈ fan_in · lr·d0/d = lr·d0 per step, so lr·d0, not lr, sets how hard the check drives
-the dynamics, and a check at widths 128–1024 (d0 = 128) at lr 1e-2 runs 4× hotter than one at
-32–256, at the edge of stability.
-
-With `depths` the check varies depth at one width instead (a depth parametrization, `model.arch.
-depth_parametrization`): the family's depth field (n_layers; UT: n_steps) takes each depth, base_depth is the
-smallest unless given, and the per-layer activations are compared by position, as `<name>.first` (layer 0) and
-`<name>.last` (the last layer; UT: the last step), so every depth has them. The table's `depth` column is the
-slopes' axis (`analysis.coord.coord_slopes(..., axis="depth")`): the same statistical verdict, per doubling of depth.
+With `depths` the check varies depth at one width instead (base_depth the smallest unless given); per-layer
+activations are compared by position, `<name>.first` and `<name>.last`, and the table's `depth` column is the
+slopes' axis. The protocol and its thresholds: docs/mup.md.
 """
 
 from __future__ import annotations
@@ -43,11 +34,8 @@ CHECK_LR_TIMES_BASE = 0.32  # the check's lr·d0: 1e-2 at base width 32, 2.5e-3 
 DEFAULT_DATA = DataSpec(max_tokens=200_000, seq_len=32)
 
 
-# The residual stream over depth is judged one-sidedly (it must not grow): under CompleteP each block's share of it
-# is m_L^-1 by design, so `hidden.first` − embed shrinks as 1/L, and the blocks' random initial contributions add
-# up to O(L^-1/2) (L independent branches × 1/L), so the stream tends to the embedding plus what training adds
-# (BERT's, whose branches start larger than its embedding, shrinks with depth; TauGPT's, embedding-dominated,
-# stays flat). The branch outputs and the logits are judged as in the width check.
+# The residual stream over depth must not grow, but may shrink: under CompleteP the blocks' random initial
+# contributions add up to O(L^-1/2) (L branches × 1/L) by design (measured: docs/LOG.md).
 DEPTH_MAY_VANISH = ("hidden.",)
 LAYER = re.compile(r"\.layer(\d+)$")  # a per-layer trace name's suffix
 

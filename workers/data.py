@@ -1,21 +1,13 @@
 """Language-model data: corpora, tokenizers, train/eval split, packing; masked (mlm) or causal (clm).
 
-`prepare(DataSpec(...))` (`studies.spec`: a study's `data` section, declared and validated there) reads a source's
-documents, splits them into train and eval (seeded, the same on every machine), trains the tokenizer on the train
-split only, encodes and packs fixed-length sequences, and caches all of it under
-`data_dir()/cache/<cache_key(cfg)>/`. The returned `MemoryData` makes batches: `train_batches` draws fresh masks
-for every batch, `eval_batches` returns fixed ones. With `objective="clm"` nothing is masked: rows hold seq_len + 1
-tokens and a batch's labels are its inputs shifted by one (the next token).
-
-With `streaming=True` (JSONL only) the corpus is never held in memory: `prepare` reads the stream's start to
-train the tokenizer and pack the fixed eval rows, and the returned `StreamData` packs train rows live, pass
-after pass over the files. Each JSONL record is a document, held out by a hash of (seed, its index).
-
-`train_batches` returns a `BatchStream`; with `stream_val_every=k` it diverts every k-th batch to
-validation (`take_diverted()`). Batches, masking, packing and the two data classes live in
-`workers.batches`, re-exported here.
-
-Tokenizers (`workers.tokenizer`, re-exported) all use the special ids `<pad>` = 0, `<unk>` = 1, `<mask>` = 2.
+`prepare(DataSpec(...))` reads a source's documents, splits them into train and eval (seeded, the same on every
+machine), trains the tokenizer on the train split only, packs fixed-length sequences and caches it all under
+`data_dir()/cache/<cache_key(cfg)>/`. The returned `MemoryData` draws fresh masks for every train batch and keeps
+the eval batches fixed; for clm nothing is masked and a row's labels are its inputs shifted by one. With
+`streaming=True` (JSONL) `StreamData` packs train rows live, pass after pass, never holding the corpus; each
+record is a document, held out by a hash of (seed, its index). `stream_val_every=k` diverts every k-th train
+batch to validation (`BatchStream.take_diverted()`). Batches, packing and the data classes live in
+`workers.batches`, the tokenizers in `workers.tokenizer` (`<pad>` = 0, `<unk>` = 1, `<mask>` = 2), re-exported.
 """
 
 from __future__ import annotations

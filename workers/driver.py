@@ -8,7 +8,7 @@ one, so no finished trial runs twice and no MLflow run is made twice (runs are f
 Seams: `StudyDriver(spec, runner, tracker)`. The runner trains a phase's trials (`workers.runner.Runner`:
 `workers.ray.experiment.RayRunner` by default, `workers.runner.InProcessRunner` without Ray); the tracker records
 the study's MLflow runs (`workers.tracking.Tracker` by default, `workers.tracker.NullTracker` for none).
-Phases run in `spec.phases()` order through `StudyDriver.PHASES`.
+Phases run in `phases_of(spec)` order through `StudyDriver.PHASES`.
 
 Ownership: `state.json` records a random `instance` id, minted when it is first written, and the
 (redacted) tracking URI; every MLflow run the study makes is tagged with the instance, and a resume
@@ -43,7 +43,7 @@ import pandas as pd
 from analysis import render_report, report_html
 from studies.cost import measured_cost
 from studies.members import solo_note
-from studies.phases import PHASES, Phase, PhaseFailed, PhaseStatus, StudyState
+from studies.phases import PHASES, Phase, PhaseFailed, PhaseStatus, StudyState, phases_of
 from studies.phases.base import Context, Stage
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
@@ -282,10 +282,10 @@ class StudyDriver:
             self.state.status, self.state.error = StudyStatus.RUNNING, None
             self.state.driver = {"host": socket.gethostname(), "pid": os.getpid()}
             self._save()
-            if not all(self.state.done(p) for p in self.spec.phases()):
+            if not all(self.state.done(p) for p in phases_of(self.spec)):
                 check_study(self.spec)  # a model that breaks the contract stops here, before its first trial
             self._study_run()
-            for phase in self.spec.phases():
+            for phase in phases_of(self.spec):
                 if self.state.done(phase):
                     self.emit("phase_skipped", {"phase": phase})
                     continue
@@ -323,7 +323,7 @@ class StudyDriver:
             return
         err = InfrastructureLost(f"its driver process {driver['pid']} ended without recording an outcome (killed, "
                                  "or its Ray cluster was lost); resumed")
-        self._fail(err, next((p for p in self.spec.phases() if not state.done(p)), None))
+        self._fail(err, next((p for p in phases_of(self.spec) if not state.done(p)), None))
         self.emit("recovered", {"error": err.describe()})
 
     def _study_run(self) -> None:
@@ -387,16 +387,16 @@ class StudyDriver:
     def write_report(self) -> Path:
         """report.md: each finished phase's section (`Phase.section`) and figures, the cost, the batches."""
         folder, spec, state, ctx = self.folder, self.spec, self.state, self.context()
-        tables = {p: self.table(p) for p in spec.phases() if folder.trials(p).exists()}
+        tables = {p: self.table(p) for p in phases_of(spec) if folder.trials(p).exists()}
         all_trials = pd.concat(tables.values(), ignore_index=True)
         all_trials.to_csv(folder.all_trials, index=False)
-        done = [PHASES[p] for p in spec.phases() if state.done(p)]
+        done = [PHASES[p] for p in phases_of(spec) if state.done(p)]
         plots = {label: f"{name}.png" for p in done for label, name in p.figures(state.phases[p.name]).items()
                  if folder.figure(name).exists()}
         study = {"name": spec.name, "study_id": self.study_id, "model": spec.model.family,
                  "base_width": spec.tune.base_width, "widths": spec.transfer.widths if spec.transfer else None,
                  "budget": f"{spec.train.steps} steps × batch {spec.train.batch_size}"}
-        for name in spec.phases():
+        for name in phases_of(spec):
             study.update(PHASES[name].about(spec, state.phases.get(name)))
         cost = measured_cost(spec, tables, {p: r.wall_s for p, r in state.phases.items() if r.wall_s is not None})
         folder.write_artifact(folder.cost.name, cost)

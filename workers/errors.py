@@ -1,17 +1,10 @@
 """ptctl's own errors, caught by type by the CLI (`service/terminal.py`); any other exception is a bug.
 
-- `PtctlError`: the base: an error whose message says what to fix, shown as one line without a traceback.
-- `ConfigError`: an input that cannot work (a command-line value, a hyperparameter, a data file); also a
-  `ValueError`, so callers that catch those keep working. `InputNotFound`: a named file or folder is missing.
-- `StudyError`: how a study ended when it did not succeed.
-
-The driver turns every exception of a study into one of these after recording it (`state.json`, the
-study and phase MLflow runs), so a caller never has to read Ray's or MLflow's own exceptions:
-
-- `StudyFailed`: the study cannot finish as specified (every tune trial diverged, MLflow unreachable
-  past its retries, its runs missing from the tracking store); status `failed`, MLflow runs FAILED.
-- `InfrastructureLost`: the machinery it ran on went away (the Ray cluster); status `interrupted`,
-  MLflow runs KILLED; re-running the same command resumes it.
+`PtctlError` messages say what to fix and show as one line without a traceback; `ConfigError` (also a
+`ValueError`) is an input that cannot work. The driver turns every exception of a study into a `StudyError` after
+recording it (`state.json`, the study and phase MLflow runs), so a caller never reads Ray's or MLflow's own:
+`StudyFailed` (status `failed`, runs FAILED) when the study cannot finish as specified, `InfrastructureLost`
+(status `interrupted`, runs KILLED; re-running resumes) when the machinery it ran on went away.
 """
 
 from __future__ import annotations

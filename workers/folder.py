@@ -1,17 +1,14 @@
 """A study's folder: the one place that knows its layout (torch-free; the service reads folders through it).
 
     <data dir>/studies/
-        phase_index.json          phase key → the study that ran it (`PhaseIndex`; shared by every driver)
+        phase_index.json    phase key → the study that ran it (`PhaseIndex`; shared by every driver)
         <study id>/
-            state.json            finished phases and their results, MLflow run ids (`studies.phases.StudyState`)
-            ray/                  one restorable Ray Tune experiment (or in-process journal) per phase; each trial's
-                                  log (`workers.quiet`): <experiment>/<trial>/trial.log (in process: logs/<key>.log)
-            artifacts/            spec.yaml, <phase>_trials.csv, trials.csv, figures, certificate.json,
-                                  cost.json, report.md
+            state.json      finished phases and their results, MLflow run ids (`studies.phases.StudyState`)
+            ray/            one Ray Tune experiment (or in-process journal) per phase, with each trial's log
+            artifacts/      spec.yaml, <phase>_trials.csv, trials.csv, figures, certificate.json, cost.json, report.md
 
-Shared files are written whole to a temporary file, then moved into place (`os.replace`): a reader or a crash
-sees the old or the new content, never half. `phase_index.json` is also read-modify-written by drivers of
-studies that finish together, so its update holds an exclusive lock.
+Shared files are written whole, then moved into place (`os.replace`), so a reader or a crash never sees half;
+`phase_index.json`'s read-modify-write holds an exclusive lock, as drivers that finish together race on it.
 """
 
 from __future__ import annotations

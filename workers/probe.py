@@ -43,6 +43,7 @@ from studies.estimate import (
 from studies.members import member_bytes
 from studies.spec import StudySpec, TrialConfig
 from workers.batches import Batch, mask_tokens, row_width, shift_tokens
+from workers.companions import Companions
 from workers.errors import one_line
 from workers.quiet import quiet
 from workers.tokenizer import SPECIAL_TOKENS
@@ -201,13 +202,12 @@ def probe(spec: StudySpec, shapes: Sequence[Shape], n_threads: int, budget_s: fl
     """Each of `shapes` probed in order until `budget_s` is spent (module docstring), each while `beside[shape] - 1`
     companions train it too (`workers.companions`: the trials a phase runs at once); the others in `notes`."""
     from studies.estimate import eval_batches
-    from workers.companions import Companions
 
     at_once = {shape: (beside or {}).get(shape, 1) for shape in shapes}
     times: dict[Shape, ShapeTime] = {}
     notes: list[str] = []
     start = time.perf_counter()
-    company = Companions(spec, max(at_once.values(), default=1) - 1, n_threads) if max(
+    company = Companions(spec, max(at_once.values(), default=1) - 1, n_threads, rig) if max(
         at_once.values(), default=1) > 1 else None
     try:
         for shape in shapes:

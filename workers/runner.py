@@ -1,17 +1,12 @@
 """How a phase's trials get trained: the `Runner` seam of the driver, and the in-process runner.
 
 A runner takes one `PhaseJob` (the spec, the phase, its planned trials, or None for tune's search) and returns
-the phase's trial table (`analysis/__init__.py`), one row per trial, built by `trial_row`. It writes each trial's
-MLflow run through the job's tracker and tells the driver of each finished trial (`notify`).
-
-- `workers.ray.experiment.RayRunner`: Ray Tune, Optuna TPE + ASHA for tune, trials in parallel, retries and
-  restorable experiments; what the CLI and the service run.
-- `InProcessRunner` (here): trials one after another in this process, no Ray. Tune asks Optuna's TPE for
-  `tune.num_trials` suggestions (ask/tell; no ASHA: every trial runs its budget); the other phases train their
-  planned trials in order. Each finished trial's row is appended to a journal under the job's storage, so a
-  phase run again after an interruption trains only the trials it had not finished (tune replays the journal's
-  results into the sampler, which then suggests the same trials again). What a trial's model prints and warns goes
-  to `logs/<trial key>.log` beside the journal (`trial_log`), named in its run's `log` tag.
+the phase's trial table (`analysis/__init__.py`), one `trial_row` per trial, writing each trial's MLflow run
+through the job's tracker and telling the driver of each finished trial (`notify`). The CLI and the service run
+`workers.ray.experiment.RayRunner` (Ray Tune, Optuna TPE + ASHA). `InProcessRunner` (here) trains one trial after
+another, no Ray: tune asks TPE for `tune.num_trials` suggestions (no ASHA), and each finished row is appended to a
+journal, so a phase run again trains only what it had not finished (tune replays the journal into the sampler).
+A trial's own output goes to `logs/<trial key>.log` beside the journal (`trial_log`).
 """
 
 from __future__ import annotations

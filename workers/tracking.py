@@ -1,31 +1,13 @@
 """MLflow: the one module that imports it.
 
-Hierarchy: one experiment per study name; a study run (tag kind=study), a child run per
-phase (kind=phase), a grandchild per trial (kind=trial), nested with `mlflow.parentRunId`.
-Every run is found-or-created by its tags, so a resumed study never makes a second run for the
-same study, phase or trial. The key tags include `study_instance`, a random id the driver mints when
-it creates a study's `state.json`: the study id (name + spec hash on the CLI) is the same for the same
-spec run from two data directories against one tracking server, the instance is not, so a study
-finds, reuses and prunes only the runs it created. Only the study driver's process writes (SQLite
-allows one writer).
+One experiment per study name; a study run, a child run per phase and a grandchild per trial (tag `kind`, nested
+by `mlflow.parentRunId`), each found-or-created by its tags so a resumed study never makes a second run. The
+`study_instance` tag (a random id in `state.json`) keeps two studies with one id, run from two data directories
+against one server, off each other's runs. Only the study driver's process writes (SQLite allows one writer).
 
-Artifacts: an MLflow server stores them where it was told (`--artifacts-destination`); a database store
-(the embedded SQLite default) would put them in `./mlruns` of whatever directory the process started
-in, so experiments ptctl creates there get `artifact_root()` instead: `$PTCTL_ARTIFACT_ROOT`, else
-`<data dir>/mlartifacts`. `prepare_store` creates and migrates a database store once, before
-concurrent drivers would race to do it (the service calls it at start-up).
-
-The UI: each experiment gets a saved runs-table view, `verdicts` (`save_view`: the columns
-`workers.verdicts.verdict_columns` names), and `runs_link`, the link `ptctl study run` prints, opens it. Every
-link (`runs_link`, a run's `link`) is an address of an MLflow UI (`ui_address`): the tracking server's when the
-tracking URI is http(s), else `$PTCTL_MLFLOW_UI` (default `UI_ADDRESS`, where `mlflow ui --backend-store-uri
-<the store's URI>` serves a local store), never the store's own URI, which no browser opens.
-
-A tracking server that is unreachable for a while (restarted, network blip) delays logging, nothing more:
-every client call is retried with exponential backoff (0.5 s doubling to 10 s) for up to
-`PTCTL_MLFLOW_RETRY_S` seconds (default 300), then fails with `TrackingUnavailable` naming the server and
-the cause. MLflow's own HTTP retries (7 with backoff up to ~4 min, then a 120 s timeout per request) are
-turned down to 2 retries and a 30 s timeout unless set in the environment, so this budget is the one that counts.
+Links (`runs_link`, a run's `link`) point at an MLflow UI (`ui_address`), never at the store's URI, which no
+browser opens. An unreachable server delays logging (`_Retrying`, up to `PTCTL_MLFLOW_RETRY_S`), then fails with
+`TrackingUnavailable`. Artifacts, the saved view and the retries: docs/results.md, docs/studies.md.
 """
 
 from __future__ import annotations
@@ -211,17 +193,14 @@ class Tracker(RunTracker):
             return found.experiment_id
 
     def save_view(self, columns: Iterable[str], name: str = "verdicts") -> None:
-        """Save the runs-table view `name` on the experiment: the MLflow UI's Views menu lists it, and `runs_link`
-        opens it. `columns` are the UI's column keys (`metrics.`upper_bound``, `attributes.`Description``), shown
-        in that order right after the run's name and start time (the description, if among them, last).
+        """Save the runs-table view `name` on the experiment (the UI's Views menu; `runs_link` opens it): `columns`
+        are the UI's column keys, shown in that order after the run's name and start time (the description last).
 
-        The view is one experiment tag, `VIEW_TAG + VIEW_ID`, in the envelope MLflow 3.17's UI writes when one
-        saves a view (`{name, createdAt, updatedAt, state}`, `state` a JSON string of the table's settings). A view
-        already there keeps its columns, after the new ones: `columns` set the order (a study saves the view after
-        each phase, each time with more columns), and studies of one experiment may differ in their hparams and
-        phases. Studies that start together race on the tag (read, merge, write; on SQLite the first
-        write is an INSERT that all but one lose): each writes until its columns are in the tag, and a view that
-        still cannot be saved is a warning, never a failed study (the runs are all logged either way)."""
+        The view is one experiment tag, `VIEW_TAG + VIEW_ID`, in the envelope MLflow 3.17's UI writes (`{name,
+        createdAt, updatedAt, state}`). Columns already there stay, after the new ones (a study saves the view after
+        each phase, and studies of one experiment differ). Studies that start together race on the tag (read, merge,
+        write): each rewrites until its columns are in, and a view that still cannot be saved is a warning, never a
+        failed study."""
         wanted = set(columns)
         for attempt in range(VIEW_ATTEMPTS):
             try:

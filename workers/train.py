@@ -1,21 +1,15 @@
 """The trial loop: `train(configs) -> [TrialReport]` trains K ≥ 1 trials of one shape, `train_trial(config)` one.
 
-A config is a `studies.spec.TrialConfig` (or its dict). One trial trains its model alone (`Solo`: the model and its
-optimiser); K > 1 trials that differ only in their family's batchable hparams (`studies.members`) train as one
-batched model (`workers.batched.Stacked`). Both are the same loop: each trial is a `Member` (its schedule,
-divergence, plateau, rows and report) and the engine only computes the K losses and updates the K models.
+A config is a `studies.spec.TrialConfig` (or its dict). One trial trains alone (`Solo`); K > 1 trials that differ
+only in their family's batchable hparams train as one batched model (`workers.batched.Stacked`). Both run this
+loop: each trial is a `Member` (its schedule, divergence, plateau, rows and report), and the engine only computes
+the K losses and updates the K models. A diverging trial ends "diverged" while the others go on; the loop never
+raises for it. The model owns its loss and is driven through `LanguageModel`'s hooks.
 
-A diverging trial (NaN/inf loss, or eval worse than uniform prediction) ends with status "diverged" and the others
-go on; the loop never raises for it. The model owns its loss (`model.loss(batch)`) and is driven through the hooks
-of `workers.models.contract.LanguageModel`: `before_trial` once, `before_step` before every step and `eval_metrics`
-at every evaluation on a fixed held-out batch (its metrics join the row). Batches the data stream diverts
-(`data.stream_val_every`) give `stream_val_loss`.
-
-`progress(i, row)` receives member i's row at every logged step; `checkpoint(rows, state)` at every evaluation but
-the last the rows of the members still training and the whole resumable state (engine, step, RNG, each member's
-bookkeeping; the data position is the step: the seeded stream is replayed); `train(..., resume=state)` continues
-from it and ends where an undisturbed run ends. `train(..., log=path)`: the model's own prints and warnings go to the
-trial's log file, not the terminal (`workers.quiet`).
+`progress(i, row)` gets member i's row at every logged step; `checkpoint(rows, state)` the resumable state at
+every evaluation but the last (the data position is the step: the seeded stream is replayed), which
+`train(..., resume=state)` continues to where an undisturbed run ends. `log=path` sends the model's own output
+to the trial's log file (`workers.quiet`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from studies.phases import PHASES, StudyState, Verdict
+from studies.phases import PHASES, StudyState, Verdict, phases_of
 from studies.phases.base import LENGTH, LOSSES
 from studies.phases.tune import lr_text
 from studies.spec import StudySpec
@@ -30,7 +30,7 @@ def study_verdict(spec: StudySpec, state: StudyState) -> Verdict:
     """Every finished phase's verdict (`Phase.verdict`) on one run, the study's; the sentence is the study run's
     description."""
     verdict = Verdict()
-    for phase in spec.phases():
+    for phase in phases_of(spec):
         if state.done(phase):
             own = PHASES[phase].verdict(spec, state.phases[phase])
             own.columns = PHASES[phase].columns(spec, own)

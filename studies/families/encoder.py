@@ -97,7 +97,7 @@ def head_params(d: int, vocab: int, arch: EncoderArch) -> int:
 
 def encoder_flops(arch: EncoderArch, times: int, width: int, vocab_size: int, seq_len: int, n_decoded: float,
                   extra: dict[str, float] | None = None) -> dict[str, float]:
-    """Matmul FLOPs of `times` layer applications, `extra` terms and the MLM head (`studies.budget`'s docstring)."""
+    """Matmul FLOPs of `times` layer applications, `extra` terms and the MLM head (docs/studies.md, FLOP counts)."""
     d, V, n = width, vocab_size, seq_len
     a, f = arch.heads_at(d) * arch.head_dim, arch.ffn_mult * d
     layer = {"qkv": 2 * n * d * 3 * a, "attention": 2 * 2 * n * n * a, "out": 2 * n * a * d, "ffn": 2 * 2 * n * d * f}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.fields import FieldInfo
@@ -156,7 +156,7 @@ INFORMATION_WEIGHTS: tuple[str, ...] = tuple(PTWeights.model_fields)
 """PT's six message scalings (PT spec §3.2): every hparam but `lr`."""
 
 HPARAMS: tuple[str, ...] = ("lr", *INFORMATION_WEIGHTS)
-"""PT's seven transferred hparams (`analysis.HPARAMS`, the trial table's default columns)."""
+"""PT's seven transferred hparams."""
 
 SearchSpace = space_model(
     "SearchSpace", "PT's space: a `Range` per hparam (each optional: omitted ones take the documented default "
@@ -190,7 +190,7 @@ def pt_params(arch: PTArch, width: int, vocab_size: int, base_width: int | None)
 
 def pt_flops(arch: PTArch, width: int, vocab_size: int, seq_len: int, n_decoded: float,
              base_width: int | None) -> dict[str, float]:
-    """PT's matmul FLOPs of one forward pass (`studies.budget`'s docstring has the terms)."""
+    """PT's matmul FLOPs of one forward pass (the terms: docs/studies.md, "Parameter and FLOP counts")."""
     if base_width is None:
         raise ValueError("PT's arch sizes are given at the base width: pass base_width=")
     d, V, n = width, vocab_size, seq_len
@@ -216,4 +216,4 @@ FAMILY = register(Family(
     "pt", PTArch, PTConfig, SearchSpace, "workers.models.pt:ProbabilisticTransformer",
     coord_hp={"n_channels": 2, "rank": 8, "n_iter": 3, "gamma": 3},
     coord_may_vanish=_may_vanish, param_count=pt_params, forward_flops=pt_flops, width_multiples=True,
-    batchable=SearchSpace.HPARAMS))
+    batchable=SearchSpace.HPARAMS, paradigms=get_args(PTArch.model_fields["paradigm"].annotation)))

@@ -2,7 +2,7 @@
 
 Each phase (`studies.phases.base.Phase`) plans its trials from the spec and the state, judges its trial table
 into a typed result, states its verdict and tells it (report, summary); `workers/driver.py` runs them in
-`spec.phases()` order (those a spec has: `Phase.present`). Adding a
+`phases_of(spec)` order (those a spec has: `Phase.present`). Adding a
 phase is its file and one entry here (its order: the run's, the report's). A phase draws its figures through
 `analysis.plot_*`, never importing a plot by name: that would load matplotlib in every trial process
 (`workers.ray` imports the phases).
@@ -21,6 +21,7 @@ from studies.phases.transfer import TransferResult
 from studies.phases.tune import TuneResult
 from studies.phases.validate import ValidateResult
 from studies.phases.verify import VerifyResult
+from studies.spec import StudySpec
 from studies.status import PhaseStatus, StudyStatus
 
 R = TypeVar("R", bound=PhaseResult)
@@ -34,7 +35,12 @@ PHASES: dict[str, Phase] = {
 }
 
 __all__ = ["PHASES", "CompareResult", "Phase", "PhaseFailed", "PhaseResult", "PhaseStatus", "StudyState",
-           "TransferResult", "TuneResult", "ValidateResult", "Verdict", "VerifyResult"]
+           "TransferResult", "TuneResult", "ValidateResult", "Verdict", "VerifyResult", "phases_of"]
+
+
+def phases_of(spec: StudySpec) -> list[str]:
+    """The phases `spec` runs, in order (those of `PHASES` it has: `Phase.present`)."""
+    return [name for name, phase in PHASES.items() if phase.present(spec)]
 
 
 class StudyState(BaseModel):
@@ -72,3 +78,9 @@ class StudyState(BaseModel):
             return None
         assert isinstance(record, kind), f"{phase}'s record is a {type(record).__name__}, not a {kind.__name__}"
         return record
+
+    def centre(self) -> dict[str, float]:
+        """The tune phase's winner: the centre of transfer, verify and validate."""
+        tune = self.phases["tune"]
+        assert isinstance(tune, TuneResult)
+        return dict(tune.best_hparams)

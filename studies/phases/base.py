@@ -1,6 +1,6 @@
 """The phase protocol: what every phase file implements, and the typed pieces the driver moves between them.
 
-A phase (`studies.phases.PHASES`) says whether a spec runs it and how long its trials train, plans its trials from
+A phase (`studies.phases.PHASES`) says whether a spec runs it, plans its trials from
 the spec and the study's state, judges its trial table into a typed result (a `PhaseResult`: what `state.json`
 keeps and every reader reads back), writes its own figures and tables through an `Artifacts` folder, states its
 verdict (params, metrics, tags and one sentence for its MLflow run) and which of it the runs table shows, and
@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
@@ -24,8 +24,8 @@ from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 from studies.status import PhaseStatus
 
-if TYPE_CHECKING:
-    from studies.phases import StudyState
+R = TypeVar("R", bound="PhaseResult")
+S = TypeVar("S")
 
 
 class PhaseResult(BaseModel):
@@ -84,23 +84,27 @@ class Out(Protocol):
     def print(self, *objects: Any, soft_wrap: bool | None = None) -> None: ...
 
 
+class State(Protocol):
+    """The study's state as a phase reads it (`studies.phases.StudyState`)."""
+
+    phases: dict[str, PhaseResult]
+
+    def done(self, phase: str) -> bool: ...
+
+    def result(self, phase: str, kind: type[R]) -> R | None: ...
+
+    def centre(self) -> dict[str, float]: ...
+
+
 @dataclass
 class Context:
     """What a phase plans and judges from: the spec, the study's state, the finished phases' trial tables, and
     (loaded only when asked) the data's vocabulary size."""
 
     spec: StudySpec
-    state: StudyState
+    state: State
     tables: Callable[[str], pd.DataFrame | None]  # a finished phase's (or stage's) trial table, None if none
     vocab_size: Callable[[], int] = lambda: 0
-
-    def centre(self) -> dict[str, float]:
-        """The tune phase's winner: the centre of transfer, verify and validate."""
-        from studies.phases.tune import TuneResult
-
-        tune = self.state.phases["tune"]
-        assert isinstance(tune, TuneResult)
-        return dict(tune.best_hparams)
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,7 @@ class Phase(ABC):
     name: ClassVar[str]
     result: ClassVar[type[PhaseResult]]
     reusable: ClassVar[tuple[str, ...]] = ()  # the spec sections its result depends on: () = never reused
-    how_to_add: ClassVar[str] = "add its section"  # `studies.spec.required`'s fix for a spec without its section
+    how_to_add: ClassVar[str] = "add its section"  # `required`'s fix for a spec without its section
     told: ClassVar[int] = 9  # where the CLI summary tells its lines, smallest first
     pictured: ClassVar[int] = 9  # where the CLI summary lists its figures, smallest first
     # a figure's label → (title, caption, the line left in its section): the figure heads the report
@@ -129,11 +133,7 @@ class Phase(ABC):
 
     @abstractmethod
     def present(self, spec: StudySpec) -> bool:
-        """Whether `spec` runs the phase (`StudySpec.phases`)."""
-
-    def steps(self, spec: StudySpec) -> int:
-        """The optimizer steps of one of its trials (`StudySpec.steps_for`)."""
-        return spec.train.steps
+        """Whether `spec` runs the phase (`studies.phases.phases_of`)."""
 
     @abstractmethod
     def plan(self, ctx: Context) -> list[PlannedTrial] | None:
@@ -192,3 +192,10 @@ class Phase(ABC):
 
 class PhaseFailed(ValueError):
     """A phase's trials answer nothing (no tune trial completed): the message names the fix."""
+
+
+def required(section: S | None, phase: type[Phase]) -> S:
+    """`phase`'s section of the spec (`spec.verify`, ...); a `ValueError` naming the fix when the study has none."""
+    if section is None:
+        raise ValueError(f"this study has no {phase.name} section: {phase.how_to_add} to the spec")
+    return section

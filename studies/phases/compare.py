@@ -19,10 +19,10 @@ from analysis.table import loss_spread
 from studies.arch import rebase
 from studies.budget import train_flops, width_for_budget
 from studies.model import ModelSpec
-from studies.phases.base import Artifacts, Context, Out, Phase, PhaseResult, Stage, Verdict
+from studies.phases.base import Artifacts, Context, Out, Phase, PhaseResult, Stage, Verdict, required
 from studies.phases.tune import best_hparams
 from studies.plan import PlannedTrial
-from studies.spec import StudySpec, required
+from studies.spec import StudySpec
 
 
 def compare_widths(spec: StudySpec, vocab_size: int) -> dict[str, dict[str, Any]]:
@@ -31,7 +31,7 @@ def compare_widths(spec: StudySpec, vocab_size: int) -> dict[str, dict[str, Any]
     `{family: {"role": "transferred" | "tuned", "widths": [w per budget], "proxy_width": w0 | None}}`, the
     study's model first; widths meet each budget within compare.tolerance (else a `ValueError` naming the fix).
     """
-    c = required(spec.compare, "compare")
+    c = required(spec.compare, Compare)
     base = spec.tune.base_width
 
     def solve(model: ModelSpec, budget: float) -> int:
@@ -52,7 +52,7 @@ def compare_sub_spec(spec: StudySpec, family: str, width: int) -> StudySpec:
     a baseline takes its entry's model, space and num_trials. Tune trials see compare.tune_tokens, and
     `train.steps` is the final runs' (compare.tokens), so `trial_config(..., steps=None)` gives a final run.
     """
-    c = required(spec.compare, "compare")
+    c = required(spec.compare, Compare)
     data = spec.as_dict()
     data.update(compare=None, transfer=None, verify=None, validate=None)
     data["tune"] = {**data["tune"], "base_width": width, "steps": spec.steps_for("tune")}
@@ -85,7 +85,7 @@ class CompareStage(Stage):
 
 def compare_stages(spec: StudySpec, vocab_size: int) -> list[CompareStage]:
     """The tune stages: the study's model once at its proxy width, each baseline at every budget's width."""
-    c, stages = required(spec.compare, "compare"), []
+    c, stages = required(spec.compare, Compare), []
     for family, info in compare_widths(spec, vocab_size).items():
         if info["role"] == "transferred":
             points = [(c.proxy(), info["proxy_width"], "proxy")]
@@ -106,7 +106,7 @@ def compare_trials(spec: StudySpec, vocab_size: int, best: dict[str, dict[str, f
     stage's hparams at every budget (zero-shot, μP base at the proxy width), each baseline its budget's own.
     Each trial carries its full `config` (a trial config dict) and its computed `train_flops`.
     """
-    c, trials = required(spec.compare, "compare"), []
+    c, trials = required(spec.compare, Compare), []
     for family, info in compare_widths(spec, vocab_size).items():
         for i, (budget, width) in enumerate(zip(c.budgets, info["widths"], strict=True)):
             stage = f"{family}-proxy" if info["role"] == "transferred" else f"{family}-b{i}"
@@ -151,10 +151,6 @@ class Compare(Phase):
     def present(self, spec: StudySpec) -> bool:
         return spec.compare is not None
 
-    def steps(self, spec: StudySpec) -> int:
-        c = required(spec.compare, "compare")
-        return c.steps(c.tokens, spec.train.batch_size, spec.data.seq_len)
-
     def stages(self, ctx: Context) -> list[Stage]:
         return list(compare_stages(ctx.spec, ctx.vocab_size()))
 
@@ -167,12 +163,12 @@ class Compare(Phase):
         return compare_trials(ctx.spec, ctx.vocab_size(), best)
 
     def count(self, spec: StudySpec) -> int:
-        c = required(spec.compare, "compare")
+        c = required(spec.compare, Compare)
         finals = (1 + len(c.baselines)) * len(c.budgets) * c.seeds
         return spec.tune.num_trials + sum(b.num_trials for b in c.baselines) * len(c.budgets) + finals
 
     def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> CompareResult:
-        spec, c = ctx.spec, required(ctx.spec.compare, "compare")
+        spec, c = ctx.spec, required(ctx.spec.compare, Compare)
         tunes = [ctx.tables(stage.table) for stage in self.stages(ctx)]
         pd.concat(tunes, ignore_index=True).to_csv(out.artifact("compare_tune_trials.csv"), index=False)
         summary = analysis.compare_table(table)
@@ -189,7 +185,7 @@ class Compare(Phase):
         return Verdict()
 
     def about(self, spec: StudySpec, result: PhaseResult | None) -> dict[str, Any]:
-        c, widths = required(spec.compare, "compare"), result.widths if isinstance(result, CompareResult) else {}
+        c, widths = required(spec.compare, Compare), result.widths if isinstance(result, CompareResult) else {}
         return {"families": [spec.model.family, *(b.model.family for b in c.baselines)], "budgets": c.budgets,
                 "tokens": c.tokens, "budget": f"{spec.steps_for('compare')} steps × batch {spec.train.batch_size}",
                 "widths": {f: info["widths"] for f, info in widths.items()}}

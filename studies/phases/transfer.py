@@ -11,9 +11,9 @@ import pandas as pd
 import analysis
 from analysis import transfer_table
 from analysis.report import markdown_table
-from studies.phases.base import LOSSES, SETUP, Artifacts, Context, Phase, PhaseResult, Verdict
+from studies.phases.base import LOSSES, SETUP, Artifacts, Context, Phase, PhaseResult, Verdict, required
 from studies.plan import PlannedTrial
-from studies.spec import StudySpec, required
+from studies.spec import StudySpec
 
 
 class TransferResult(PhaseResult):
@@ -23,7 +23,7 @@ class TransferResult(PhaseResult):
 
 def transfer_trials(spec: StudySpec, hparams: dict[str, float]) -> list[PlannedTrial]:
     """The winner, unchanged, at every transfer width and seed."""
-    t = required(spec.transfer, "transfer")
+    t = required(spec.transfer, Transfer)
     return [PlannedTrial(f"transfer-w{w}-s{s}", "transfer", w, s, dict(hparams)) for w in t.widths
             for s in range(t.seeds)]
 
@@ -39,7 +39,7 @@ class Transfer(Phase):
         return spec.compare is None and spec.transfer is not None
 
     def plan(self, ctx: Context) -> list[PlannedTrial]:
-        return transfer_trials(ctx.spec, ctx.centre())
+        return transfer_trials(ctx.spec, ctx.state.centre())
 
     def planned(self, spec: StudySpec) -> list[PlannedTrial]:
         return transfer_trials(spec, spec.space.defaults())
@@ -55,7 +55,7 @@ class Transfer(Phase):
 
     def verdict(self, spec: StudySpec, result: PhaseResult) -> Verdict:
         assert isinstance(result, TransferResult)
-        t = required(spec.transfer, "transfer")
+        t = required(spec.transfer, Transfer)
         widths = [r for r in result.widths if r.get("eval_loss_mean") == r.get("eval_loss_mean")]
         losses = ", ".join(f"{r['width']}: {r['eval_loss_mean']:.4f}" for r in widths)
         return Verdict({"base_width": spec.tune.base_width, "target_widths": ",".join(str(w) for w in t.widths)},

@@ -140,11 +140,6 @@ class Tune(Phase):
     def present(self, spec: StudySpec) -> bool:
         return spec.compare is None  # a compare study tunes in its stages
 
-    def steps(self, spec: StudySpec) -> int:
-        c = spec.compare  # a compare study's tune trials see compare.tune_tokens (else compare.tokens)
-        return c.steps(c.tune_tokens or c.tokens, spec.train.batch_size, spec.data.seq_len) if c is not None \
-            else spec.tune.steps or spec.train.steps
-
     def plan(self, ctx: Context) -> list[PlannedTrial] | None:
         return None  # the searcher suggests tune.num_trials trials
 

@@ -22,9 +22,9 @@ import analysis
 from analysis import LRDrift, Regret, depth_sweep, lr_drift, regret_line, transfer_regret, without_depth_sweep
 from analysis.report import drift_section, regret_section
 from studies.arch import DEPTH_SWEEP
-from studies.phases.base import DRIFTS, PASS, Artifacts, Context, Out, Phase, PhaseResult, Verdict
+from studies.phases.base import DRIFTS, PASS, Artifacts, Context, Out, Phase, PhaseResult, Verdict, required
 from studies.plan import PlannedTrial
-from studies.spec import StudySpec, ValidateSpec, required
+from studies.spec import StudySpec, ValidateSpec
 
 
 class ValidateResult(PhaseResult):
@@ -48,7 +48,7 @@ def validate_trials(spec: StudySpec, centre: dict[str, float]) -> list[PlannedTr
     hparam, the other hparams at the centre. With a list of `validate.steps` (the horizon sweep) lr's sweep runs at
     each of them (`-t<steps>` in the trial key), the others at `spec.validate_horizon()`. With `validate.depths`,
     then lr's sweep at each depth (`depth_trials`); one width and one training length: that depth sweep alone."""
-    v = required(spec.validate_, "validate")
+    v = required(spec.validate_, Validate)
     horizons: list[int | None] = list(v.horizons()) or [None]
     main = spec.validate_horizon() if v.horizons() else None
     sweeps = [PlannedTrial(f"validate-{p}-w{w}{'' if t is None else f'-t{t}'}-{h}{x:.3g}-s{s}", "validate", w, s,
@@ -64,7 +64,7 @@ def depth_trials(spec: StudySpec, centre: dict[str, float]) -> list[PlannedTrial
     `validate.widths` under the model's parametrization, the other hparams at the centre, trained
     `spec.validate_horizon()` steps; `-L<depth>` in the trial key, the depth parametrization in place of the
     parametrization (`validate-completep-w64-L8-lr0.004-s0`). [] without depths."""
-    v = required(spec.validate_, "validate")
+    v = required(spec.validate_, Validate)
     width = v.widths[0]
     return [PlannedTrial(f"validate-{d}-w{width}-L{depth}-lr{x:.3g}-s{s}", "validate", width, s, {**centre, "lr": x},
                          swept="lr", depth=depth, depth_parametrization=d)
@@ -74,7 +74,7 @@ def depth_trials(spec: StudySpec, centre: dict[str, float]) -> list[PlannedTrial
 def regret_widths(spec: StudySpec) -> list[int]:
     """The swept widths the study transferred to: those in both `transfer.widths` and `validate.widths`, and the
     tune base width when it is swept."""
-    v = required(spec.validate_, "validate")
+    v = required(spec.validate_, Validate)
     transferred = {spec.tune.base_width, *(spec.transfer.widths if spec.transfer is not None else [])}
     return [w for w in v.widths if w in transferred]
 
@@ -167,17 +167,14 @@ class Validate(Phase):
     def present(self, spec: StudySpec) -> bool:
         return spec.compare is None and spec.validate_ is not None
 
-    def steps(self, spec: StudySpec) -> int:
-        return spec.validate_horizon()
-
     def plan(self, ctx: Context) -> list[PlannedTrial]:
-        return validate_trials(ctx.spec, ctx.centre())
+        return validate_trials(ctx.spec, ctx.state.centre())
 
     def planned(self, spec: StudySpec) -> list[PlannedTrial]:
         return validate_trials(spec, spec.space.defaults())
 
     def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> ValidateResult:
-        v = required(ctx.spec.validate_, "validate")
+        v = required(ctx.spec.validate_, Validate)
         depths, table = depth_sweep(table), without_depth_sweep(table)
         if not v.width_sweep():  # a depth sweep alone
             return ValidateResult(depth_drift=_depth_drift(v, depths, out))
@@ -190,7 +187,7 @@ class Validate(Phase):
                 analysis.plot_mutransfer(table, out.figure(_figure(hparam)), hparam)
             drift = lr_drift(table, threshold=v.drift_threshold)  # first: it names the fix for a sweep that diverged
             hparam_drift = {h: lr_drift(table, threshold=v.drift_threshold, hparam=h) for h in v.hparams}
-        regret = transfer_regret(table, ctx.centre(), regret_widths(ctx.spec), hparams=list(v.sweeps()),
+        regret = transfer_regret(table, ctx.state.centre(), regret_widths(ctx.spec), hparams=list(v.sweeps()),
                                  parametrization=ctx.spec.model.parametrization, proxy_width=ctx.spec.tune.base_width)
         horizon_drift = []
         if horizon is not None:

@@ -16,9 +16,9 @@ import pandas as pd
 import analysis
 from analysis import Certificate, certify, neighbour_advice
 from analysis.report import verify_section
-from studies.phases.base import COUNTS, PASS, Artifacts, Context, Out, Phase, PhaseResult, Verdict
+from studies.phases.base import COUNTS, PASS, Artifacts, Context, Out, Phase, PhaseResult, Verdict, required
 from studies.plan import PlannedTrial
-from studies.spec import StudySpec, required
+from studies.spec import StudySpec
 
 
 class VerifyResult(PhaseResult):
@@ -35,7 +35,7 @@ def verify_trials(spec: StudySpec, centre: dict[str, float], skip_centre_seeds: 
     train with `verify.seed`, the centre's first seed, so they differ from it by hparams alone.
     The draw is seeded by `verify.seed`: a restarted phase plans the same samples.
     """
-    v = required(spec.verify, "verify")
+    v = required(spec.verify, Verify)
     width, delta = spec.verify_width(), v.delta
     trials = [PlannedTrial(f"verify-centre-s{s}", "verify", width, v.seed + s, dict(centre), is_centre=True)
               for s in range(v.centre_seeds) if v.seed + s not in skip_centre_seeds]
@@ -79,7 +79,8 @@ def _advice(ctx: Context, cert: Certificate, table: pd.DataFrame | None) -> str 
     """Where an uncertified centre's better neighbours lie (`analysis.neighbour_advice`); None: nothing to say."""
     if cert.certified or table is None or not ctx.state.done("tune"):
         return None
-    return neighbour_advice(table, ctx.centre(), list(ctx.spec.space.searched()), cert.tolerance, alpha=cert.alpha).text
+    return neighbour_advice(table, ctx.state.centre(), list(ctx.spec.space.searched()), cert.tolerance,
+                            alpha=cert.alpha).text
 
 
 class Verify(Phase):
@@ -92,12 +93,9 @@ class Verify(Phase):
     def present(self, spec: StudySpec) -> bool:
         return spec.compare is None and spec.verify is not None
 
-    def steps(self, spec: StudySpec) -> int:
-        return (spec.verify.steps if spec.verify else None) or spec.train.steps
-
     def plan(self, ctx: Context) -> list[PlannedTrial]:
         reused = reused_centre_seeds(ctx.spec) if ctx.tables("transfer") is not None else []
-        return verify_trials(ctx.spec, ctx.centre(), reused)
+        return verify_trials(ctx.spec, ctx.state.centre(), reused)
 
     def planned(self, spec: StudySpec) -> list[PlannedTrial]:
         return verify_trials(spec, spec.space.defaults())
@@ -107,10 +105,11 @@ class Verify(Phase):
         return table if transfer is None else with_reused_centre(ctx.spec, table, transfer)
 
     def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> VerifyResult:
-        v = required(ctx.spec.verify, "verify")
+        v = required(ctx.spec.verify, Verify)
         cert = certify(table, p=v.p, alpha=v.alpha, tolerance=v.tolerance)
         out.write_artifact("certificate.json", cert.model_dump())
-        analysis.plot_verify(table, ctx.centre(), list(ctx.spec.space.searched()), out.figure("verify"), cert.tolerance)
+        analysis.plot_verify(table, ctx.state.centre(), list(ctx.spec.space.searched()), out.figure("verify"),
+                             cert.tolerance)
         return VerifyResult(certificate=cert)
 
     def figures(self, result: PhaseResult) -> dict[str, str]:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.table import HPARAMS
+from studies.families.pt import HPARAMS
 
 BASE = {
     "phase": "tune",

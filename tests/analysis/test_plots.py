@@ -6,8 +6,7 @@ import pytest
 
 from analysis.coord import plot_coord
 from analysis.plots import plot_mutransfer, plot_transfer, plot_tune_history, plot_verify
-from analysis.table import HPARAMS
-from tests.analysis._tables import coord_table, mup_like, paper_like_optimum, sweep_table, trials
+from tests.analysis._tables import HPARAMS, coord_table, mup_like, paper_like_optimum, sweep_table, trials
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -23,6 +23,12 @@ def test_bad_widths(run):
     assert code == 2 and "--widths" in out and "comma-separated" in out and "Traceback" not in out
 
 
+def test_a_paradigm_is_one_the_family_declares(run):
+    for model, paradigm, theirs in (("bert", "rank", "[]"), ("pt", "heads", "['channels', 'rank']")):
+        code, out = run("coord-check", "--model", model, "--paradigm", paradigm)
+        assert code == 2 and f"the {model} family's paradigms are {theirs}" in out and "Traceback" not in out, out
+
+
 def test_invalid_spec_names_the_field(run, tmp_path):
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: x\ntune: {base_width: 16}\ntransfer: {widths: [8]}\nverify: {delta: 1.5}\n")

@@ -163,6 +163,7 @@ def test_cli_client_commands(server, study, monkeypatch, capsys):
     assert ptctl(["study", "show", study_id, "--server", server.url]) == 0
     out = capsys.readouterr().out
     assert "succeeded" in out and "verdicts:" in out, out
+    assert re.search(r"^  https?://\S+/#/experiments/\d+/runs/\w+", out, re.M), out  # the study run's link opens
     assert re.search(r"verify: (not )?certified \(bound [\d.]+ [≤>] p [\d.]+\), \d+ of \d+ samples better", out), out
     assert ptctl(["study", "trials", study_id, "--server", server.url]) == 0
     assert f"{sum(PLANNED.values())} trials" in capsys.readouterr().out

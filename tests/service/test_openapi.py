@@ -4,6 +4,7 @@ error model), and the live app answers them; OPTIONS and 405 carry `Allow` with 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from fastapi.testclient import TestClient
@@ -70,6 +71,44 @@ def test_the_documented_errors_happen(tmp_path, migrated):
         for path in ("/healthz", "/readyz", "/studies"):
             answer = client.get(path, headers={**admin, **big})
             assert answer.status_code == 431 and "PTCTL_MAX_HEADER_BYTES" in answer.json()["detail"]
+
+
+def descriptions(schema: dict) -> list[tuple[str, str]]:
+    """(where, text) of every operation's, query parameter's and schema property's description."""
+    found = []
+    for path, item in schema["paths"].items():
+        for method, op in item.items():
+            found.append((f"{method} {path}", op.get("description", "")))
+            found += [(f"{method} {path} ?{p['name']}", p.get("description", "")) for p in op.get("parameters", [])]
+
+    def walk(node, where: str) -> None:
+        if isinstance(node, dict):
+            for name, prop in (node.get("properties") or {}).items():
+                if isinstance(prop, dict) and isinstance(prop.get("description"), str):
+                    found.append((f"{where}.{name}", prop["description"]))
+            for value in node.values():
+                walk(value, where)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, where)
+
+    for name, component in schema["components"]["schemas"].items():
+        walk(component, name)
+    return found
+
+
+def long_descriptions(schema: dict) -> dict[str, str]:
+    """The descriptions of more than one sentence (a full stop, then a capital) or over 300 characters."""
+    return {where: text for where, text in descriptions(schema)
+            if re.search(r"[.!?]\s+[A-Z]", text) or len(text) > 300}
+
+
+def test_every_description_is_one_sentence(tmp_path):
+    """What a reader of /docs sees is one sentence each; the reasoning behind it lives in docs/ and comments."""
+    settings = Settings(data_dir=tmp_path, api_tokens=f"admin:{ADMIN},read:{READ}")
+    schema = create_app(settings, FakeExecutor()).openapi()
+    assert len(descriptions(schema)) > 100  # the walk reaches the spec's fields, not just the operations
+    assert long_descriptions(schema) == {}
 
 
 def test_options_and_405_list_every_method_of_the_path(tmp_path, migrated):

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from analysis import HPARAMS, certify, lr_drift
+from analysis import certify, lr_drift
 from service import summary
 from studies import load_catalog
+from studies.families.pt import HPARAMS
 from studies.phases import StudyState
 from studies.spec import StudySpec
 from tests.analysis._tables import paper_like_optimum, sweep_table, trials, verify_table

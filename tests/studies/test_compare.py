@@ -11,6 +11,7 @@ from studies.families.bert import BertArch, BertConfig
 from studies.families.encoder import BASELINE_HPARAMS, BaselineSpace
 from studies.families.pt import PTArch, SearchSpace
 from studies.families.ut import UTArch, UTConfig
+from studies.phases import phases_of
 from studies.phases.compare import compare_stages, compare_sub_spec, compare_trials, compare_widths
 from studies.spec import StudySpec
 from tests.studies._dicts import with_changes
@@ -70,7 +71,7 @@ def test_family_errors_name_the_field_and_fix(changes, needles):
 
 def test_tune_only_study_and_baseline_space_defaults():
     spec = StudySpec.model_validate(with_changes(MINIMAL, transfer=None, verify=None, **{"model.family": "ut"}))
-    assert spec.phases() == ["tune"]
+    assert phases_of(spec) == ["tune"]
     assert list(spec.space.defaults()) == list(BASELINE_HPARAMS)
     assert spec.space.defaults() == {"lr": 3e-3, "init_std": 0.05, "output_mult": 1.0, "attn_mult": 1.0}
 
@@ -83,7 +84,7 @@ def test_pt_specs_keep_their_dump():
 # ------------------------------------------------------------------------------------ the compare section
 def test_compare_catalogs():
     spec = studies.load_catalog("compare_cpu")
-    assert spec.phases() == ["compare"] and spec.verify is None and spec.transfer is None
+    assert phases_of(spec) == ["compare"] and spec.verify is None and spec.transfer is None
     assert spec.compare.budgets == [2e5, 4e5, 8e5] and spec.compare.seeds >= 2
     assert (spec.steps_for("tune"), spec.steps_for("compare")) == (98, 196)
     paper = studies.load_catalog("compare_paper")
@@ -152,7 +153,7 @@ def test_pt_is_tuned_once_at_its_proxy_with_the_base_moved_there():
     pt = stages[0].spec
     width = compare_widths(spec, 2000)["pt"]["proxy_width"]
     assert pt.tune.base_width == width and pt.model.arch.rank == 16 * width // 32  # r = width/2 as at base 32
-    assert pt.phases() == ["tune"] and pt.steps_for("tune") == 98 and pt.train.steps == 196
+    assert phases_of(pt) == ["tune"] and pt.steps_for("tune") == 98 and pt.train.steps == 196
     bert = compare_sub_spec(spec, "bert", 90)
     assert bert.model.family == "bert" and bert.space.frozen == ["attn_mult"] and bert.tune.num_trials == 5
     with pytest.raises(ValueError, match="family 'tauformer' is not in this compare study"):

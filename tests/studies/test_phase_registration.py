@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from studies import load_catalog
-from studies.phases import PHASES, PhaseResult, Verdict
+from studies.phases import PHASES, PhaseResult, Verdict, phases_of
 from studies.phases.base import Artifacts, Context, Phase
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
@@ -35,7 +35,7 @@ class Probe(Phase):
         return spec.compare is None
 
     def plan(self, ctx: Context) -> list[PlannedTrial]:
-        return [PlannedTrial("probe-s0", "probe", ctx.spec.tune.base_width, 0, ctx.centre())]
+        return [PlannedTrial("probe-s0", "probe", ctx.spec.tune.base_width, 0, ctx.state.centre())]
 
     def planned(self, spec: StudySpec) -> list[PlannedTrial]:
         return [PlannedTrial("probe-s0", "probe", spec.tune.base_width, 0, spec.space.defaults())]
@@ -109,7 +109,7 @@ def test_a_registered_phase_is_planned_run_told_and_shown(probe, tmp_path):
     from workers.verdicts import study_verdict
 
     spec = probe
-    assert spec.phases() == spec_phases(spec.as_dict()) == ["tune", "probe"]
+    assert phases_of(spec) == spec_phases(spec.as_dict()) == ["tune", "probe"]
     assert spec.steps_for("probe") == spec.train.steps
     # the plan
     assert [t.trial_key for t in planned_trials(spec)["probe"]] == ["probe-s0"]
@@ -122,7 +122,7 @@ def test_a_registered_phase_is_planned_run_told_and_shown(probe, tmp_path):
     assert "metrics.`probe_loss`" in tracker.columns and "Probe: 4.00." in study_verdict(spec, state).sentence
     # the progress
     folder = StudyFolder("p1")
-    progress = phase_progress(folder, spec.as_dict(), state, {p: PHASES[p].count(spec) for p in spec.phases()}, [])
+    progress = phase_progress(folder, spec.as_dict(), state, {p: PHASES[p].count(spec) for p in phases_of(spec)}, [])
     assert progress["probe"].status == "done" and progress["probe"].planned == progress["probe"].done == 1
     # the report
     report = folder.report.read_text()

@@ -2,6 +2,7 @@ import pandas as pd
 import pytest
 
 from studies import load_catalog
+from studies.phases import phases_of
 from studies.phases.base import PhaseFailed
 from studies.phases.transfer import transfer_trials
 from studies.phases.tune import best_hparams
@@ -141,7 +142,7 @@ def test_the_verify_centre_reuses_the_identical_transfer_run(spec):
 
 def test_the_demo_tells_the_whole_story_and_cpu_certify_runs_the_full_n():
     demo, certify = load_catalog("cpu_demo"), load_catalog("cpu_certify")
-    assert demo.phases() == ["tune", "transfer", "verify", "validate"]
+    assert phases_of(demo) == ["tune", "transfer", "verify", "validate"]
     assert len(demo.transfer.widths) >= 2 and min(demo.transfer.widths) > demo.tune.base_width
     assert set(demo.validate_.parametrizations) == {"mup", "standard"}
     assert demo.validate_.widths[-1] in demo.transfer.widths

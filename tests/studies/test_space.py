@@ -5,15 +5,13 @@ import math
 import pytest
 from pydantic import ValidationError
 
-import analysis
 from studies.families.pt import HPARAMS, INFORMATION_WEIGHTS, PTWeights, SearchSpace
 from studies.space import Range
 
 WEIGHTS = ("w_H", "w_topic", "w_unary", "w_dep", "w_head", "w_topic_z")
 
 
-def test_hparams_is_the_analysis_definition():
-    assert HPARAMS == analysis.HPARAMS  # the trial table's default columns (analysis cannot import studies)
+def test_hparams_are_lr_and_the_information_weights():
     assert ("lr", *WEIGHTS) == HPARAMS
     assert INFORMATION_WEIGHTS == WEIGHTS
 

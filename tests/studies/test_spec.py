@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 import studies
 from studies.families.pt import HPARAMS, PTConfig
+from studies.phases import phases_of
 from studies.phases.validate import depth_trials, validate_trials
 from studies.spec import CATALOG_DIR, StudySpec, TrialConfig, VerifySpec
 from tests.studies._dicts import with_changes
@@ -317,10 +318,9 @@ def test_resolved_defaults():
     assert spec.verify_width() == 64
     assert spec.experiment_name() == "demo"
     assert [spec.steps_for(p) for p in ("tune", "transfer", "verify")] == [50, 200, 70]
-    assert spec.phases() == ["tune", "transfer", "verify"]
-    assert StudySpec.model_validate(spec_dict(verify=None)).phases() == ["tune", "transfer"]
-    with pytest.raises(ValueError, match="unknown phase 'train'"):
-        spec.steps_for("train")
+    assert phases_of(spec) == ["tune", "transfer", "verify"]
+    assert phases_of(StudySpec.model_validate(spec_dict(verify=None))) == ["tune", "transfer"]
+    assert spec.steps_for("probe") == spec.train.steps  # a phase without a section of its own
 
 
 # ------------------------------------------------------------------------------------ trial config
@@ -426,7 +426,7 @@ def test_one_validate_width_only_with_a_horizon_sweep():
 
 def test_the_horizon_catalog_study_is_cpu_sized():
     spec = studies.load_catalog("horizon_cpu")
-    assert spec.phases() == ["tune", "validate"] and spec.validate_.horizons() == [150, 300, 600]
+    assert phases_of(spec) == ["tune", "validate"] and spec.validate_.horizons() == [150, 300, 600]
     assert spec.steps_for("tune") < spec.train.steps == spec.validate_horizon()
     assert len(validate_trials(spec, spec.space.defaults())) <= 40 and spec.train.device == "cpu"
 
@@ -477,6 +477,6 @@ def test_validate_depths_need_a_family_with_a_depth_at_completep():
 
 def test_the_depth_catalog_study_is_cpu_sized():
     spec = studies.load_catalog("depth_cpu")
-    assert spec.phases() == ["tune", "validate"] and spec.validate_.depths == [2, 4, 8]
+    assert phases_of(spec) == ["tune", "validate"] and spec.validate_.depths == [2, 4, 8]
     assert spec.model.arch.depth == spec.model.arch.base_depth == 2 and spec.train.device == "cpu"
     assert len(validate_trials(spec, spec.space.defaults())) == 72 and spec.steps_for("validate") == 100

@@ -18,6 +18,7 @@ from studies import load_catalog
 from studies.arch import ModelSize
 from studies.family import FAMILIES, Family, register
 from studies.model import ModelSpec, space_class
+from studies.phases import phases_of
 from studies.plan import PlannedTrial
 from studies.space import Range, Space
 from studies.spec import DataSpec, StudySpec, TrialConfig
@@ -125,7 +126,7 @@ def test_a_study_of_the_registered_family_validates(mlp_family):
     data["model"] = {"family": "mlp", "parametrization": "mup", "arch": {"hidden_mult": 2}}
     data["space"] = {}
     spec = StudySpec.model_validate(data)
-    assert spec.model.arch == MLPArch(hidden_mult=2) and spec.phases()[0] == "tune"
+    assert spec.model.arch == MLPArch(hidden_mult=2) and phases_of(spec)[0] == "tune"
 
 
 def test_the_registered_family_runs_the_coordinate_check(mlp_family):

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from studies import load_catalog
 from studies.cost import planned_runs
-from studies.phases import PHASES
+from studies.phases import PHASES, phases_of
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 from workers.driver import StudyDriver, run_study
@@ -104,13 +104,13 @@ def _read(spec: StudySpec, data_dir: Path) -> dict:
     folder = StudyFolder("g1")
     summary.print_summary(console, summary.StudyView(spec, driver.state, folder, {"transfer-w32-s0": "run-1"},
                                                      "http://ui/#/runs"))
-    planned = {p: PHASES[p].count(spec) for p in spec.phases()}
+    planned = {p: PHASES[p].count(spec) for p in phases_of(spec)}
     progress = phase_progress(folder, spec.as_dict(), driver.state, planned, [])
     return {"report": report, "summary": console.export_text().replace(str(data_dir), "<data>"),
             "columns": verdict_columns(study_verdict(spec, driver.state)),
             "sentence": study_verdict(spec, driver.state).sentence,
             "progress": {p: v.model_dump(mode="json") for p, v in progress.items()},
-            "phases": spec.phases(), "steps": {p: spec.steps_for(p) for p in spec.phases()}, "planned": planned,
+            "phases": phases_of(spec), "steps": {p: spec.steps_for(p) for p in phases_of(spec)}, "planned": planned,
             "runs": {p: [list(r) for r in runs] for p, runs in planned_runs(spec).items()} if spec.compare is None
             else None}
 

@@ -2,7 +2,7 @@
 
 from analysis import certify, lr_drift
 from studies import load_catalog
-from studies.phases import PHASES, StudyState
+from studies.phases import PHASES, StudyState, phases_of
 from tests.analysis._tables import paper_like_optimum, sweep_table, verify_table
 from workers.verdicts import provenance_tags, study_verdict, trial_run_name, verdict_columns
 
@@ -69,7 +69,7 @@ def _demo_verdict(spec=SPEC):
                "validate": {"status": "done", "lr_drift": lr_drift(sweep).model_dump(),
                             "regret": [r.model_dump() for r in regret]}}
     state = StudyState.model_validate({"study_id": "s", "spec_hash": "h",
-                                       "phases": {k: v for k, v in records.items() if k in spec.phases()}})
+                                       "phases": {k: v for k, v in records.items() if k in phases_of(spec)}})
     return study_verdict(spec, state)
 
 

@@ -1,33 +1,15 @@
 """BERT-style MLM encoder (Devlin et al. 2019) in the standard parametrization and in μP (Yang et al. 2022).
 
-Embeddings (tokens + learned absolute positions) → L Transformer layers (pre- or post-LN, GELU FFN)
-→ MLM head (BERT's dense+GELU+LN transform, optional) → decoder tied to the token embedding or not.
+Embeddings (tokens + learned positions) → L layers (pre- or post-LN, GELU FFN) → MLM head (BERT's transform,
+optional) → a decoder tied to the token embedding or not. Width is d_model; n_heads = max(1, round(d / head_dim))
+and attention runs in a = n_heads·head_dim dimensions (a = d when head_dim divides d), so any width builds and a
+parameter budget can be met to the percent.
 
-Width is d_model. Heads scale with width at a fixed `head_dim`: n_heads = max(1, round(d / head_dim)),
-and attention runs in a = n_heads·head_dim dimensions (a = d whenever head_dim divides d; otherwise a is
-the nearest multiple, so any integer width builds and a parameter budget can be met to the percent).
-
-μP is implemented here, not through `mup.set_base_shapes`/`MuAdamW`: `make_optimizer` builds AdamW from
-`groups` and `lr_multipliers()`, and a model rebuilt from hparams in every trial has no base model to
-attach infshapes from. The rules are mup's (Tensor Programs V, Table 8, Adam), inside `# --- μP ---`
-blocks, and `tests/workers/test_baselines.py` checks the grouping against mup's own `set_base_shapes`:
-
-  input  (token, position, [timestep] embeddings; a tied decoder)   std init_std          lr × 1
-  hidden (every d×d-like matrix: q, k, v, o, FFN, MLM transform)    std init_std/√(d/d0)  lr × d0/d
-  output (an untied decoder; UT's ACT halting unit)                 std init_std or 0     lr × 1,
-         read out as output_mult · (d0/d) · x Wᵀ                    (mup's MuReadout / MuSharedReadout)
-  bias   (biases, LayerNorm gains and shifts)                        0 / 1                 lr × 1
-  attention logits  attn_mult · q·k / head_dim   (standard: attn_mult · q·k / √head_dim)
-
-Depth (`depth_parametrization: completep`, pre-LN only), inside `# --- depth ---` blocks: each layer's two
-residual branches × m_L^-α (`Layer.branch`); the layers' matrices and vectors move to the groups block / block_bias,
-whose Adam lr and ε take CompleteP's depth factors (Dey et al. 2025, arXiv 2505.01618, Table 1; the rules and
-their code: `workers/models/common.py`'s docstring). The embeddings, the final LayerNorm and the MLM head stay in
-their groups, unscaled with depth.
-
-Standard: every weight N(0, init_std) (BERT: 0.02), one lr, logits output_mult · x Wᵀ. The lr multipliers and
-the readout scale are `workers/models/common.py`'s `MuReadout` (shared with TauGPT); the config, `BertConfig`,
-is declared in `studies.arch`.
+μP (mup's rules, Tensor Programs V Table 8, Adam) sits in `# --- μP ---` blocks, implemented here rather than
+through `mup.set_base_shapes` because a model rebuilt from hparams in every trial has no base model to attach
+infshapes from; `tests/workers/test_baselines.py` checks the groups against mup's. Hidden std init_std/√(d/d0) and
+lr × d0/d; logits output_mult · (d0/d) · x Wᵀ; attention attn_mult · q·k / head_dim. CompleteP sits in
+`# --- depth ---` blocks. Standard: every weight N(0, init_std), one lr. Rule by rule: docs/mup.md.
 Shapes: B batch, n length, d width, a attention width, H heads, f FFN width, V vocabulary.
 """
 
@@ -129,7 +111,7 @@ class Encoder(MuReadout, LanguageModel):
     head: MLMHead
 
     def _group(self) -> None:
-        """Sort every parameter into input / hidden / output / bias (the table in the module docstring)."""
+        """Sort every parameter into input / hidden / output / bias (docs/mup.md's BERT table)."""
         inputs = [p for name, p in self.named_parameters() if name.endswith("_emb.weight")]
         outputs = [p for name, p in self.named_parameters() if name.endswith(("decoder.weight", "halt.weight"))]
         seen = {id(p) for p in inputs + outputs}

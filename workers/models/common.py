@@ -1,31 +1,15 @@
 """What several model families share: the token loss, and the μP rules of BERT, UT and TauGPT.
 
-`token_loss` is every family's loss: cross-entropy over the labelled positions, which are the masked tokens
-(mlm: PT, BERT, UT) or the next tokens (clm: TauGPT).
+`token_loss` is every family's loss: cross-entropy over the labelled positions (masked tokens for mlm, next
+tokens for clm).
 
-`MuReadout` holds the μP rules (mup's, Tensor Programs V Table 8, Adam) of a model whose parameters fall in
-the groups input / hidden / output / bias and whose logits are read out as output_mult · x Wᵀ: BERT and UT
-(`workers/models/bert.py`'s `Encoder`) and TauGPT. PT's rules differ (its output lr scales too) and stay in
-`workers/models/pt.py`.
-
-It holds the depth rules too (`model.arch.depth_parametrization`, `studies.arch.DepthArch`): CompleteP (Dey et al.
-2025, "Don't be lazy", arXiv 2505.01618, Table 1 and §3; α = 1) with depth multiplier m_L = depth / base_depth:
-
-  residual branch   x + m_L^-α · F(x)   (the blocks read `branch_mult()`)          Table 1, "residual branch"
-  block matrices    Adam lr × m_L^(α-1) on top of μP's width rule   (group "block")       Table 1, hidden LR
-  block vectors     Adam lr × m_L^(α-1)   (biases, LayerNorm gains; group "block_bias")   Table 1, LN LR
-  block ε           Adam ε × m_L^-α   (both block groups)                                  Table 1, hidden ε
-  embeddings, readout, the final LayerNorm, the MLM transform: unchanged; every init variance: unchanged with depth
-
-The reference implementation (EleutherAI/nanoGPT-mup, branch completep) applies the same factors. At α = 1 the lr
-factors are 1: CompleteP changes the branch multiplier and ε. ε: ptctl's Adam ε (1e-8) is not scaled with width
-(μP's ε × 1/m_N of Table 1 is not applied anywhere in ptctl), so only the depth factor is applied. Why ε scales: a
-block parameter's gradient carries its branch's m_L^-α, and ε must shrink with the gradient it is added to.
-
-Blocks shared across depth (UT applies one block `n_steps` times; TauGPT's per-head temperatures serve every
-block): a shared parameter's gradient sums L applications, each × m_L^-α, so it scales as m_L^(1-α), and so does
-its ε; its update moves the stream through all L applications, so its lr takes the same m_L^(α-1). At α = 1 both
-are 1: the shared block's depth rule is the branch multiplier alone.
+`MuReadout` holds mup's μP rules (Tensor Programs V Table 8, Adam) for models whose parameters fall in the groups
+input / hidden / output / bias and whose logits are output_mult · x Wᵀ: BERT, UT and TauGPT (PT's output lr scales
+too; its rules stay in `workers/models/pt.py`). It holds CompleteP's depth rules too (Dey et al. 2025, arXiv
+2505.01618, Table 1 and §3; α = 1), m_L = depth / base_depth: residual branches × m_L^-α, the blocks' groups `block` and
+`block_bias` with Adam lr × m_L^(α-1) and ε × m_L^-α (a block's gradient carries its branch's m_L^-α, and ε must
+shrink with it); embeddings, readout and every init unchanged. Blocks shared across depth take factor 1 at α = 1.
+Rule by rule, and why: docs/mup.md.
 """
 
 from __future__ import annotations

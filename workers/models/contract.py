@@ -1,22 +1,13 @@
 """The model contract: what `workers.train.train_trial` and `workers.coord_check` call on every family.
 
-A family's model subclasses `LanguageModel` and provides `groups` (parameter group → parameters),
-`lr_multipliers()` (group → factor on the base learning rate; μP lives here), optionally `eps_multipliers()` (group →
-factor on Adam's ε; a depth parametrization's blocks), `width_groups()` (the groups whose lr μP divides by
-width_mult: `train.adam_eps_scaling: width` scales their ε by base_width/width, `width_ratio()`) and `forward(input_ids,
-attention_mask, trace=None, select=None)` (logits; `trace` collects named activations, `select` decodes only
-those positions). It owns its loss: `loss(batch) -> (loss, metrics)` is the scored tokens' cross-entropy plus
-`aux_loss()`, the family's extra terms (UT: ACT's ponder cost; PT: the ‖T‖ penalty).
-
-The hooks, in the style of optuna's samplers, are no-ops unless a family overrides them; the trainer calls each at
-its point whatever the family:
-
-  before_trial(config)            once, with the `TrialConfig`, before the first step (PT: its penalty weight)
-  before_step(batch, step)        before each training step, `step` updates done so far (TauGPT: τ calibration)
-  eval_metrics(batch, step, past) at each evaluation, on a fixed held-out batch, with the rows it returned
-                                  before: extra per-step metrics (TauGPT: `tau.*` and its collapse flags)
-
-Every key of the rows `eval_metrics` returns is logged as a per-step metric of the trial's run.
+A family's model subclasses `LanguageModel` and provides `groups` (group → parameters), `lr_multipliers()` (group
+→ factor on the base lr; μP lives here), optionally `eps_multipliers()` and `width_groups()`, and
+`forward(input_ids, attention_mask, trace=None, select=None)` (logits; `trace` collects named activations, `select`
+decodes only those positions). It owns its loss: `loss(batch)` is the scored tokens' cross-entropy plus
+`aux_loss()` (UT: ACT's ponder cost; PT: the ‖T‖ penalty). The hooks are no-ops unless overridden:
+`before_trial(config)` once (PT: its penalty weight), `before_step(batch, step)` before each step (TauGPT: τ
+calibration), `eval_metrics(batch, step, past)` at each evaluation on a fixed held-out batch, whose keys become
+per-step metrics of the trial's run (TauGPT: `tau.*`). The whole contract: docs/plugins.md §2.
 """
 
 from __future__ import annotations

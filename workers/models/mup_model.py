@@ -1,27 +1,15 @@
 """The model of a `studies.family.from_mup` family: the plugin's own `nn.Module`, made μP by mup itself.
 
-`MupModel(cfg)` calls the plugin's factory `make_model(width, vocab_size, **arch, **hparams)` and then:
+`MupModel(cfg)` calls the plugin's factory `make_model(width, vocab_size, **arch, **hparams)`; under μP it calls
+`mup.set_base_shapes` against the same model at the base width and twice it (meta device: shapes only), under
+standard `set_base_shapes(model, None)`; then the model's re-init method (`MupRecipe.init`, default `mup_init`),
+and it trains with `mup.MuAdamW` (or `MuSGD`), groups `vector` and `matrix`. `infshapes()` reports each
+parameter's infshape. `mup_problems` finds what mup's own check cannot see from one model: parameters without an
+infshape, and hidden weights whose init std does not scale as 1/√fan_in (`init_exponents`).
 
-- under μP, builds the same model at the base width and at twice it (on the meta device: shapes only) and calls
-  `mup.set_base_shapes(model, base, delta=delta)`, which gives every parameter its `infshape` and rescales what
-  mup rescales (MuReadout's weight, Linear biases); under the standard parametrization `set_base_shapes(model,
-  None)`, mup's standard parametrization (every width multiplier 1);
-- calls the model's re-initialisation method (`MupRecipe.init`, default `mup_init`) when it has one: where a model
-  draws its weights with `mup.init`, which needs the infshapes, it does it there;
-- trains with `mup.MuAdamW` (or `mup.MuSGD`), so the per-group learning rates are mup's. The groups are named
-  after mup's classes — `vector` (at most one width dimension) and `matrix` (two; `matrix_<width mult>` when the
-  model has several) — and logged as `lr_<group>` like the built-ins' groups;
-- reports each parameter's infshape (`infshapes()`, as `infshape.<parameter>` params of the trial's run).
-
-mup's own check runs in `set_base_shapes`: a plain `nn.Linear` that maps the width to a finite size (a readout
-that is not `MuReadout`) is refused, with the module's name. `mup_problems` finds what mup cannot see from one
-model: parameters without an infshape in a model that uses mup's layers (`set_base_shapes` never called), and
-hidden weights whose init std does not scale as 1/√fan_in across widths (`init_exponents`).
-
-The model's forward takes the token ids (B, T) and returns the logits (B, T, V); padding is left to the loss
-(labels -100). A trace (the coordinate check) records every submodule's tensor output by its module path, and the
-logits as `logits`. A `from_mup` family trains each trial alone: mup's layers read their width from the parameter's
-`infshape`, which the stacked tensors of a batched trial (`workers.batched`) do not carry.
+The forward maps token ids (B, T) to logits (B, T, V); a trace records every submodule's output by module path.
+Each trial trains alone: mup's layers read their width from a parameter's `infshape`, which the stacked tensors of
+a batched trial do not carry. The whole recipe: docs/families.md, docs/plugins.md.
 """
 
 from __future__ import annotations

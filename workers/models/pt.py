@@ -1,24 +1,14 @@
 """Probabilistic Transformer (Wu & Tu 2023) and its μP-scaled version (Kuang, Wu & Tu 2026).
 
-PT is a CRF over latent word labels Z (d labels each) and head selections H (h channels);
-its forward pass is T iterations of mean-field variational inference (MFVI) in tensor form
-(spec §2.3). Parameters are shared across iterations.
+PT is a CRF over latent word labels Z (d labels each) and head selections H (h channels); its forward pass is T
+iterations of mean-field variational inference (MFVI) in tensor form (spec §2.3), parameters shared across them.
+μP changes (spec §3.3–3.5) sit in blocks marked `# --- μP ---`, each a row of docs/mup.md's rule → code table
+and guarded by the coordinate-check test. The config, `PTConfig`, is declared in `studies.arch`.
 
-Shapes: B batch, n length, d width (Z labels), h channels, r rank, K = 2γ+2 distance buckets,
-m topics. Comments give shapes as (B, n, d).
-
-μP changes (spec §3.3–3.5) sit inside blocks marked `# --- μP ---`; each is listed in the
-the rule → code table of docs/mup.md and guarded by the coordinate-check test. The config, `PTConfig`, is declared in
-`studies.arch` (its arch, width, parametrization and the six information weights).
-
-Memory (`PTConfig.recompute`, default on): per iteration the only (B, n, K, h, r) tensors kept for
-backward are the projections q = P·U and k = P·V themselves. The near-diagonal gathers of the
-head scores and the per-bucket contexts A·k, Aᵀ·q (inputs of the two back-projection GEMMs) are
-recomputed in backward from A, q, k — a few n×n-sized products, not the d ↔ K·h·r GEMMs. The
-backward is hand-written (`_Scores`, `_Messages`): the two bucketed kernels are each other's
-adjoints (dq of the scores is a gather, dA of a gather is a score), so every gradient is written
-once into its own buffer instead of autograd's zero-fill + copy per slice and index op. The
-arithmetic is that of `recompute=False` (tests/workers/test_pt_recompute.py: ≤ 1e-10, float64).
+Memory (`PTConfig.recompute`, default on): per iteration only q = P·U and k = P·V are kept for backward; the
+hand-written backward (`_Scores`, `_Messages`) recomputes the rest from A, q, k, with the arithmetic of
+`recompute=False` (tests/workers/test_pt_recompute.py; measured in docs/LOG.md).
+Shapes: B batch, n length, d width (Z labels), h channels, r rank, K = 2γ+2 distance buckets, m topics.
 """
 
 from __future__ import annotations
@@ -110,12 +100,10 @@ def gather_indexed(A: torch.Tensor, x: torch.Tensor, o: _Offsets, transpose: boo
 
 
 
-# the diagonal kernels (recompute=True): the same sums as the indexed ones above, with each near bucket
-# one diagonal of the (n, n) score matrix and one shifted slice of x, and the far buckets as products with 0/1
-# masks (half the time of triu/tril on CPU, the same values). The (B, h, n, n) passes are most of a CPU step's
-# memory traffic, so each is made once: the masked products in place, and a matrix gathered from more than once
-# (A in `_Messages`, dF in `_Scores`) split into its far parts once (`far_parts`). In-place ops are ones vmap
-# batches (`mul_`, `+=`; `addcmul_` has no batching rule and would loop over the members).
+# the diagonal kernels (recompute=True): the indexed kernels' sums, each near bucket one diagonal of the (n, n)
+# scores and one shifted slice of x, the far buckets products with 0/1 masks (half triu/tril's time on CPU). The
+# (B, h, n, n) passes are most of a CPU step's memory traffic, so each is made once (`far_parts`), in place with
+# ops vmap batches (`mul_`, `+=`; `addcmul_` has no batching rule and would loop over the members).
 def _near_slices(s: int, n: int) -> tuple[slice, slice]:
     """Dependents i and heads j = i − s of the pairs at signed offset s, as slices of 0..n−1."""
     i0, i1 = max(s, 0), n + min(s, 0)

@@ -1,45 +1,15 @@
 """TauGPT (Tauformer): a causal GPT whose attention scores keys by a Laplacian "taumode" scalar.
 
-Per head vector x (D = head_dim, after RoPE): E = xᵀLx / (xᵀx + ε) ≥ 0, λ = E / (E + τ) ∈ [0, 1), and the
-logit of query i on key j is −|λq_i − λk_j| / T_h (Tauformer spec §3–§4). L is a fixed D×D feature-graph
-Laplacian shared by every layer and head (`workers/laplacian.py`); τ is calibrated as the median E of
-block 0's keys on a batch (`calibrate`, run by the trainer's `before_step` hook); T_h is a learnable per-head
-temperature exp(s_h). E, λ and the logits are computed in fp32. `attention` selects the kernel: "tau", its
-dot-product twin "dot" (softmax(q·k/√D), spec §5.3 baseline a; PyTorch's fused `scaled_dot_product_attention`
-unless logits are traced or monitored) or "uniform" (logits ≡ 0: causal mean, baseline b).
+Per head vector x (after RoPE): E = xᵀLx / (xᵀx + ε), λ = E / (E + τ) ∈ [0, 1), and query i's logit on key j is
+−|λq_i − λk_j| / T_h, in fp32 (spec §3–§4). L is a fixed D×D Laplacian shared by every layer and head
+(`workers/laplacian.py`); τ is calibrated in the `before_step` hook; T_h = exp(s_h) is learned per head. `attention`:
+"tau", its dot-product twin "dot" (spec §5.3 baseline a) or "uniform" (the causal mean, baseline b). Blocks are
+nanochat-like (spec §4). `generate`'s `KVCache` keeps (V, λk), exact as λk depends on the key alone (spec §6).
 
-Block (nanochat-like, spec §4): x + attn(rms(x)), then x + mlp(rms(x)); parameter-free RMSNorms; bias-free
-projections clamped to ±qkv_clamp; RoPE (half-split) and a parameter-free QK RMSNorm; ReLU² MLP C → 4C → C;
-a final RMSNorm and an untied lm_head, logits clamped to ±logit_clamp. The blocks take activations, not the
-model: `forward` hands each one a `Kernel` (the RoPE rows, L, τ and the temperatures' log).
-
-Monitoring (`monitor`: E, λ, attention entropy, temperatures, τ) reaches the trainer through the `eval_metrics`
-hook, which adds the collapse flags of `analysis.taumode.collapse_warning`.
-
-Width is n_embd = n_heads · head_dim: it grows by heads at a fixed head_dim (= the Laplacian size), so L,
-τ, the temperature and the whole attention kernel are width-invariant (spec §7.1). μP (spec §7, Adam),
-inside `# --- μP ---` blocks:
-
-  input  (wte)                                   std embed_std             lr × 1
-  hidden (c_q, c_k, c_v, c_proj, fc, mlp_proj)   std init_std/√fan_in      lr × d0/d
-  output (lm_head)                               std init_std/√fan_in      lr × 1, read out output_mult · d0/d
-  vector (log_temp: the per-head temperature)    log(temperature)          lr × 1
-  buffers: L, τ, the RoPE tables (no grad)
-
-Standard: the same init (the reference's Kaiming gain 0.5 ≈ init_std 0.5), one lr, logits output_mult · xWᵀ.
-The lr multipliers and the readout scale are `MuReadout`'s (`workers/models/common.py`, shared with BERT and UT);
-the config, `TauConfig`, is declared in `studies.arch`.
-The λ logit needs no 1/D factor under μP: λ is bounded and its gradient is already Θ(1/D) (spec §7.1).
-
-Depth (`depth_parametrization: completep`), inside `# --- depth ---` blocks: each block's two residual branches
-× m_L^-α (`Block.branch`), m_L = n_layers / base_depth; the blocks' matrices form the group "block", whose Adam lr
-takes m_L^(α-1) on top of μP's d0/d and whose ε takes m_L^-α (CompleteP, Dey et al. 2025, arXiv 2505.01618,
-Table 1; `workers/models/common.py`). The RMSNorms have no parameters, so there is no block_bias group. The per-head
-temperatures serve every block (a shared parameter: lr and ε factors 1 at α = 1) and stay in "bias"; wte and
-lm_head are unscaled with depth; every init is unchanged with depth.
-
-`generate` decodes with a `KVCache` that stores (V, λk) per layer for "tau" (K and V for "dot"): λk depends
-only on the key token and its absolute position, so the cache is exact (spec §6).
+μP (spec §7, Adam) sits in `# --- μP ---` blocks: hidden matrices lr × d0/d, every matrix std init_std/√fan_in,
+lm_head read out output_mult · d0/d (`MuReadout`, `workers/models/common.py`). Width grows by heads at a fixed
+head_dim, so the attention kernel is width-invariant and the λ logit needs no 1/D (spec §7.1). CompleteP sits in
+`# --- depth ---` blocks. Rule by rule: docs/mup.md; the model: docs/families.md.
 Shapes: B batch, T length, C width, H heads, G kv heads, D head_dim, V vocabulary.
 """
 

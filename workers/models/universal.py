@@ -1,25 +1,14 @@
 """Universal Transformer encoder (Dehghani et al. 2019) for MLM, standard and μP.
 
-One Transformer layer (BERT's `Layer`: pre- or post-LN, GELU FFN) is applied `n_steps` times with shared
-parameters; before every application the position signal and the timestep signal are added to the state
-(both sinusoidal as in the paper, or learned tables). Adaptive computation time (ACT, Graves 2016, as in
-the UT paper's tensor2tensor code) is an option: a halting unit per position, the output a halting-weighted
-mix of the states, and a ponder cost `act_penalty · mean(N + R)` returned by `aux_loss()`.
+One Transformer layer (BERT's `Layer`) is applied `n_steps` times with shared parameters, the position and
+timestep signals (sinusoidal as in the paper, or learned) added before every application. Adaptive computation
+time (ACT, Graves 2016, as in the paper's tensor2tensor code) is an option: a halting unit per position, the
+output a halting-weighted mix of the states, and a ponder cost `act_penalty · mean(N + R)` from `aux_loss()`.
 
-Parameter groups, init, lr multipliers and the μP readout are BERT's (`workers/models/bert.py`, its table
-and `# --- μP ---` blocks); the timestep table is an input weight, the halting unit an output (read out
-× d0/d under μP, like the decoder). Shapes: B batch, n length, d width, T steps, V vocabulary.
-
-Depth (`depth_parametrization: completep`): L is `n_steps`, the number of times the shared block is applied, not
-the one block. The depth rules are about how many residual updates the stream receives: T applications add T
-branch outputs to the stream exactly as T distinct blocks would, so each application's branch is × m_L^-α with
-m_L = n_steps / base_depth (at α = 1, x_{t+1} = x_t + (L0/T)·F(x_t): the forward-Euler steps of one ODE, whose
-limit in T exists). The position and timestep signals the UT adds to the state before every step are per-step
-increments of the stream as well, and take the same m_L^-α: unscaled, T coherent additions of the same position
-signal grow the stream ∝ T (a slope of about +1 per doubling of n_steps). The shared block's lr
-and ε take the shared-block factors of `workers/models/common.py` (its gradient sums the T applications): both are
-1 at α = 1, so CompleteP here is the multiplier on each step's increments (branches and signals) alone.
-Under ACT, L is the maximum, `n_steps`.
+μP is BERT's (`workers/models/bert.py`); the timestep table is an input weight, the halting unit an output.
+CompleteP counts applications: L = `n_steps` (under ACT its maximum), and each step's branch and signals are
+× m_L^-α, since T applications add T increments to the stream as T blocks would (docs/mup.md, "Depth").
+Shapes: B batch, n length, d width, T steps, V vocabulary.
 """
 
 from __future__ import annotations
