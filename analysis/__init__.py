@@ -46,10 +46,10 @@ Modules: ``certificate`` (the verify phase's local-optimality certificate), ``di
 (relative distance from the centre), ``neighbours`` (where an uncertified centre's better neighbours
 lie), ``transfer`` (per-width summary, lr drift), ``regret`` (what transfer
 cost against the validate sweep's optimum), ``coord``
-(coordinate-check slopes, verdict, plot), ``plots`` (the study's figures), ``compare`` (families at
-equal parameter budgets: table and figure), ``report`` (Markdown, and HTML with the figures inline),
-``constants`` (the vocabulary and the sample-size rule, importable without numpy). Names are loaded from
-their module on first use.
+(coordinate-check slopes, verdict, plot), ``plots`` (the study's figures), ``family_ranking``
+(the compare study's families at equal parameter budgets: table and figure), ``report`` (Markdown, and
+HTML with the figures inline), ``constants`` (the vocabulary and the sample-size rule, importable without
+numpy). Names are loaded from their module on first use.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 _HOME = {
     **dict.fromkeys(("STATUSES", "TrialStatus", "min_samples"), "constants"),
     **dict.fromkeys(("Certificate", "certify", "confidence", "upper_bound", "verify_losses"), "certificate"),
-    **dict.fromkeys(("compare_table", "plot_compare"), "compare"),
+    **dict.fromkeys(("compare_table", "plot_compare"), "family_ranking"),
     **dict.fromkeys(("CoordOffence", "CoordVerdict", "coord_slopes", "coord_verdict", "plot_coord"), "coord"),
     "relative_distance": "distance",
     **dict.fromkeys(("NeighbourAdvice", "neighbour_advice"), "neighbours"),
@@ -76,10 +76,10 @@ _HOME = {
 
 if TYPE_CHECKING:
     from analysis.certificate import Certificate, certify, confidence, upper_bound, verify_losses
-    from analysis.compare import compare_table, plot_compare
     from analysis.constants import STATUSES, TrialStatus, min_samples
     from analysis.coord import CoordOffence, CoordVerdict, coord_slopes, coord_verdict, plot_coord
     from analysis.distance import relative_distance
+    from analysis.family_ranking import compare_table, plot_compare
     from analysis.neighbours import NeighbourAdvice, neighbour_advice
     from analysis.plots import plot_depth, plot_horizon, plot_mutransfer, plot_transfer, plot_tune_history, plot_verify
     from analysis.regret import Regret, regret_line, transfer_regret

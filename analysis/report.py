@@ -138,7 +138,7 @@ def tune_section(table: pd.DataFrame, hparams: Sequence[str], top: int = 5) -> s
 
 def compare_section(table: pd.DataFrame) -> str:
     """Per budget, each family's width, counted parameters, training FLOPs and eval loss over seeds."""
-    from analysis.compare import compare_table  # only here: it loads matplotlib, and every trial loads this module
+    from analysis.family_ranking import compare_table  # only here: it loads matplotlib; every trial loads this module
 
     summary = compare_table(table)
     summary["eval_loss"] = [loss_spread(m, s) for m, s in zip(summary["eval_loss_mean"], summary["eval_loss_std"],

@@ -165,7 +165,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store.migrate()
-        from workers.tracking import prepare_store  # MLflow and torch load here, not in the first request
+        from workers.mlflow_tracker import prepare_store  # MLflow and torch load here, not in the first request
 
         try:
             prepare_store(settings.tracking_uri)

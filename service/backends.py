@@ -85,7 +85,7 @@ class LocalBackend:
         """The study's story in the terminal (`service.summary`), whichever phases it ran."""
         from service.summary import StudyView, print_summary
         from workers.folder import StudyFolder
-        from workers.tracking import Tracker
+        from workers.mlflow_tracker import Tracker
 
         tracker = Tracker(spec.experiment_name(), spec.resources.tracking.tracking_uri)
         runs = {r.data.tags.get("trial_key"): r.info.run_id

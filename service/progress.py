@@ -35,7 +35,7 @@ from workers.paths import redact_uri as redact_uri  # re-exported: service.api a
 if TYPE_CHECKING:
     from mlflow.entities import Run
 
-    from workers.tracking import Tracker
+    from workers.mlflow_tracker import Tracker
 
 
 def spec_phases(spec: dict[str, Any]) -> list[str]:
@@ -115,7 +115,7 @@ def _row(run: Run) -> dict[str, Any]:
 
 
 class MlflowView:
-    """MLflow look-ups for the API through `workers.tracking.Tracker` (one per experiment, cached)."""
+    """MLflow look-ups for the API through `workers.mlflow_tracker.Tracker` (one per experiment, cached)."""
 
     def __init__(self, default_uri: str, ttl: float = 2.0) -> None:
         self.default_uri, self.ttl = default_uri, ttl
@@ -134,7 +134,7 @@ class MlflowView:
 
     def tracker(self, spec: dict[str, Any]) -> Tracker:
         """The study's Tracker; only once the driver made the experiment (a Tracker creates a missing one)."""
-        from workers.tracking import Tracker
+        from workers.mlflow_tracker import Tracker
 
         key = (self.experiment(spec), self.uri(spec))
         with self._lock:

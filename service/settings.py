@@ -45,7 +45,8 @@ class Settings(BaseSettings):
     mlflow_tracking_uri: str | None = Field(
         None, validation_alias=AliasChoices("MLFLOW_TRACKING_URI", "PTCTL_MLFLOW_TRACKING_URI"))
     mlflow_ui: str | None = Field(None, description="the MLflow UI's http(s) URL for a store that is no server "
-                                  "(workers.tracking.ui_address reads it); None: http://127.0.0.1:5000, `mlflow ui`'s")
+                                  "(workers.mlflow_tracker.ui_address reads it); None: http://127.0.0.1:5000, "
+                                  "`mlflow ui`'s")
     # what a remote spec may name (service/policy.py); the local CLI is not bound by these
     data_roots: Annotated[list[Path] | None, NoDecode] = Field(
         None, description="directories remote specs may read; None: the data directory (corpora/ included)")

@@ -42,7 +42,7 @@ from studies.arch import (
     nested,
     width_error,
 )
-from studies.compare import BaselineSpec, CompareSpec
+from studies.compare_spec import BaselineSpec, CompareSpec
 from studies.family import FAMILIES, get_family
 from studies.model import ModelFamily, ModelSpec, validate_space
 from studies.schema import FamilySpace, by_family

@@ -24,7 +24,7 @@ def migrated(tmp_path_factory):
     """`migrated(data_dir)` puts a created and migrated MLflow SQLite store in `data_dir` and returns it: a copy of
     one the session made once, so each in-process app's start-up (which prepares the store: MLflow's ~0.9 s of
     migrations on a new file) finds it ready, as a restarted service does."""
-    from workers.tracking import prepare_store
+    from workers.mlflow_tracker import prepare_store
 
     template = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
     prepare_store(f"sqlite:///{template}")

@@ -7,7 +7,7 @@ one, so no finished trial runs twice and no MLflow run is made twice (runs are f
 
 Seams: `StudyDriver(spec, runner, tracker)`. The runner trains a phase's trials (`workers.runner.Runner`:
 `workers.ray.experiment.RayRunner` by default, `workers.runner.InProcessRunner` without Ray); the tracker records
-the study's MLflow runs (`workers.tracking.Tracker` by default, `workers.tracker.NullTracker` for none).
+the study's MLflow runs (`workers.mlflow_tracker.Tracker` by default, `workers.tracker.NullTracker` for none).
 Phases run in `phases_of(spec)` order through `StudyDriver.PHASES`.
 
 Ownership: `state.json` records a random `instance` id, minted when it is first written, and the
@@ -139,7 +139,7 @@ class StudyDriver:
     def tracker(self) -> RunTracker:
         """The tracker; MLflow's when none was given, connected on first use (an unreachable store fails the study)."""
         if self._tracker is None:
-            from workers.tracking import Tracker, default_tracking_uri  # only here: MLflow is optional
+            from workers.mlflow_tracker import Tracker, default_tracking_uri  # only here: MLflow is optional
 
             self.uri = self.uri or default_tracking_uri()
             try:

@@ -1,7 +1,7 @@
 """The tracker protocol: every call the driver and the runners make to record a study's runs, and the tracker
 that records nothing.
 
-`workers.tracking.Tracker` (MLflow) implements `RunTracker`, and mypy checks it against it. Each method's body
+`workers.mlflow_tracker.Tracker` (MLflow) implements `RunTracker`, and mypy checks it against it. Each method's body
 here is what a study without tracking does (`NullTracker`): run ids made of the study id, phase and trial key
 (so a resumed study finds "its" runs), and nothing written anywhere.
 """

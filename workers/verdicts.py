@@ -1,12 +1,12 @@
 """What the MLflow runs say at a glance: each phase's verdict as params, metrics, tags and a sentence.
 
-Pure (no MLflow): the driver hands these to `workers.tracking.Tracker.log_verdict`. Every verdict is built
+Pure (no MLflow): the driver hands these to `workers.mlflow_tracker.Tracker.log_verdict`. Every verdict is built
 by its phase (`studies.phases`, `Phase.verdict`: its file names what it logs) from the phase's typed result as
 `state.json` keeps it, so a resumed study logs the same verdicts.
 
 The study run carries all of them; its description is every sentence followed by the spec's description.
 `verdict_columns` names them as the MLflow UI's runs-table columns: the experiment's saved view `verdicts`
-(`workers.tracking.Tracker.save_view`) shows them, and the link `ptctl study run` prints opens it. The columns
+(`workers.mlflow_tracker.Tracker.save_view`) shows them, and the link `ptctl study run` prints opens it. The columns
 are the keys the study's verdict holds (what its finished phases logged, each phase choosing its own:
 `Phase.columns`), never a guess from the spec: a column no run has (a regret at a width one parametrization was
 not transferred to) the UI leaves out.

@@ -17,6 +17,7 @@ from mlflow import MlflowClient
 
 from service import ray_head
 from service.cli import main as ptctl
+from service.terminal import console
 from studies import load_catalog
 from studies.spec import StudySpec
 from tests.service.conftest import ADMIN, READ, wait_for
@@ -157,6 +158,7 @@ def test_mlflow_server_has_every_trial_run_exactly_once(server, study, mlflow_se
 def test_cli_client_commands(server, study, monkeypatch, capsys):
     study_id, _, _ = study
     monkeypatch.setenv("PTCTL_TOKEN", READ)
+    monkeypatch.setattr(console, "width", 200)  # a terminal's width, not a pipe's 80 columns that wrap the table
     assert ptctl(["study", "list", "--server", server.url, "--status", "succeeded"]) == 0
     out = capsys.readouterr().out
     assert study_id in out and "verdict" in out and "certified (bound " in out, out  # the compact verdict column

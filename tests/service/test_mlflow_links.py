@@ -14,7 +14,7 @@ from service.progress import MlflowView
 from service.settings import Settings
 from studies.phases import StudyState
 from tests.service.conftest import running_mlflow
-from workers.tracking import UI_ADDRESS, Tracker, ui_address
+from workers.mlflow_tracker import UI_ADDRESS, Tracker, ui_address
 
 QUERY = "workflowType=machine_learning"
 
@@ -40,7 +40,7 @@ def test_the_ui_address_of_a_tracking_uri(monkeypatch, caplog):
     assert ui_address("postgresql://u:p@db/mlflow") == "https://ui.example.org/mlflow"
     assert ui_address("http://tracking:5000") == "http://tracking:5000"  # a server shows its own runs
     monkeypatch.setenv("PTCTL_MLFLOW_UI", "sqlite:///x.db")
-    with caplog.at_level(logging.WARNING, "workers.tracking"):
+    with caplog.at_level(logging.WARNING, "workers.mlflow_tracker"):
         assert ui_address("sqlite:///x.db") == UI_ADDRESS
     assert "PTCTL_MLFLOW_UI='sqlite:///x.db' is not an http(s) address" in caplog.text
     with pytest.raises(ValueError, match="PTCTL_MLFLOW_UI='sqlite:///x.db' is not an http"):

@@ -141,7 +141,7 @@ def _study(url: str, study_id: str | None):
 def view_columns(experiment) -> list[str]:
     """The column names (`upper_bound`, `best.lr`) of the saved view `verdicts` ptctl keeps on the experiment."""
     sys.path.insert(0, str(ROOT))
-    from workers.tracking import VIEW_ID, VIEW_TAG
+    from workers.mlflow_tracker import VIEW_ID, VIEW_TAG
 
     saved = experiment.tags.get(VIEW_TAG + VIEW_ID)
     if not saved:
@@ -222,7 +222,7 @@ def check_ui(url: str, out: Path, study_id: str | None = None, chromium: str = C
     from playwright.sync_api import sync_playwright
 
     sys.path.insert(0, str(ROOT))
-    from workers.tracking import Tracker
+    from workers.mlflow_tracker import Tracker
 
     out.mkdir(parents=True, exist_ok=True)
     result = UICheck()

@@ -85,7 +85,7 @@ def test_table_plot_and_report(compare_study):
 
 
 def test_mlflow_trial_runs_nest_under_the_compare_phase(compare_study):
-    from workers.tracking import Tracker
+    from workers.mlflow_tracker import Tracker
 
     spec, state, _ = compare_study
     tracker = Tracker(spec.experiment_name())

@@ -137,7 +137,7 @@ def test_an_mlflow_outage_mid_phase_delays_logging_and_loses_no_run(study_data_d
     chaos = threading.Thread(target=stop_and_restart, daemon=True)
     chaos.start()
     try:
-        with caplog.at_level("WARNING", logger="workers.tracking"):
+        with caplog.at_level("WARNING", logger="workers.mlflow_tracker"):
             state = run_study(spec, "outage")
         chaos.join(180)
         assert "down" in outage and "up" in outage, "the server was never stopped"

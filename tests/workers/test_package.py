@@ -1,4 +1,5 @@
-"""`workers` imports neither fastapi nor `service`; Ray in one package (`ray/`), MLflow in one module (`tracking`)."""
+"""`workers` imports neither fastapi nor `service`; Ray in one package (`ray/`), MLflow in one module
+(`mlflow_tracker`)."""
 
 import ast
 import subprocess
@@ -9,7 +10,7 @@ import workers
 
 ROOT = Path(workers.__file__).parent
 RAY = {f"ray/{name}.py" for name in ("__init__", "callback", "cluster", "experiment", "trainable")}
-HOMES = {"ray": RAY, "mlflow": {"tracking.py"}, "fastapi": set(), "service": set()}
+HOMES = {"ray": RAY, "mlflow": {"mlflow_tracker.py"}, "fastapi": set(), "service": set()}
 
 
 def _imported_roots(path: Path) -> set[str]:

@@ -14,10 +14,10 @@ from ray import tune
 from studies import load_catalog
 from studies.phases.transfer import transfer_trials
 from studies.spec import StudySpec
+from workers.mlflow_tracker import Tracker
 from workers.ray.callback import MlflowTrials
 from workers.ray.experiment import _param_space, run_phase
 from workers.ray.trainable import planned_trial, study_trainable
-from workers.tracking import Tracker
 
 pytestmark = pytest.mark.slow
 

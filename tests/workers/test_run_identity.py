@@ -51,7 +51,7 @@ def test_experiment_names_carry_the_study():
 
 @pytest.mark.slow
 def test_runs_and_pruning_stay_within_an_instance(tmp_path):
-    from workers.tracking import Tracker
+    from workers.mlflow_tracker import Tracker
 
     tracker = Tracker("owned", f"sqlite:///{tmp_path / 'mlflow.db'}")
     ids = {}

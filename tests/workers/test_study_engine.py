@@ -24,7 +24,7 @@ def data_dir(study_data_dir):
 
 
 def _runs(study_id: str, experiment: str):
-    from workers.tracking import Tracker
+    from workers.mlflow_tracker import Tracker
 
     tracker = Tracker(experiment)
     return {kind: tracker.runs(study_id, kind) for kind in ("study", "phase", "trial")}
@@ -70,7 +70,7 @@ def test_mlflow_tells_the_study_at_a_glance(tiny_study):
     for a reader and carry steps_done and the per-group lr multipliers; the reused verify centre is a run."""
     from mlflow import MlflowClient
 
-    from workers.tracking import VIEW_ID, VIEW_TAG, Tracker
+    from workers.mlflow_tracker import VIEW_ID, VIEW_TAG, Tracker
 
     spec, state, _ = tiny_study
     tracker = Tracker(spec.experiment_name())
@@ -115,7 +115,7 @@ def test_mlflow_ui_in_a_headless_browser(tiny_study, data_dir, tmp_path):
     """The MLflow UI as a user sees it, in headless Chromium (tests/ui/mlflow_ui_check.py): the printed link opens
     the runs table with the verdict columns, the study run's page shows its verdicts, its report its figures."""
     from tests.ui.mlflow_ui_check import check_ui, missing_requirements, mlflow_server
-    from workers.tracking import Tracker
+    from workers.mlflow_tracker import Tracker
 
     missing = missing_requirements()
     if missing:
@@ -233,7 +233,7 @@ def test_a_killed_or_interrupted_driver_resumes_without_duplicates(data_dir, stu
     """SIGKILL (a crash) or SIGINT (Ctrl-C: Tune stops and returns the trials it ran) mid-tune, then the same
     command again: every planned trial once, in the table and in MLflow."""
     env = {**os.environ, "PTCTL_DATA_DIR": str(data_dir), "RAY_ADDRESS": ""}
-    from workers.tracking import Tracker
+    from workers.mlflow_tracker import Tracker
 
     tracker = Tracker("tiny", f"sqlite:///{data_dir / 'mlflow.db'}")
     command = [sys.executable, "-c", DRIVER, study_id, str(seed)]

@@ -36,7 +36,7 @@ def test_tune_transfer_verify_finish_and_carry_the_winner(tau_study):
 
 
 def test_trials_log_taumode_monitoring_to_mlflow(tau_study):
-    from workers.tracking import Tracker
+    from workers.mlflow_tracker import Tracker
 
     spec, _, _ = tau_study
     tracker = Tracker(spec.experiment_name())
@@ -56,8 +56,8 @@ def test_a_collapse_flag_in_a_trial_result_tags_its_mlflow_run(tmp_path):
     """The callback's own logic, fed one result by hand (a real SQLite MLflow, no Ray run)."""
     from types import SimpleNamespace
 
+    from workers.mlflow_tracker import Tracker
     from workers.ray.callback import MlflowTrials
-    from workers.tracking import Tracker
 
     spec = load_catalog("tiny_tau")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

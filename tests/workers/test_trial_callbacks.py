@@ -184,7 +184,7 @@ def test_batched_rows_are_logged_once_each():
 def test_a_restored_phase_writes_the_runs_its_interrupted_driver_never_wrote(tmp_path):
     """A driver cancelled after Tune recorded a trial finished but before the deferred MLflow writes ran: the
     restored phase still gives that trial its run, finished with its status and last step, exactly once."""
-    from workers.tracking import Tracker
+    from workers.mlflow_tracker import Tracker
 
     spec = load_catalog("tiny")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -124,7 +124,7 @@ class MlflowTrials(tune.Callback):
 
     @property
     def recorder(self) -> TrialRecorder:
-        from workers.tracking import Tracker  # the driver's: trial actors import this module without MLflow
+        from workers.mlflow_tracker import Tracker  # the driver's: trial actors import this module without MLflow
 
         if self._recorder is None:
             spec = StudySpec.model_validate(self.spec_dict)

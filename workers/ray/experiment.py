@@ -117,7 +117,7 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
         raise InfrastructureLost(f"Ray failed during the {phase} phase ({type(exc).__name__}: {exc}); "
                                  "re-run to resume it") from exc
     check_all_ran(phase, grid, spec.tune.num_trials if planned is None else len(planned))
-    return trial_table(spec, phase, grid, {k: r["trial_id"] for k, r in finished.items()})
+    return grid_table(spec, phase, grid, {k: r["trial_id"] for k, r in finished.items()})
 
 
 # Tune's loggers, the TensorBoard writer under it, and the warnings shown meanwhile (`py.warnings`, as
@@ -199,8 +199,8 @@ def _tune_config(spec: StudySpec, phase: str) -> tune.TuneConfig:
                            num_samples=t.num_trials, max_concurrent_trials=t.max_concurrent, reuse_actors=True)
 
 
-def trial_table(spec: StudySpec, phase: str, grid: tune.ResultGrid, originals: dict[str, str] | None = None
-                ) -> pd.DataFrame:
+def grid_table(spec: StudySpec, phase: str, grid: tune.ResultGrid, originals: dict[str, str] | None = None
+               ) -> pd.DataFrame:
     """The tidy trial table (see `analysis`) of a finished Tune experiment, one row per trial (a batch's: one per
     member) from its final reports; a trial that replayed a finished one (`FinishedTrials`) under a new id gets the
     id it first had (`originals`: content key → id)."""

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from workers.tracking import Tracker, TrackingUnavailable, _transient
+from workers.mlflow_tracker import Tracker, TrackingUnavailable, _transient
 
 
 def _closed_port() -> int:

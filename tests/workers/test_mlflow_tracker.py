@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.tracking import VIEW_ID, VIEW_TAG, Tracker, prepare_store
+from workers.mlflow_tracker import VIEW_ID, VIEW_TAG, Tracker, prepare_store
 
 
 def _experiment_id(uri: str, name: str, queue) -> None:

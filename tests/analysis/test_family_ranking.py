@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from analysis.compare import compare_table, plot_compare
+from analysis.family_ranking import compare_table, plot_compare
 from analysis.report import compare_section, render_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
