@@ -25,11 +25,12 @@ from studies.phases.tune import asha_rungs
 from studies.phases.verify import reused_centre_seeds
 from studies.spec import StudySpec
 
-# Ray's costs that no probe of a step sees, fitted on 2 cores at load ≈ 2 (tiny; cpu_demo tuned at 32, moved to 64)
-PHASE_START_S = 7.0  # trial actors started afresh (torch, Ray Tune, the cached data), the phase's figures at its end
-TRIAL_OVERHEAD_S = 0.75  # Tune's scheduling, the trial's reports and its MLflow run
-TUNE_TRIAL_OVERHEAD_S = 3.0  # also TPE's suggestion and ASHA's stop before Tune starts the next trial
-STUDY_START_S = 14.0  # the local Ray's start, the MLflow store, and the report at the end
+# Ray's costs that no probe of a step sees, fitted on 2 idle cores (tiny; cpu_demo tuned at 32, moved to 64); a
+# phase's and the study's start are process starts, CPU-bound: they take `busy` = 1 + load/cores times as long
+PHASE_START_S = 2.0  # trial actors started afresh (torch, Ray Tune, the cached data), the phase's figures at its end
+TRIAL_OVERHEAD_S = 0.25  # Tune's scheduling, the trial's reports and its MLflow run
+TUNE_TRIAL_OVERHEAD_S = 3.25  # also TPE's suggestion and ASHA's stop before Tune starts the next trial
+STUDY_START_S = 7.0  # the local Ray's start, the MLflow store, and the report at the end
 UNCERTAINTY = 0.25  # the band printed: a few probed steps against a whole run, and the machine's load meanwhile
 
 
@@ -89,13 +90,14 @@ class Estimate:
     phases: list[PhaseTime]
     assumptions: str  # one line: what the figures assume (the probe, the lanes, ASHA, Ray's fixed costs)
     uncertainty: float = UNCERTAINTY
+    start_s: float = STUDY_START_S  # the study's start at this machine's load
 
     @property
     def total_s(self) -> float | None:
         """Every phase and the study's start; None when a phase has no estimate."""
         if any(p.seconds is None for p in self.phases):
             return None
-        return STUDY_START_S + sum(p.seconds or 0.0 for p in self.phases)
+        return self.start_s + sum(p.seconds or 0.0 for p in self.phases)
 
     def line(self) -> str:
         """`estimate: tune 3 min 10 s · transfer 40 s · total ≈ 5 min (±25 %)`."""
@@ -246,18 +248,18 @@ def schedule(durations: Iterable[float], lanes: int) -> float:
 
 
 def estimate(spec: StudySpec, jobs: Mapping[str, list[Job]], times: Mapping[Shape, ShapeTime], cpus: int,
-             gpus: float, assumptions: str) -> Estimate:
+             gpus: float, assumptions: str, busy: float = 1.0) -> Estimate:
     """The wall time of each phase of `jobs` on `cpus` CPUs and `gpus` GPUs from the shapes' `times` (module
-    docstring); a phase with a shape missing from `times` has none."""
+    docstring), the starts `busy` times their idle cost; a phase with a shape missing from `times` has none."""
     phases = []
     for phase, phase_jobs in jobs.items():
         n = lanes(spec, phase, cpus, gpus)
         seconds = None
         if all(job.shape in times for job in phase_jobs):
-            seconds = PHASE_START_S + schedule((job.seconds(times[job.shape]) for job in phase_jobs), n)
+            seconds = PHASE_START_S * busy + schedule((job.seconds(times[job.shape]) for job in phase_jobs), n)
         phases.append(PhaseTime(phase, sum(job.trials for job in phase_jobs), min(n, max(len(phase_jobs), 1)),
                                 seconds))
-    return Estimate(phases, assumptions)
+    return Estimate(phases, assumptions, start_s=STUDY_START_S * busy)
 
 
 def lanes_text(spec: StudySpec, jobs: Mapping[str, list[Job]], cpus: int, gpus: float) -> str:

@@ -232,16 +232,19 @@ def estimate_here(spec: StudySpec, cpus: int | None = None, budget_s: float = PR
     """The study's wall time on this machine, per phase, from a probe of its shapes (each timed beside as many
     trials of it as a phase runs at once); `cpus`: the CPUs Ray gets (None: this machine's)."""
     here = Machine.here(cpus)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0  # before the probe adds its own
     jobs = planned_jobs(spec, here.cpus, here.gpus, here.gpu_memory)
     shapes = shapes_of(jobs)
     n_threads = max(1, int(spec.resources.cpus_per_trial))
     found = probe(spec, shapes, n_threads, budget_s, at_once(spec, jobs, here.cpus, here.gpus))
     times = completed(spec, shapes, found.times)
-    return estimate(spec, jobs, times, here.cpus, here.gpus, assumptions(spec, jobs, here, found, times, n_threads))
+    busy = 1 + load / (os.cpu_count() or 1)
+    return estimate(spec, jobs, times, here.cpus, here.gpus,
+                    assumptions(spec, jobs, here, found, times, n_threads, load), busy)
 
 
 def assumptions(spec: StudySpec, jobs: dict[str, list[Job]], here: Machine, found: Probe,
-                times: dict[Shape, ShapeTime], n_threads: int) -> str:
+                times: dict[Shape, ShapeTime], n_threads: int, load: float) -> str:
     """The estimate's assumptions in one line: the probe, the lanes, ASHA, Ray's fixed costs and the load now."""
     devices = sorted({s.device.upper() if s.device == "cpu" else "GPU" for s in found.times}) or ["no device"]
     steps = ", ".join(f"{s.label()} {1000 * t.step_s:.0f} ms" for s, t in times.items() if s in found.times)
@@ -254,13 +257,12 @@ def assumptions(spec: StudySpec, jobs: dict[str, list[Job]], here: Machine, foun
     if spec.tune.asha.enabled:
         parts.append("tune: ASHA's stops as synchronous halving makes them (1/η of the trials pass each rung; Ray's "
                      "asynchronous ASHA runs a few more)")
-    parts.append(f"Ray's costs fitted on 2 cores: {STUDY_START_S:g} s per study, {PHASE_START_S:g} s per phase, "
-                 f"{TRIAL_OVERHEAD_S:g} s per trial ({TUNE_TRIAL_OVERHEAD_S:g} s per tune trial)")
+    busy = 1 + load / (os.cpu_count() or 1)
+    parts.append(f"Ray's costs fitted on 2 idle cores: {STUDY_START_S:g} s per study and {PHASE_START_S:g} s per "
+                 f"phase (× {busy:.1f} at load {load:.1f} on {os.cpu_count()} cores now), {TRIAL_OVERHEAD_S:g} s per "
+                 f"trial ({TUNE_TRIAL_OVERHEAD_S:g} s per tune trial)")
     parts += [t.source for s, t in times.items() if t.source != "probed"]
     parts += found.notes
     if os.environ.get("RAY_ADDRESS"):
         parts.append("RAY_ADDRESS is set: that cluster's CPUs are not counted, this machine's are")
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    if load is not None:
-        parts.append(f"load {load:.1f} on {os.cpu_count()} cores now")
     return "; ".join(parts)

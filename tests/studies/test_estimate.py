@@ -120,6 +120,10 @@ def test_estimate_adds_steps_evals_builds_and_ray_costs():
     assert seconds["verify"] == pytest.approx(PHASE_START_S + 4 * w32_trial)  # 7 trials (one seed reused) in 2 lanes
     assert made.total_s == pytest.approx(STUDY_START_S + sum(seconds.values()))
     assert [(p.phase, p.trials, p.lanes) for p in made.phases] == [("tune", 6, 2), ("transfer", 1, 1), ("verify", 7, 2)]
+    busy = estimate(spec, jobs, times, cpus=2, gpus=0, assumptions="made up", busy=2.0)  # load 2 on 2 cores
+    assert [b.seconds - p.seconds for b, p in zip(busy.phases, made.phases, strict=True)] == pytest.approx(
+        [PHASE_START_S] * 3)  # a start takes twice as long, the trials' steps as long as probed
+    assert busy.total_s == pytest.approx(made.total_s + STUDY_START_S + 3 * PHASE_START_S)
     line = made.line()
     assert line.startswith("estimate: tune ") and " · transfer " in line and " · verify " in line
     assert line.endswith("(±25 %)") and "total ≈ " in line
