@@ -22,7 +22,7 @@ from analysis.table import TrialStatus
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 from workers.ray.ledger import FinishedTrials, content_key
-from workers.ray.trainable import REPORTS, batch_of, final_reports, planned_trial
+from workers.ray.trainable import LAST, REPORTS, batch_of, final_reports, planned_trial
 from workers.report import Row, TrialReport, load_reports
 from workers.runner import TrialRecorder, batch_tag
 
@@ -87,11 +87,12 @@ class MlflowTrials(tune.Callback):
         self.ledger: FinishedTrials | None = None  # set by `run_phase`
         self._finished: dict[str, dict[str, Any]] = {}  # the ledger as the phase (re)started
         self._reported: dict[str, list[dict[str, Any]]] = {}  # trial id → the results it reported so far
+        self._ledgered: set[str] = set()  # trial ids in the ledger
 
     def __getstate__(self) -> dict[str, Any]:  # Tune pickles callbacks with the experiment; clients stay behind
         return {**self.__dict__, "_tracker": None, "_recorder": None, "_runs": {}, "_logged": {}, "_tagged": {},
                 "_stepped": False, "notify": None, "_writer": None, "_pending": [], "ledger": None, "_finished": {},
-                "_reported": {}}
+                "_reported": {}, "_ledgered": set()}
 
     def use_ledger(self, ledger: FinishedTrials) -> dict[str, dict[str, Any]]:
         """Record finished trials in `ledger`; what it held already (the trainables replay those)."""
@@ -177,7 +178,16 @@ class MlflowTrials(tune.Callback):
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any],
                         **info: Any) -> None:
         self._reported.setdefault(trial.trial_id, []).append({k: v for k, v in result.items() if k not in TUNE_KEYS})
+        if LAST in result:  # in the ledger before Tune's loggers (callbacks after this one) write the result
+            self._ledger(trial)
         self._later(self._result, _TrialRef(trial), dict(result))
+
+    def _ledger(self, trial: Trial) -> None:
+        """Durable before anything else records the trial finished: a finished trial never trains again."""
+        if self.ledger is not None and trial.trial_id not in self._ledgered:
+            trial_id, number = self.original(trial)
+            self.ledger.add(trial.config, trial_id, number, self._reported.get(trial.trial_id, []))
+            self._ledgered.add(trial.trial_id)
 
     def _result(self, trial: _TrialRef, result: dict[str, Any]) -> None:
         for (key, member), report in zip(self._runs_of(trial), load_reports(result.get(REPORTS)), strict=False):
@@ -204,9 +214,8 @@ class MlflowTrials(tune.Callback):
                         member)
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        if self.ledger is not None:  # durable before anything else: a finished trial never trains again
-            trial_id, number = self.original(trial)
-            self.ledger.add(trial.config, trial_id, number, self._reported.pop(trial.trial_id, []))
+        self._ledger(trial)  # already there unless its last report came without LAST
+        self._reported.pop(trial.trial_id, None)
         self._end(trial, final_reports(dict(trial.last_result or {}), len(self._runs_of(trial))))
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:

@@ -93,6 +93,7 @@ class ReportClock:
 
 
 REPORTS = "reports"  # a Tune result's one field of ptctl's: its members' `TrialReport`s as JSON (`dump_reports`)
+LAST = "trainable_left"  # only a trial's last report carries it
 
 
 def batch_of(config: dict[str, Any]) -> list[PlannedTrial] | None:
@@ -179,7 +180,7 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
         keep_log(storage, log)
     done = [r.eval_loss for r in reports if r.status == TrialStatus.COMPLETED]
     send(max(r.steps for r in reports), reports, min(done, default=cfgs[0].max_loss),
-         trainable_entered=entered, trainable_left=time.time())
+         trainable_entered=entered, trainable_left=time.time())  # trainable_left: LAST
 
 
 def trial_log(storage: StorageContext) -> tuple[Path, str]:
