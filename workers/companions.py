@@ -34,15 +34,16 @@ def _train_beside(build: Build, spec_data: dict[str, Any], threads: int, todo: A
     torch.set_num_threads(threads)
     spec = StudySpec.model_validate(spec_data)
     while (shape := todo.get()) is not None:
-        try:
+        built = None
+        with contextlib.suppress(Exception):  # a shape it cannot build: the probe times it without this companion
             built = build(spec, shape)
-            said.put("ready")
+        said.put("ready")  # once, and "done" only after `halt`: the probe waits for each word from each companion
+        with contextlib.suppress(Exception):  # nor train
             i = 0
-            while not halt.is_set():
+            while built is not None and not halt.is_set():
                 built.step(i)
                 i += 1
-        except Exception:  # a shape it cannot train: the probe times it without this companion
-            said.put("ready")
+        halt.wait()
         said.put("done")
 
 
