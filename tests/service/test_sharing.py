@@ -135,7 +135,11 @@ def test_a_cancel_answered_200_always_ends_cancelled(fresh):
         assert all(r.status_code == 200 for r in answered.values()), {s: r.text for s, r in answered.items()}
         wait_for(lambda: not ray_work(fresh.data), STOP_S, "every driver and trial to stop")
         time.sleep(5)  # a driver that was still starting would have begun training by now
-        assert not ray_work(fresh.data), ray_work(fresh.data)
+        late = ray_work(fresh.data)  # drivers whose actor creation a cancel's kill overtook start, and are ended
+        assert all(title == "ray::StudyDriverActor" for title in late.values()), late  # none trains
+        wait_for(lambda: not ray_work(fresh.data), STOP_S, "the drivers a cancel overtook in creation to end",
+                 seen=lambda: ray_work(fresh.data))
+        print(f"{len(late)} driver processes came up after the cancels and ended")
         final = {s: _status(api, s) for s in ids}
     assert {d["status"] for d in final.values()} == {"cancelled"}, {s: d["status"] for s, d in final.items()}
     before_start = sum(d["attempts"] == 0 for d in final.values())  # cancelled before the submit's move to running
