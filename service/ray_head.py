@@ -145,8 +145,9 @@ def head_host(head: Head) -> str:
 
 def launch(tmp: Path, token: Path, num_cpus: int, host: str) -> tuple[list[str], dict[str, str]]:
     """The `ray start --head` command line and its environment."""
+    nice = os.environ.get("RAY_worker_niceness", "0")  # noqa: SIM112  # Ray's own name; why 0: workers/ray/__init__
     env = {**head_env(os.environ), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
-           "RAY_USAGE_STATS_ENABLED": "0", **(LOOPBACK_ENV if host == LOOPBACK else {})}
+           "RAY_USAGE_STATS_ENABLED": "0", "RAY_worker_niceness": nice, **(LOOPBACK_ENV if host == LOOPBACK else {})}
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port=0", f"--num-cpus={num_cpus}",
            "--disable-usage-stats", "--include-dashboard=false", f"--node-ip-address={host}",
            f"--temp-dir={tmp}", f"--dashboard-host={LOOPBACK}", f"--dashboard-port={_free_port()}",

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from service import ray_head
+from service.execution import LAUNCH_S
 from tests.conftest import DEFAULT_DATA
 
 ADMIN, READ = "adm1n-7f3a9c2e5b", "r3ad-4d8e1b6a0c"  # test tokens; the auth tests scan every log for them
@@ -174,7 +175,8 @@ class Server:
 
     def client(self, token: str | None = ADMIN) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+        # a submit answers once its driver has begun, which may take LAUNCH_S on a busy machine
+        return httpx.Client(base_url=self.url, headers=headers, timeout=LAUNCH_S + 30)
 
 
 @pytest.fixture(scope="session")

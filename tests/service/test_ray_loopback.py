@@ -1,4 +1,5 @@
-"""The embedded Ray head listens where `ptctl serve` does by default: on 127.0.0.1 alone (issue 39).
+"""The embedded Ray head listens where `ptctl serve` does by default: on 127.0.0.1 alone; its workers run at normal
+priority.
 
 Ray binds its GCS, raylet and workers to every interface unless the node's address is exactly 127.0.0.1, and it
 swaps a given 127.0.0.1 for the machine's address on Linux (service/ray_head.py). The slow test starts the head as
@@ -34,11 +35,12 @@ RayExecutor(Settings()).connect()
 @ray.remote(num_cpus=0)
 class Probe:
     def pid(self):
-        return os.getpid()
+        return os.getpid(), os.nice(0)
 
 
 probe = Probe.remote()
-print(json.dumps({"actor": ray.get(probe.pid.remote())}), flush=True)
+actor, nice = ray.get(probe.pid.remote())
+print(json.dumps({"actor": actor, "nice": nice}), flush=True)
 sys.stdin.read()  # hold the connection and the actor until the test has looked
 """
 
@@ -52,10 +54,11 @@ ensure_ray()
 
 @ray.remote(num_cpus=0)
 def pid():
-    return os.getpid()
+    return os.getpid(), os.nice(0)
 
 
-print(json.dumps({"task": ray.get(pid.remote())}), flush=True)
+task, nice = ray.get(pid.remote())
+print(json.dumps({"task": task, "nice": nice}), flush=True)
 sys.stdin.read()
 """
 
@@ -97,12 +100,14 @@ def test_the_embedded_head_listens_on_loopback_only(tmp_path):
            "PYTHONPATH": str(ROOT)}
     env.pop("PTCTL_RAY_HOST", None)
     env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # the head must set the switch itself
+    env.pop("RAY_worker_niceness", None)  # and its workers' priority
     client = subprocess.Popen([sys.executable, "-c", CLIENT], env=env, cwd=ROOT, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         line = client.stdout.readline()
         assert line, f"the client did not connect (exit {client.poll()})"
-        actor = json.loads(line)["actor"]
+        actor, nice = json.loads(line)["actor"], json.loads(line)["nice"]
+        assert nice == 0  # the workers at normal priority: Ray's default, 15, starves them beside any busy process
         head = ray_head.running(tmp_path)
         assert head is not None
         pids = _group(head.pgid)
@@ -123,13 +128,14 @@ def test_the_private_ray_of_the_cli_listens_on_loopback_only(tmp_path):
     """`ptctl study run` without RAY_ADDRESS starts a Ray of its own (`ensure_ray`): loopback too."""
     env = {**os.environ, "PTCTL_DATA_DIR": str(tmp_path), "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+    env.pop("RAY_worker_niceness", None)
     client = subprocess.Popen([sys.executable, "-c", PRIVATE], env=env, cwd=ROOT, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         line = client.stdout.readline()
         assert line, f"the private Ray did not start (exit {client.poll()})"
         pids = _group(client.pid)  # the CLI's session: Ray's processes are its children
-        assert json.loads(line)["task"] in pids
+        assert json.loads(line)["task"] in pids and json.loads(line)["nice"] == 0  # normal priority
         sockets = _listening(pids)
         assert {name for name, _, _ in sockets} >= {"gcs_server", "raylet"}
         assert [s for s in sockets if not _loopback(s[1])] == []
