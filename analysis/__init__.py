@@ -31,6 +31,10 @@ family              str      compare phase: the model family (``pt``, ``bert``, 
 budget              float    compare phase: the parameter count the width was solved for
 role                str      compare phase: ``transferred`` (tuned once at a proxy) or ``tuned``
 train_flops         float    compare phase: training FLOPs computed from the shapes
+swept               str      validate phase: the hparam the trial's sweep varies
+horizon             int      validate phase, a horizon sweep: the steps the trial trains
+depth               int      validate phase, a depth sweep: the depth the trial builds
+batch_size          int      validate phase, a batch sweep: the sequences per step the trial trains at
 ==================  =======  ================================================================
 
 A run is judged *diverged* when its status is ``diverged`` or its ``eval_loss`` is not finite;
@@ -45,7 +49,9 @@ and ``rms`` its root-mean-square at that step (rows repeated over seeds are aver
 Modules: ``certificate`` (the verify phase's local-optimality certificate), ``distance``
 (relative distance from the centre), ``neighbours`` (where an uncertified centre's better neighbours
 lie), ``transfer`` (per-width summary, lr drift), ``regret`` (what transfer
-cost against the validate sweep's optimum), ``coord``
+cost against the validate sweep's optimum), ``batch`` (the batch sweep: its rows, the drift beside the √B and linear
+rules, the regret of carrying the base batch's lr), ``forecast`` (the target's optimal lr fitted over the sweeps'
+widths, horizons and batch sizes, scored on a held-out point beside Step Law), ``coord``
 (coordinate-check slopes, verdict, plot), ``plots`` (the study's figures), ``family_ranking``
 (the compare study's families at equal parameter budgets: table and figure), ``report`` (Markdown, and
 HTML with the figures inline), ``constants`` (the vocabulary and the sample-size rule, importable without
@@ -63,11 +69,15 @@ _HOME = {
     **dict.fromkeys(("STATUSES", "TrialStatus", "min_samples"), "constants"),
     **dict.fromkeys(("Certificate", "certify", "confidence", "upper_bound", "verify_losses"), "certificate"),
     **dict.fromkeys(("compare_table", "plot_compare"), "family_ranking"),
+    **dict.fromkeys(("Forecast", "HeldOut", "forecast", "forecast_line", "held_out_score", "step_law_lr"),
+                    "forecast"),
     **dict.fromkeys(("CoordOffence", "CoordVerdict", "coord_slopes", "coord_verdict", "plot_coord"), "coord"),
     "relative_distance": "distance",
     **dict.fromkeys(("NeighbourAdvice", "neighbour_advice"), "neighbours"),
-    **dict.fromkeys(("plot_depth", "plot_horizon", "plot_mutransfer", "plot_transfer", "plot_tune_history",
-                     "plot_verify"), "plots"),
+    **dict.fromkeys(("batch_regret", "batch_regret_line", "batch_sweep", "rules_text", "without_batch_sweep"),
+                    "batch"),
+    **dict.fromkeys(("plot_batch", "plot_depth", "plot_horizon", "plot_mutransfer", "plot_transfer",
+                     "plot_tune_history", "plot_verify"), "plots"),
     **dict.fromkeys(("markdown_table", "render_report", "report_html"), "report"),
     **dict.fromkeys(("Regret", "regret_line", "transfer_regret"), "regret"),
     **dict.fromkeys(("LRDrift", "LROptimum", "depth_sweep", "lr_curves", "lr_drift", "lr_optima", "transfer_table",
@@ -75,13 +85,23 @@ _HOME = {
 }
 
 if TYPE_CHECKING:
+    from analysis.batch import batch_regret, batch_regret_line, batch_sweep, rules_text, without_batch_sweep
     from analysis.certificate import Certificate, certify, confidence, upper_bound, verify_losses
     from analysis.constants import STATUSES, TrialStatus, min_samples
     from analysis.coord import CoordOffence, CoordVerdict, coord_slopes, coord_verdict, plot_coord
     from analysis.distance import relative_distance
     from analysis.family_ranking import compare_table, plot_compare
+    from analysis.forecast import Forecast, HeldOut, forecast, forecast_line, held_out_score, step_law_lr
     from analysis.neighbours import NeighbourAdvice, neighbour_advice
-    from analysis.plots import plot_depth, plot_horizon, plot_mutransfer, plot_transfer, plot_tune_history, plot_verify
+    from analysis.plots import (
+        plot_batch,
+        plot_depth,
+        plot_horizon,
+        plot_mutransfer,
+        plot_transfer,
+        plot_tune_history,
+        plot_verify,
+    )
     from analysis.regret import Regret, regret_line, transfer_regret
     from analysis.report import markdown_table, render_report, report_html
     from analysis.transfer import (
@@ -114,22 +134,31 @@ __all__ = [
     "Certificate",
     "CoordOffence",
     "CoordVerdict",
+    "Forecast",
+    "HeldOut",
     "LRDrift",
     "LROptimum",
     "NeighbourAdvice",
     "Regret",
+    "batch_regret",
+    "batch_regret_line",
+    "batch_sweep",
     "certify",
     "compare_table",
     "confidence",
     "coord_slopes",
     "coord_verdict",
     "depth_sweep",
+    "forecast",
+    "forecast_line",
+    "held_out_score",
     "lr_curves",
     "lr_drift",
     "lr_optima",
     "markdown_table",
     "min_samples",
     "neighbour_advice",
+    "plot_batch",
     "plot_compare",
     "plot_coord",
     "plot_depth",
@@ -142,9 +171,12 @@ __all__ = [
     "relative_distance",
     "render_report",
     "report_html",
+    "rules_text",
+    "step_law_lr",
     "transfer_regret",
     "transfer_table",
     "upper_bound",
     "verify_losses",
+    "without_batch_sweep",
     "without_depth_sweep",
 ]

@@ -1,8 +1,8 @@
 """The study's figures, each written as a PNG to a path the caller gives.
 
 `plot_mutransfer` (the lr alignment: one panel per parametrization, one curve per width, shared axes) is the
-report's headline figure, `plot_horizon` the same along a horizon sweep's training steps and `plot_depth` along a
-depth sweep's depths (CompleteP beside none); `plot_verify` is the
+report's headline figure, `plot_horizon` the same along a horizon sweep's training steps, `plot_depth` along a
+depth sweep's depths (CompleteP beside none) and `plot_batch` along a batch sweep's batch sizes; `plot_verify` is the
 μP-PT paper's Figure 1. Every loss axis is clipped to its
 informative range (`analysis._figures.loss_limits`): blown-up points are ^ markers with their value on the
 top edge, diverged runs x markers. Each function returns its panels' y-limits.
@@ -21,10 +21,11 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator
 
 from analysis._figures import clip_loss_axis, figure, loss_limits, mark_diverged
+from analysis.batch import RULES, batch_sweep
 from analysis.certificate import verify_losses
 from analysis.distance import relative_distance
 from analysis.table import TrialStatus, judged_loss, phase_rows
-from analysis.transfer import LROptimum, depth_sweep, lr_curves, lr_optima, transfer_table
+from analysis.transfer import LROptimum, column, depth_sweep, lr_curves, lr_optima, transfer_table
 
 Limits = list[tuple[float, float] | None]
 
@@ -200,6 +201,31 @@ def plot_depth(table: pd.DataFrame, path: str | Path, hparam: str = "lr") -> Lim
     return [limits] * len(params)
 
 
+def plot_batch(table: pd.DataFrame, path: str | Path, hparam: str = "lr") -> Limits:
+    """The batch sweep (`analysis.batch_sweep`'s rows): eval loss against log2(lr), one curve per batch size, one
+    row of panels per width and one column per parametrization, shared loss axis; stars at the interpolated optima,
+    each panel's title its drift per doubling of the batch size beside the √B (+0.5) and linear (+1.0) rules."""
+    rows = batch_sweep(table)
+    if rows.empty:
+        raise ValueError("the table has no batch sweep (rows with a batch_size): set validate.batch_sizes")
+    widths = sorted(rows["width"].unique())
+    params = _parametrizations(rows)
+    by_width = {w: lr_curves(rows[rows["width"] == w], hparam=hparam, axis="batch") for w in widths}
+    limits = loss_limits(pd.concat(by_width.values())["eval_loss"])
+    rules = ", ".join(f"{name} {value:+.1f}" for name, value in RULES.items() if value)  # √B +0.5, linear +1.0
+    with figure(path, nrows=len(widths), ncols=len(params), sharey=True) as axes:
+        for row, (width, curves) in zip(axes, by_width.items(), strict=True):
+            optima = _optima(curves, hparam, "batch")
+            for ax, param in zip(row, params, strict=True):
+                _sweep_panel(ax, curves, param, "batch_size", hparam, optima, limits)
+                drift = _drift_title(optima, param, hparam, "batch").removeprefix(": ")  # its own line
+                ax.set(xlabel=f"log2({hparam})")
+                ax.set_title(f"{param}, width {width}" + (f"\n{drift}\n(rules: {rules})" if drift else ""),
+                             fontsize="medium")
+            row[0].set_ylabel("eval loss (mean over seeds)")
+    return [limits] * (len(params) * len(widths))
+
+
 def _parametrizations(curves: pd.DataFrame) -> list[str]:
     present = curves["parametrization"].unique().tolist()
     return [p for p in ("mup", "standard") if p in present] + sorted(set(present) - {"mup", "standard"})
@@ -212,7 +238,7 @@ def _optima(curves: pd.DataFrame, hparam: str, axis: str) -> dict[tuple[str, int
         optima = lr_optima(curves, hparam, axis)
     except ValueError:  # a curve where every value diverged: no optimum there
         optima = lr_optima(finite, hparam, axis) if not finite.empty else []
-    return {(o.parametrization, int(getattr(o, axis))): o for o in optima}
+    return {(o.parametrization, int(getattr(o, column(axis)))): o for o in optima}
 
 
 def _sweep_panel(ax: Axes, curves: pd.DataFrame, param: str, axis: str, hparam: str,
@@ -226,7 +252,8 @@ def _sweep_panel(ax: Axes, curves: pd.DataFrame, param: str, axis: str, hparam: 
         ok = np.isfinite(curve["eval_loss"])
         x = np.log2(curve[hparam])
         shown = ok & (curve["eval_loss"] <= (limits[1] if limits else np.inf))  # off-scale: a ^ marker
-        label = {"width": f"width {key}", "horizon": f"{key} steps"}.get(axis, f"{axis} {key}")
+        label = {"width": f"width {key}", "horizon": f"{key} steps", "batch_size": f"batch {key}"}.get(
+            axis, f"{axis} {key}")
         ax.plot(x[shown], curve["eval_loss"][shown], "o-", ms=3, color=colour, label=label)
         best = optima.get((param, int(key)))
         if best is not None and ok.any():

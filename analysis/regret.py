@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from analysis.transfer import lr_curves, parabola
 
-__all__ = ["Regret", "curve_loss_at", "curve_minimum", "regret_line", "transfer_regret"]
+__all__ = ["Regret", "carried_regret", "curve_loss_at", "curve_minimum", "regret_line", "transfer_regret"]
 
 
 class Regret(BaseModel):
@@ -38,6 +38,7 @@ class Regret(BaseModel):
     ci: tuple[float, float] | None  # 95 % t-interval of the per-seed regrets in nats (None: fewer than 2 seeds)
     n_seeds: int  # seeds whose own regret entered the interval
     note: str = ""  # why a value is missing: "diverged at the transferred value", "outside the swept grid", ...
+    batch_size: int | None = None  # a batch sweep's (`analysis.batch.batch_regret`): the batch carried to
 
 
 def _curve(curve: pd.DataFrame, hparam: str) -> tuple[np.ndarray, np.ndarray, int]:
@@ -94,13 +95,20 @@ def _interval(values: Sequence[float], level: float = 0.95) -> tuple[float, floa
 
 def _one(table: pd.DataFrame, curves: pd.DataFrame, phase: str, hparam: str, param: str, width: int,
          transferred: float, source: str) -> Regret:
-    at = float(np.log2(transferred))
     curve = curves[(curves["parametrization"] == param) & (curves["width"] == width)]
-    vertex, minimum, loss = _regret(curve, hparam, at)
     per_seed = lr_curves(table, phase, hparam, by_seed=True)
     per_seed = per_seed[(per_seed["parametrization"] == param) & (per_seed["width"] == width)]
+    return carried_regret(curve, per_seed, hparam, transferred, parametrization=param, width=width, source=source)
+
+
+def carried_regret(curve: pd.DataFrame, seed_curves: pd.DataFrame, hparam: str, transferred: float, *,
+                   parametrization: str, width: int, source: str, batch_size: int | None = None) -> Regret:
+    """The regret of carrying `transferred` to one seed-mean `curve` of `hparam` (`lr_curves`' rows of one
+    curve), its interval over `seed_curves` (the same curve per seed, column `seed`); the rest names the curve."""
+    at = float(np.log2(transferred))
+    vertex, minimum, loss = _regret(curve, hparam, at)
     regrets = []
-    for _, seed_curve in per_seed.groupby("seed"):
+    for _, seed_curve in seed_curves.groupby("seed"):
         if np.isfinite(seed_curve["eval_loss"]).any():
             _, seed_min, seed_loss = _regret(seed_curve, hparam, at)
             if seed_loss is not None and np.isfinite(seed_loss):
@@ -109,10 +117,11 @@ def _one(table: pd.DataFrame, curves: pd.DataFrame, phase: str, hparam: str, par
             else "diverged at the transferred value" if not np.isfinite(loss)
             else "one seed: no interval" if len(regrets) < 2 else "")
     regret = loss - minimum if loss is not None and np.isfinite(loss) else None
-    return Regret(hparam=hparam, parametrization=param, width=width, transferred=transferred, source=source,
-                  optimum=float(2.0**vertex), optimum_loss=minimum, loss=None if regret is None else loss,
-                  regret=regret, regret_pct=None if regret is None else 100 * regret / minimum,
-                  ci=_interval(regrets), n_seeds=len(regrets), note=note)
+    return Regret(hparam=hparam, parametrization=parametrization, width=width, transferred=transferred,
+                  source=source, optimum=float(2.0**vertex), optimum_loss=minimum,
+                  loss=None if regret is None else loss, regret=regret,
+                  regret_pct=None if regret is None else 100 * regret / minimum, ci=_interval(regrets),
+                  n_seeds=len(regrets), note=note, batch_size=batch_size)
 
 
 def _swept(table: pd.DataFrame, phase: str) -> list[str]:

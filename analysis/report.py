@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.certificate import Certificate
+from analysis.forecast import Forecast, HeldOut, forecast_line
 from analysis.regret import Regret, regret_line
 from analysis.table import STATUSES, judged_loss, loss_spread, phase_rows
 from analysis.transfer import LRDrift
@@ -164,15 +165,40 @@ def drift_section(drift: LRDrift) -> str:
     (per training length, or per depth)."""
     per_doubling = [round(d, 3) + 0.0 for d in drift.drift.values()]  # + 0.0 turns -0.0 into 0.0
     intervals = [drift.drift_ci.get(p) for p in drift.drift]
-    of = {"width": "", "horizon": " of steps"}.get(drift.axis, f" of {drift.axis}")
+    of = {"width": "", "horizon": " of steps", "batch": " of batch size"}.get(drift.axis, f" of {drift.axis}")
     drifts = pd.DataFrame(
         {"parametrization": list(drift.drift), f"drift (log2 {drift.hparam} per doubling{of})": per_doubling,
          "95 % CI over seeds": [f"[{c[0]:+.2f}, {c[1]:+.2f}]" if c else "—" for c in intervals]}
     )
-    optima = pd.DataFrame([o.model_dump(exclude={k for k in ("horizon", "depth") if getattr(o, k) is None})
-                           for o in drift.optima])
+    unset = ("horizon", "depth", "batch_size")  # the axis a drift is not along
+    optima = pd.DataFrame([o.model_dump(exclude={k for k in unset if getattr(o, k) is None}) for o in drift.optima])
     status = "pass" if drift.passed else "fail"
     return f"**{status}**: {drift.verdict}\n\n{markdown_table(drifts)}\n\n{markdown_table(optima)}"
+
+
+def forecast_section(forecast: Forecast) -> str:
+    """The target's lr forecast: its line in bold, the fit's coefficients with their intervals, and each scored point
+    (held out, the target's own sweep) with the forecast's and Step Law's errors."""
+    def r(x: float | None) -> float | None:  # 3 decimals, -0.0 as 0.0
+        return None if x is None else round(x, 3) + 0.0
+
+    fit = pd.DataFrame({"term": list(forecast.coefficients),
+                        "log2 lr per doubling": [r(c) for c in forecast.coefficients.values()],
+                        "95 % CI": [f"[{round(c[0], 2) + 0.0:+.2f}, {round(c[1], 2) + 0.0:+.2f}]" if c else "—"
+                                    for c in forecast.coefficient_ci.values()]})
+    scored: list[tuple[str, HeldOut]] = [(what, h) for what, h in (("held out", forecast.held_out),
+                                                                   ("target's own sweep", forecast.target_check)) if h]
+    points = pd.DataFrame([{"point": what, "width": h.width, "steps": h.steps, "batch": h.batch_size,
+                            "observed log2 lr": r(h.observed_log2_lr), "forecast log2 lr": r(h.predicted_log2_lr),
+                            "error (log2)": r(h.error_log2), "regret (nats)": h.regret,
+                            "Step Law log2 lr": r(h.steplaw_log2_lr), "Step Law error (log2)": r(h.steplaw_error_log2),
+                            "Step Law regret (nats)": h.steplaw_regret, "fitted optima": h.n_fit,
+                            "note": h.note or "—"} for what, h in scored])
+    note = (f"One OLS fit of log2 η* over {forecast.n_points} per-seed optima of the {forecast.parametrization} lr "
+            "sweeps (`analysis.forecast`); Step Law: η*(N, D) = 1.79 · N^−0.713 · D^0.307 (arXiv:2503.04715), fitted "
+            "on far larger LLMs." + (f" {forecast.note}." if forecast.note else ""))
+    return "\n\n".join([f"**{forecast_line(forecast)}**", note, markdown_table(fit),
+                         *([markdown_table(points)] if scored else [])])
 
 
 def regret_section(regret: Sequence[Regret]) -> str:

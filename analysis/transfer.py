@@ -50,12 +50,20 @@ def sweep_rows(table: pd.DataFrame, phase: str = "validate", hparam: str = "lr")
     return rows
 
 
-AXES = {"width": "width", "horizon": "training steps", "depth": "depth"}
-"""What a drift is measured along: the trial table's column → its words (the horizon: a horizon sweep's steps; the
-depth: a depth sweep's n_layers, UT's n_steps)."""
-JUDGED = {"width": ("mup", "standard"), "horizon": ("mup", "standard"), "depth": ("completep", "none")}
+AXES = {"width": "width", "horizon": "training steps", "depth": "depth", "batch": "batch size"}
+"""What a drift is measured along: the axis → its words (the horizon: a horizon sweep's steps; the depth: a depth
+sweep's n_layers, UT's n_steps; the batch: a batch sweep's sequences per step, column `batch_size`)."""
+COLUMNS = {"batch": "batch_size"}
+"""The trial table's column of an axis whose column has another name (else the axis's own name)."""
+JUDGED = {"width": ("mup", "standard"), "horizon": ("mup", "standard"), "depth": ("completep", "none"),
+          "batch": ("mup", "standard")}
 """Per axis: the parametrization whose drift passes or fails, and the one reported beside it (along depth the
 `parametrization` column holds the depth parametrization: `depth_sweep`)."""
+
+
+def column(axis: str) -> str:
+    """The trial table's (and `LROptimum`'s) column of `axis` (`COLUMNS`)."""
+    return COLUMNS.get(axis, axis)
 
 
 def depth_sweep(table: pd.DataFrame, phase: str = "validate") -> pd.DataFrame:
@@ -81,10 +89,11 @@ def lr_curves(table: pd.DataFrame, phase: str = "validate", hparam: str = "lr", 
     Returns:
         Columns `parametrization, <axis>, [seed,] <hparam>, eval_loss, n_seeds, n_diverged`; `eval_loss` is
         +inf where any seed diverged (failed runs are left out). `by_seed`: one curve per seed. `axis`: `width`,
-        `horizon` (the curves of a horizon sweep at one width: pass that width's rows) or `depth` (`depth_sweep`).
+        `horizon` (the curves of a horizon sweep at one width: pass that width's rows), `depth` (`depth_sweep`) or
+        `batch` (a batch sweep's rows at one width, `analysis.batch_sweep`; the column is `batch_size`).
     """
     rows = sweep_rows(table, phase, hparam)
-    columns = ["parametrization", axis, *(["seed"] if by_seed else []), hparam]
+    columns = ["parametrization", column(axis), *(["seed"] if by_seed else []), hparam]
     require_columns(rows, columns, f"the {hparam} sweep")
     loss = judged_loss(rows)
     keys = rows.loc[loss.index, columns]
@@ -113,6 +122,7 @@ class LROptimum(BaseModel):
     lr_interp: float | None = None  # 2 ** log2_lr_interp: the optimum the drift is fitted to (None: older states)
     horizon: int | None = None  # a horizon sweep's curve: its training steps (None: a sweep over widths)
     depth: int | None = None  # a depth sweep's curve: its depth (None: not a depth sweep)
+    batch_size: int | None = None  # a batch sweep's curve: its batch size (None: not a batch sweep)
 
 
 class LRDrift(BaseModel):
@@ -160,8 +170,8 @@ def lr_optima(curves: pd.DataFrame, hparam: str = "lr", axis: str = "width", wid
     smaller value), with the optimum interpolated in log2 by `interpolate_optimum`. Along the horizon, `width` is
     the curves' width."""
     optima = []
-    for (param, at), curve in curves.groupby(["parametrization", axis]):
-        where = f"{axis} {at}" if axis != "horizon" else f"{at} steps"
+    for (param, at), curve in curves.groupby(["parametrization", column(axis)]):
+        where = {"horizon": f"{at} steps", "batch": f"batch size {at}"}.get(axis, f"{axis} {at}")
         if np.isinf(curve["eval_loss"]).all():
             raise ValueError(
                 f"every {hparam} diverged for {param} at {where}: "
@@ -177,6 +187,7 @@ def lr_optima(curves: pd.DataFrame, hparam: str = "lr", axis: str = "width", wid
                 width=int(at) if axis == "width" else int(width or 0),
                 horizon=int(at) if axis == "horizon" else None,
                 depth=int(at) if axis == "depth" else None,
+                batch_size=int(at) if axis == "batch" else None,
                 lr=float(best[hparam]),
                 log2_lr=float(np.log2(best[hparam])),
                 eval_loss=float(best["eval_loss"]),
@@ -205,8 +216,9 @@ def _seed_optima(table: pd.DataFrame, phase: str, hparam: str, axis: str = "widt
     log2_opt` (a seed whose every value diverged at a width (or horizon) is left out there)."""
     rows = []
     for _, curves in lr_curves(table, phase, hparam, by_seed=True, axis=axis).groupby("seed"):
-        finite = curves.groupby(["parametrization", axis]).filter(lambda c: np.isfinite(c["eval_loss"]).any())
-        rows += [{"parametrization": o.parametrization, f"log2_{axis}": np.log2(getattr(o, axis)),
+        finite = curves.groupby(["parametrization", column(axis)]).filter(
+            lambda c: np.isfinite(c["eval_loss"]).any())
+        rows += [{"parametrization": o.parametrization, f"log2_{axis}": np.log2(getattr(o, column(axis))),
                   "log2_opt": o.log2_lr_interp} for o in (lr_optima(finite, hparam, axis) if not finite.empty else [])]
     return pd.DataFrame(rows, columns=["parametrization", f"log2_{axis}", "log2_opt"])
 
@@ -219,27 +231,30 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
     every seed's own optima. `table`'s `phase` rows are a sweep over widths, seeds and parametrizations (`mup`
     required, `standard` beside it); `threshold` is the largest |drift| of `mup` that passes; `hparam` selects the
     rows whose `swept` it is. `axis`: `width`; `horizon`, per doubling of the training steps at one width (pass
-    that width's rows); or `depth`, per doubling of depth (`depth_sweep`'s rows, `completep` judged, `none` beside).
+    that width's rows); `depth`, per doubling of depth (`depth_sweep`'s rows, `completep` judged, `none` beside); or
+    `batch`, per doubling of the batch size at one width (`analysis.batch_sweep`'s rows of that width).
     """
     if axis not in AXES:
         raise ValueError(f"axis {axis!r}: choose one of {list(AXES)}")
     rows = phase_rows(table, phase)
     widths = rows["width"].unique() if axis != "width" and "width" in rows else []
     if len(widths) > 1:
-        raise ValueError(f"a drift along the {axis} needs one width's rows, not widths {sorted(widths)}: select one")
+        raise ValueError(f"a drift along the {axis} needs one width's rows, not widths "
+                         f"{sorted(int(w) for w in widths)}: select one")
     width = int(widths[0]) if len(widths) else None
     optima = lr_optima(lr_curves(table, phase, hparam, axis=axis), hparam, axis, width)
     frame = pd.DataFrame([o.model_dump() for o in optima])
     per_seed = _seed_optima(table, phase, hparam, axis)
     drift, ci = {}, {}
+    col = column(axis)
     for param, rows in frame.groupby("parametrization"):
-        if rows[axis].nunique() < 2:
+        if rows[col].nunique() < 2:
             raise ValueError(
-                f"lr_drift needs at least two {axis}s per parametrization "
-                f"({param} has {rows[axis].tolist()}); "
-                f"add a {axis} to the validate sweep"
+                f"lr_drift needs at least two {col}s per parametrization "
+                f"({param} has {rows[col].tolist()}); "
+                f"add a {col} to the validate sweep"
             )
-        drift[str(param)] = float(np.polyfit(np.log2(rows[axis].astype(float)), rows["log2_lr_interp"], 1)[0])
+        drift[str(param)] = float(np.polyfit(np.log2(rows[col].astype(float)), rows["log2_lr_interp"], 1)[0])
         ci[str(param)] = drift_interval(per_seed[per_seed["parametrization"] == param], x=f"log2_{axis}")
     judged, beside = JUDGED[axis]
     if judged not in drift:
@@ -258,7 +273,7 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
     )
     if beside in drift:
         verdict += f"; {beside} drifts {said(beside)}"
-    edges = [f"{o.parametrization}@{getattr(o, axis)}" for o in optima if o.at_grid_edge]
+    edges = [f"{o.parametrization}@{getattr(o, col)}" for o in optima if o.at_grid_edge]
     if edges:
         verdict += f"; optimum at the edge of the {hparam} grid for {', '.join(edges)}: widen the sweep there"
     return LRDrift(

@@ -300,12 +300,20 @@ def _print_plan(spec: StudySpec) -> None:
 
 
 def _print_horizon(spec: StudySpec) -> None:
-    """A warning when tune trains fewer steps than the transfer runs (`studies.phases.validate.horizon_flag`)."""
+    """A warning when tune trains fewer steps than the transfer runs (`studies.phases.validate.horizon_flag`), and
+    one when it trains at another batch size (`studies.phases.validate_batch.batch_flag`); then what the lr
+    forecast will be fitted on and for which target (`studies.phases.validate_forecast.forecast_plan_line`)."""
     from studies.phases.validate import horizon_flag
+    from studies.phases.validate_batch import batch_flag
+    from studies.phases.validate_forecast import forecast_plan_line
 
     flag = horizon_flag(spec)
     if flag:
         console.print(f"[yellow]horizon:[/] {escape(flag)}", soft_wrap=True)
+    if batch := batch_flag(spec):
+        console.print(f"[yellow]batch:[/] {escape(batch)}", soft_wrap=True)
+    if line := forecast_plan_line(spec):
+        console.print(f"forecast: {escape(line)}", soft_wrap=True)
 
 
 def _print_batches(spec: StudySpec) -> None:

@@ -30,7 +30,7 @@ FIELDS: dict[str, str] = {
     **dict.fromkeys(("seed", "laplacian_seed"), "seed"),
     **dict.fromkeys(("seq_len", "max_len", "gamma"), "seq_len"),
     "vocab_size": "vocab",
-    "batch_size": "batch",
+    **dict.fromkeys(("batch_size", "batch_sizes"), "batch"),
     **dict.fromkeys(("eval_batches", "max_eval_sequences"), "eval"),
     **dict.fromkeys(("max_tokens", "tokens", "tune_tokens"), "tokens"),
     **dict.fromkeys(("budgets", "proxy_budget"), "params"),

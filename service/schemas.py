@@ -81,8 +81,9 @@ class DriftVerdict(BaseModel):
     """How far one hparam's optimum moves per doubling of width, training steps or depth (`analysis.lr_drift`)."""
 
     hparam: str = Field(description="the swept hparam")
-    axis: str = Field(description="what the drift is per doubling of: width, horizon (training steps) or depth")
-    width: int | None = Field(None, description="the width a horizon or depth drift was measured at")
+    axis: str = Field(description="what the drift is per doubling of: width, horizon (training steps), depth or "
+                                  "batch (the batch size)")
+    width: int | None = Field(None, description="the width a horizon, depth or batch drift was measured at")
     parametrization: str = Field(description="the judged parametrization (mup; along depth completep)")
     drift: float | None = Field(description="its optimum's slope in log2(hparam) per doubling")
     ci95: Interval | None = Field(None, description="the drift's 95 % interval from each seed's optima "

@@ -146,7 +146,8 @@ def brief(verdicts: Verdicts) -> VerdictBrief | None:
 
 def drift_line(d: DriftVerdict) -> str:
     """"lr along width: mup +0.02 [-0.03, +0.07] per doubling (standard -0.98), threshold 0.25: passed"."""
-    where = {"horizon": "training steps"}.get(d.axis, d.axis) + (f" at width {d.width}" if d.width else "")
+    where = {"horizon": "training steps", "batch": "batch size"}.get(d.axis, d.axis) + (
+        f" at width {d.width}" if d.width else "")
     beside = f" ({d.baseline} {_signed(d.baseline_drift)})" if d.baseline is not None else ""
     return (f"{d.hparam} along {where}: {d.parametrization} {_signed(d.drift)}{_interval(d.ci95)} per doubling"
             f"{beside}, threshold {d.threshold:g}: {'passed' if d.passed else 'failed'}")

@@ -73,15 +73,17 @@ def asha_steps(max_t: int, rungs: list[float], eta: float) -> float:
     return steps
 
 
-def _phase(spec: StudySpec, phase: str, runs: list[tuple[int, float, int | None]], full_steps: int | None
-           ) -> PhaseCost:
-    """`runs`: (width, steps, depth) per trial (depth: a depth sweep's, else None); `full_steps`: a trial's full
-    budget (None: the steps of each run)."""
-    batch = spec.train.batch_size
-    per_seq = {(w, d): sequence_flops(spec, w, d) for w, _, d in runs}
-    return PhaseCost(phase, len(runs), sum(s for _, s, _ in runs), sum(s * batch * per_seq[w, d] for w, s, d in runs),
-                     sum((full_steps or s) * batch * per_seq[w, d] for w, s, d in runs),
-                     tuple(sorted({w for w, _, _ in runs})))
+Run = tuple[int, float, int | None, int]  # a planned trial's width, steps, depth (None: the arch's) and batch size
+
+
+def _phase(spec: StudySpec, phase: str, runs: list[Run], full_steps: int | None) -> PhaseCost:
+    """`runs`: (width, steps, depth, batch size) per trial (depth: a depth sweep's, else None); `full_steps`: a
+    trial's full budget (None: the steps of each run)."""
+    per_seq = {(w, d): sequence_flops(spec, w, d) for w, _, d, _ in runs}
+    return PhaseCost(phase, len(runs), sum(s for _, s, _, _ in runs),
+                     sum(s * b * per_seq[w, d] for w, s, d, b in runs),
+                     sum((full_steps or s) * b * per_seq[w, d] for w, s, d, b in runs),
+                     tuple(sorted({w for w, _, _, _ in runs})))
 
 
 def planned_trials(spec: StudySpec) -> dict[str, list[PlannedTrial]]:
@@ -92,16 +94,18 @@ def planned_trials(spec: StudySpec) -> dict[str, list[PlannedTrial]]:
 def planned_runs(spec: StudySpec) -> dict[str, list[tuple[int, float]]]:
     """Per phase, (width, steps) of each planned trial (the phases' plans around the default hparams); tune's steps
     are ASHA's expectation."""
-    return {phase: [(w, s) for w, s, _ in runs] for phase, runs in _planned_runs(spec).items()}
+    return {phase: [(w, s) for w, s, _, _ in runs] for phase, runs in _planned_runs(spec).items()}
 
 
-def _planned_runs(spec: StudySpec) -> dict[str, list[tuple[int, float, int | None]]]:
-    """`planned_runs` with each trial's depth (a depth sweep's; else None: the arch's)."""
+def _planned_runs(spec: StudySpec) -> dict[str, list[Run]]:
+    """`planned_runs` with each trial's depth (a depth sweep's; else None: the arch's) and batch size (tune's,
+    a batch sweep's, else train.batch_size)."""
     t, full = spec.tune, spec.steps_for("tune")
     steps = asha_steps(full, asha_rungs(spec), t.asha.reduction_factor)
-    runs: dict[str, list[tuple[int, float, int | None]]] = {"tune": [(t.base_width, steps, None)] * t.num_trials}
+    runs: dict[str, list[Run]] = {"tune": [(t.base_width, steps, None, spec.batch_for("tune"))] * t.num_trials}
     for phase, trials in planned_trials(spec).items():
-        runs[phase] = [(trial.width, trial.horizon or spec.steps_for(phase), trial.depth) for trial in trials]
+        runs[phase] = [(trial.width, trial.steps(spec), trial.depth, trial.batch_size or spec.batch_for(phase))
+                       for trial in trials]
     return runs
 
 
@@ -143,8 +147,8 @@ def measured_cost(spec: StudySpec, tables: dict[str, Any], phase_wall_s: dict[st
             continue
         steps = table["steps"].fillna(0)
         flops = None if per_seq is None else float(sum(
-            float(s) * batch * per_seq[int(w), d] for w, d, s in zip(table["width"], _depths(table), steps,
-                                                                     strict=True)))
+            float(s) * b * per_seq[int(w), d] for w, d, s, b in zip(table["width"], _depths(table), steps,
+                                                                    _batches(spec, phase, table), strict=True)))
         rows.append({"phase": phase, "trials": len(table), "steps": int(steps.sum()), "flops": flops,
                      "trial_wall_s": float(table["wall_time_s"].fillna(0).sum()), "phase_wall_s": walls.get(phase)})
     targets: dict[int, dict[str, float | None]] = {}
@@ -166,6 +170,14 @@ def measured_cost(spec: StudySpec, tables: dict[str, Any], phase_wall_s: dict[st
             if target["wall_s"]:
                 metrics[f"cost.{name}_wall_pct.w{w}"] = 100 * sum(r["trial_wall_s"] for r in chosen) / target["wall_s"]
     return {"rows": rows, "targets": targets, "metrics": metrics}
+
+
+def _batches(spec: StudySpec, phase: str, table: Any) -> list[int]:
+    """Each row's batch size: a batch sweep's (the `batch_size` column), else the phase's (`StudySpec.batch_for`)."""
+    own = spec.batch_for(phase)
+    if "batch_size" not in table:
+        return [own] * len(table)
+    return [own if b != b or b is None else int(b) for b in table["batch_size"]]  # b != b: NaN
 
 
 def _depths(table: Any) -> list[int | None]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from studies.cost import planned_trials, sequence_flops
 from studies.members import auto_members, batches
@@ -45,11 +45,13 @@ class Shape:
     seq_len: int
     device: str  # "cpu" | "cuda": where the trial will train (train.device cpu, or a phase without GPUs: the CPU)
     members: int = 1  # trials trained together as one stacked model
+    own_batch: bool = field(default=False, compare=False)  # batch_size is not train.batch_size: the label says it
 
     def label(self) -> str:
         depth = f" depth {self.depth}" if self.depth is not None else ""
+        batch = f" batch {self.batch_size}" if self.own_batch else ""
         members = f" ×{self.members}" if self.members > 1 else ""
-        return f"w{self.width}{depth}{members}"
+        return f"w{self.width}{depth}{batch}{members}"
 
 
 @dataclass(frozen=True)
@@ -146,9 +148,13 @@ def eval_batches(spec: StudySpec) -> int:
     return min(spec.train.eval_batches, math.ceil(spec.data.max_eval_sequences / spec.train.batch_size))
 
 
-def _shape(spec: StudySpec, phase: str, width: int, depth: int | None, gpus: float, members: int = 1) -> Shape:
+def _shape(spec: StudySpec, phase: str, width: int, depth: int | None, gpus: float, members: int = 1,
+           batch_size: int | None = None) -> Shape:
+    """A trial's shape; `batch_size`: a batch sweep's (None: the phase's, `StudySpec.batch_for`)."""
     device = "cuda" if phase_gpus(spec, phase, gpus) > 0 and spec.train.device != "cpu" else "cpu"
-    return Shape(spec.model.family, width, depth, spec.train.batch_size, spec.data.seq_len, device, members)
+    batch = batch_size or spec.batch_for(phase)
+    return Shape(spec.model.family, width, depth, batch, spec.data.seq_len, device, members,
+                 batch != spec.train.batch_size)
 
 
 def tune_steps(spec: StudySpec) -> list[int]:
@@ -184,8 +190,8 @@ def planned_jobs(spec: StudySpec, cpus: int, gpus: float = 0, gpu_memory: float 
         jobs[phase] = []
         for group in batches(spec, trials, k):
             first = group[0]
-            n = first.horizon or spec.steps_for(phase)
-            shape = _shape(spec, phase, first.width, first.depth, gpus, len(group))
+            n = first.steps(spec)
+            shape = _shape(spec, phase, first.width, first.depth, gpus, len(group), first.batch_size)
             jobs[phase].append(Job(shape, n, math.ceil(n / every), len(group)))
     return jobs
 

@@ -65,10 +65,11 @@ def batches(spec: StudySpec, trials: Sequence[PlannedTrial], k: int) -> list[lis
     return out
 
 
-def member_bytes(spec: StudySpec, width: int) -> float | None:
+def member_bytes(spec: StudySpec, width: int, batch_size: int | None = None) -> float | None:
     """One member's training memory in fp32 at `width`: parameters, gradients and AdamW's two moments (4 ×
     params), and the activations kept for backward, taken as every matmul's output (forward FLOPs / 2 / width
-    per sequence) times 4 for the elementwise intermediates beside them. None: the family has no counts."""
+    per sequence) times 4 for the elementwise intermediates beside them, for `batch_size` sequences (None:
+    train.batch_size). None: the family has no counts."""
     m, d = spec.model, spec.data
     try:
         params = param_count(m.family, m.arch, width, d.vocab_size, spec.tune.base_width)
@@ -76,7 +77,7 @@ def member_bytes(spec: StudySpec, width: int) -> float | None:
                                   spec.tune.base_width).values())
     except ValueError:
         return None
-    return 4.0 * (4 * params + 4 * spec.train.batch_size * flops / (2 * width))
+    return 4.0 * (4 * params + 4 * (batch_size or spec.train.batch_size) * flops / (2 * width))
 
 
 def auto_members(spec: StudySpec, trials: Sequence[PlannedTrial], *, slots: int, memory_bytes: float | None,
@@ -91,6 +92,7 @@ def auto_members(spec: StudySpec, trials: Sequence[PlannedTrial], *, slots: int,
     spread = math.ceil(len(trials) / max(slots, 1))
     if memory_bytes is None:
         return min(spread, MAX_MEMBERS)
-    per_member = member_bytes(spec, max(t.width for t in trials))
+    batch = max(t.batch_size or spec.batch_for(t.phase) for t in trials)  # a batch sweep's largest
+    per_member = member_bytes(spec, max(t.width for t in trials), batch)
     fits = MAX_MEMBERS if per_member is None else int(MEMORY_SHARE * memory_bytes // per_member)
     return max(1, min(spread, fits, MAX_MEMBERS))

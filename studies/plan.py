@@ -4,9 +4,10 @@
 A planned trial is a frozen `PlannedTrial`: `trial_key` (stable across restarts: the MLflow run and the
 trial table row are keyed by it), `phase`, `width`, `seed`, `hparams` (all of the family's), `is_centre`,
 for validate and compare its `parametrization`, for validate the `swept` hparam (and the `horizon`, its steps, in a
-horizon sweep; the `depth` and `depth_parametrization` in a depth sweep), and for compare its family,
-budget, role, stage and FLOPs with its own `config` (its family differs from the spec's). A runner turns each
-into a trial config with `PlannedTrial.trial_config`; Ray Tune carries it as `as_dict()` in the trial's config.
+horizon sweep; the `depth` and `depth_parametrization` in a depth sweep; the `batch_size` in a batch sweep), and
+for compare its family, budget, role, stage and FLOPs with its own `config` (its family differs from the spec's). A
+runner turns each into a trial config with `PlannedTrial.trial_config`; Ray Tune carries it as `as_dict()` in the
+trial's config.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from studies.spec import StudySpec
 PLANNED_COLUMNS = ("family", "budget", "role", "tuned_at", "train_flops",  # compare trials' extra table columns
                    "swept",  # validate trials': the hparam their sweep varies
                    "horizon",  # validate trials of a horizon sweep (validate.steps a list): the steps they train
-                   "depth", "depth_parametrization")  # validate trials of a depth sweep (validate.depths)
+                   "depth", "depth_parametrization",  # validate trials of a depth sweep (validate.depths)
+                   "batch_size")  # validate trials of a batch sweep (validate.batch_sizes): the batch they train at
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class PlannedTrial:
     horizon: int | None = None  # validate with a list of steps: the steps this trial trains (None: the phase's)
     depth: int | None = None  # validate.depths: the depth this trial builds (None: the arch's)
     depth_parametrization: DepthParametrization | None = None  # with depth: completep or none (`DEPTH_SWEEP`)
+    batch_size: int | None = None  # validate.batch_sizes: the batch this trial trains at (None: the phase's)
     family: str | None = None  # compare: the family, its budget, role, tune stage and training FLOPs
     budget: float | None = None
     role: str | None = None
@@ -69,8 +72,15 @@ class PlannedTrial:
         """The trial config dict `workers.train` takes: a compare trial's own, else the spec's at this trial."""
         if self.config is not None:
             return dict(self.config)
-        return spec.trial_config(self.width, dict(self.hparams), self.seed, self.horizon or spec.steps_for(self.phase),
-                                 self.parametrization, self.depth, self.depth_parametrization)
+        return spec.trial_config(self.width, dict(self.hparams), self.seed, self.steps(spec), self.parametrization,
+                                 self.depth, self.depth_parametrization, self.batch_size or spec.batch_for(self.phase))
+
+    def steps(self, spec: StudySpec) -> int:
+        """The steps this trial trains: a horizon sweep's own, a batch sweep's (`StudySpec.batch_steps`), else its
+        phase's."""
+        if self.horizon is not None:
+            return self.horizon
+        return spec.batch_steps(self.batch_size) if self.batch_size is not None else spec.steps_for(self.phase)
 
     def columns(self, spec: StudySpec) -> dict[str, Any]:
         """The trial table's planned columns (`analysis/__init__.py`): identity, parametrization, validate's and

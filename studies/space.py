@@ -6,6 +6,11 @@ seven transferred hparams in `pt`, BERT's and UT's four in `encoder`, TauGPT's f
 A study's tune phase searches `searched()`; every trial also receives `fixed()`; `defaults()` is the point the
 space is centred on (`studies.model.space_class(family)`: a registered family's space); `space_model` builds a
 space from one declaration of a family's hparams.
+
+Every family's space may also search AdamW's weight decay λ (`weight_decay`, a `WeightDecayRange`; `WEIGHT_DECAY`):
+left out (None, the default), λ is `train.weight_decay`, fixed, and not a hparam of the space (nor of its dump, so
+a space's content hash is unchanged); given, it is one more searched (or frozen) hparam after the family's own,
+and a trial's λ overrides `train.weight_decay` (`studies.spec.StudySpec.trial_config`).
 """
 
 from __future__ import annotations
@@ -13,9 +18,13 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_serializer, model_validator
 
-__all__ = ["Range", "Space", "check_hparam_names", "space_model"]
+__all__ = ["MAX_WEIGHT_DECAY", "WEIGHT_DECAY", "Range", "Space", "WeightDecayRange", "check_hparam_names",
+           "space_model"]
+
+WEIGHT_DECAY = "weight_decay"  # the hparam name of AdamW's λ in every family's space (module docstring)
+MAX_WEIGHT_DECAY = 10.0  # the largest λ a space or a validate sweep may name: η·λ per step stays well below 1
 
 
 def check_hparam_names(names: Any, where: str, valid: tuple[str, ...]) -> None:
@@ -78,36 +87,63 @@ class Range(BaseModel):
         return float(self.default)
 
 
+class WeightDecayRange(Range):
+    """The search range of AdamW's decoupled weight decay λ (`space.weight_decay`): 0 <= low < high <= 10."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> WeightDecayRange:
+        if self.low < 0 or self.high > MAX_WEIGHT_DECAY:
+            raise ValueError(f"space.weight_decay [{self.low:g}, {self.high:g}] must lie in [0, {MAX_WEIGHT_DECAY:g}] "
+                             "(AdamW's λ; e.g. low: 0.001, high: 1.0, log: true)")
+        return self
+
+
 class Space(BaseModel):
-    """What every family's space shares: validation of names and `frozen`, and the views of the ranges."""
+    """What every family's space shares: validation of names and `frozen`, the optional weight decay, and the
+    views of the ranges."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     HPARAMS: ClassVar[tuple[str, ...]] = ()
     frozen: list[str] = Field(default_factory=list)
+    weight_decay: WeightDecayRange | None = Field(
+        None, description="AdamW's decoupled weight decay λ searched like the family's hparams, e.g. {low: 0.001, "
+        "high: 1.0, log: true}; null: λ is train.weight_decay, fixed")
 
     @model_validator(mode="before")
     @classmethod
     def _known_names(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            check_hparam_names([k for k in data if k != "frozen"], "space", cls.HPARAMS)
+            check_hparam_names([k for k in data if k not in ("frozen", WEIGHT_DECAY)], "space",
+                               (*cls.HPARAMS, WEIGHT_DECAY))
         return data
 
     @model_validator(mode="after")
     def _check_frozen(self) -> Space:
-        check_hparam_names(self.frozen, "space.frozen", self.HPARAMS)
+        check_hparam_names(self.frozen, "space.frozen", self.names())
         repeated = sorted({n for n in self.frozen if self.frozen.count(n) > 1})
         if repeated:
             raise ValueError(f"space.frozen lists {repeated} more than once: list each hparam once")
-        if set(self.frozen) >= set(self.HPARAMS):
+        if set(self.frozen) >= set(self.names()):
             raise ValueError("space.frozen freezes every hparam, leaving nothing to tune: unfreeze one")
         return self
 
+    @model_serializer(mode="wrap")
+    def _dump_weight_decay_when_set(self, handler: Any) -> Any:
+        out = handler(self)
+        if isinstance(out, dict) and self.weight_decay is None:  # spaces without it keep their content hash
+            out.pop(WEIGHT_DECAY, None)
+        return out
+
+    def names(self) -> tuple[str, ...]:
+        """The space's hparams: the family's `HPARAMS`, then `weight_decay` when the space has a range for it."""
+        return (*self.HPARAMS, WEIGHT_DECAY) if self.weight_decay is not None else self.HPARAMS
+
     def ranges(self) -> dict[str, Range]:
-        """Every hparam's range, in `HPARAMS` order."""
-        return {name: getattr(self, name) for name in self.HPARAMS}
+        """Every hparam's range, in `names()` order."""
+        return {name: getattr(self, name) for name in self.names()}
 
     def searched(self) -> dict[str, Range]:
-        """The ranges the tune phase searches: every hparam not in `frozen`, in `HPARAMS` order."""
+        """The ranges the tune phase searches: every hparam not in `frozen`, in `names()` order."""
         return {name: r for name, r in self.ranges().items() if name not in self.frozen}
 
     def fixed(self) -> dict[str, float]:
@@ -119,8 +155,10 @@ class Space(BaseModel):
         return {name: r.centre for name, r in self.ranges().items()}
 
     def complete(self, hparams: dict[str, float]) -> dict[str, float]:
-        """`hparams` with every missing hparam at its default (frozen ones included); unknown names raise."""
-        check_hparam_names(hparams, "the hparams given", self.HPARAMS)
+        """`hparams` with every missing hparam at its default (frozen ones included); unknown names raise.
+        `weight_decay` is known whether or not the space searches it (a validate sweep or the transfer phase's
+        timescale rule sets it where `train.weight_decay` would be fixed)."""
+        check_hparam_names(hparams, "the hparams given", (*self.HPARAMS, WEIGHT_DECAY))
         return {**self.defaults(), **{k: float(v) for k, v in hparams.items()}}
 
 

@@ -46,6 +46,7 @@ from studies.compare_spec import BaselineSpec, CompareSpec
 from studies.family import FAMILIES, get_family
 from studies.model import ModelFamily, ModelSpec, validate_space
 from studies.schema import FamilySpace, by_family
+from studies.space import MAX_WEIGHT_DECAY, WEIGHT_DECAY
 
 __all__ = ["CATALOG_DIR", "AshaSpec", "BaselineSpec", "CompareSpec", "DataSpec", "ModelFamily", "ModelSpec",
            "Parametrization", "ResourcesSpec", "StudySpec", "TrackingSpec", "TrainSpec", "TransferSpec", "TrialConfig",
@@ -127,6 +128,10 @@ class TrainSpec(BaseModel):
         None, max_length=16, description="weight decay per parameter group, overriding weight_decay "
         "(and the undecayed bias groups) for the groups named, e.g. {hidden: 0.1, input: 0} (a from_mup family: "
         "vector, matrix); null: weight_decay")
+    weight_decay_form: Literal["coupled", "independent"] = Field(
+        "coupled", description="'coupled': torch's AdamW, a group's decay per step is its own lr × λ (μP's hidden "
+        "groups, at lr/width_mult, decay less as width grows); 'independent': each group's λ is scaled so that its "
+        "lr × λ is the base lr × λ, the same decay per step in every group at every width")
     warmup_steps: NonNegInt = Field(10, description="linear warmup steps")
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="the lr after warmup")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr / peak lr (cosine, linear)")
@@ -167,7 +172,8 @@ class TrainSpec(BaseModel):
         return out
 
 
-OPTIMIZER_KNOBS = ("adam_eps", "adam_eps_scaling", "weight_decay_groups")  # left out of a dump at their defaults
+OPTIMIZER_KNOBS = ("adam_eps", "adam_eps_scaling", "weight_decay_groups",
+                   "weight_decay_form")  # left out of a dump at their defaults
 
 
 class TrialConfig(TrainSpec):
@@ -207,6 +213,16 @@ class TuneSpec(BaseModel):
     seed: NonNegInt = Field(0, description="the searcher's seed")
     asha: AshaSpec = Field(default_factory=AshaSpec, description="early stopping of poor trials")
     steps: PosInt | None = Field(None, description="override train.steps for tune trials")
+    batch_size: PosInt | None = Field(
+        None, description="sequences per step of the tune trials; null: train.batch_size (smaller is flagged: the "
+        "lr optimum may move with the batch, measured by validate.batch_sizes)")
+
+    @model_serializer(mode="wrap")
+    def _dump_batch_size_when_set(self, handler: Any) -> Any:
+        out = handler(self)
+        if isinstance(out, dict) and self.batch_size is None:  # specs without it keep their content hash
+            out.pop("batch_size", None)
+        return out
 
 
 def _increasing(widths: list[int]) -> list[int]:
@@ -226,6 +242,17 @@ class TransferSpec(BaseModel):
 
     widths: Widths = Field(min_length=1, description="each > tune.base_width, increasing")
     seeds: PosInt = Field(1, description="training seeds per width")
+    weight_decay: Literal["constant", "timescale"] = Field(
+        "constant", description="how AdamW's λ carries to the target: 'constant', unchanged; 'timescale', scaled by "
+        "the tune trials' steps / the target's (λ·T_proxy/T_target, the same η), so that the decay timescale "
+        "τ = 1/(ηλ) stays the same fraction of the run")
+
+    @model_serializer(mode="wrap")
+    def _dump_weight_decay_when_set(self, handler: Any) -> Any:
+        out = handler(self)
+        if isinstance(out, dict) and self.weight_decay == "constant":  # specs at the default keep their hash
+            out.pop("weight_decay", None)
+        return out
 
 
 class VerifySpec(BaseModel):
@@ -265,8 +292,8 @@ class ValidateSpec(BaseModel):
     model_config = _STRICT
 
     widths: Widths = Field(min_length=1, max_length=4,
-                           description="2–4 increasing widths (one with a list of steps or with depths: a horizon "
-                                       "or depth sweep alone)")
+                           description="2–4 increasing widths (one with a list of steps, with depths or with "
+                                       "batch_sizes: a horizon, depth or batch sweep alone)")
     lrs: list[float] = Field(min_length=3, description="the lr sweep: >= 3 distinct values > 0 (kept sorted)")
     parametrizations: list[Parametrization] = Field(
         default_factory=lambda: list(get_args(Parametrization)), min_length=1, description="must include 'mup'")
@@ -278,11 +305,32 @@ class ValidateSpec(BaseModel):
         None, description="2–4 strictly increasing depths (model.arch's n_layers; UT: n_steps): lr is also swept at "
                           "each, at the first of validate.widths, under model.arch.depth_parametrization (completep) "
                           "and none beside it (the lr optimum's drift per doubling of depth)")
+    batch_sizes: list[PosInt] | None = Field(
+        None, description="2–4 strictly increasing batch sizes: lr is also swept at each, at every validate width "
+                          "(the lr optimum's drift per doubling of batch, beside the √B and linear rules)")
+    batch_fixed: Literal["tokens", "steps"] = Field(
+        "tokens", description="what the batch sweep holds fixed: 'tokens' (a trial at batch B trains "
+                              "round(steps · B_base / B) steps, B_base the tune batch) or 'steps'")
     drift_threshold: float = Field(0.5, gt=0, description="largest |Δlog2(lr*)| per doubling that passes")
     hparams: dict[str, list[float]] = Field(
         default_factory=dict, max_length=6,
         description="other searched hparams swept the same way, each alone with the rest at the centre, e.g. "
                     "{w_H: [0.25, 0.5, 1, 2, 4, 8]}: their optimum's drift is judged beside lr's")
+    weight_decays: list[float] | None = Field(
+        None, description="AdamW's λ swept the same way at the validate widths, the other hparams at the centre: "
+                          ">= 3 distinct values in (0, 10], swept in log, e.g. [0.01, 0.03, 0.1, 0.3, 1]; λ*'s drift "
+                          "per doubling of width is judged beside lr's (space.weight_decay need not be set)")
+
+    @field_validator("weight_decays")
+    @classmethod
+    def _weight_decays(cls, values: list[float] | None) -> list[float] | None:
+        if values is None:
+            return None
+        if len(values) < 3 or len(values) > 16 or len(set(values)) != len(values) or \
+                any(not 0 < v <= MAX_WEIGHT_DECAY for v in values):
+            raise ValueError(f"weight_decays {values} must be 3–16 distinct values in (0, {MAX_WEIGHT_DECAY:g}] "
+                             "(swept in log), e.g. [0.01, 0.03, 0.1, 0.3, 1.0], or leave weight_decays out")
+        return sorted(values)
 
     @field_validator("lrs")
     @classmethod
@@ -318,22 +366,43 @@ class ValidateSpec(BaseModel):
                              "[2, 4, 8], or leave depths out")
         return depths
 
+    @field_validator("batch_sizes")
+    @classmethod
+    def _batch_sizes(cls, sizes: list[int] | None) -> list[int] | None:
+        if sizes is not None and (not 2 <= len(sizes) <= 4 or
+                                  any(b <= a for a, b in zip(sizes, sizes[1:], strict=False))):
+            raise ValueError(f"batch_sizes {sizes}: give 2–4 strictly increasing batch sizes, e.g. [8, 16, 32], or "
+                             "leave batch_sizes out")
+        return sizes
+
     @model_serializer(mode="wrap")
     def _dump_depths_when_set(self, handler: Any) -> Any:
         out = handler(self)
         if isinstance(out, dict) and self.depths is None:  # specs without a depth sweep keep their content hash
             out.pop("depths", None)
+        if isinstance(out, dict) and self.batch_sizes is None:  # nor those without a batch sweep
+            out.pop("batch_sizes", None)
+        if isinstance(out, dict) and self.batch_fixed == "tokens":
+            out.pop("batch_fixed", None)
+        if isinstance(out, dict) and self.weight_decays is None:  # nor those without a weight-decay sweep
+            out.pop("weight_decays", None)
         return out
 
     @model_validator(mode="after")
     def _two_widths(self) -> ValidateSpec:
-        if len(self.widths) < 2 and not self.horizons() and not self.depths:
+        if len(self.widths) < 2 and not self.horizons() and not self.depths and not self.batch_sizes:
             raise ValueError(f"validate.widths={self.widths}: give 2–4 widths (the optimum's drift per doubling of "
-                             "width), or one width with a list of validate.steps or with validate.depths (a horizon "
-                             "or depth sweep alone)")
+                             "width), or one width with a list of validate.steps, validate.depths or "
+                             "validate.batch_sizes (a horizon, depth or batch sweep alone)")
         if len(self.widths) < 2 and self.hparams:
             raise ValueError("validate.hparams need 2–4 validate.widths (their drift is per doubling of width): "
                              "add a width or drop validate.hparams")
+        if len(self.widths) < 2 and self.weight_decays:
+            raise ValueError("validate.weight_decays need 2–4 validate.widths (λ*'s drift is per doubling of width): "
+                             "add a width or drop validate.weight_decays")
+        if WEIGHT_DECAY in self.hparams:
+            raise ValueError("validate.hparams.weight_decay: sweep AdamW's λ with validate.weight_decays: "
+                             f"{self.hparams[WEIGHT_DECAY]} instead (bounded, and judged with its timescale)")
         return self
 
     def horizons(self) -> list[int]:
@@ -341,8 +410,12 @@ class ValidateSpec(BaseModel):
         return list(self.steps) if isinstance(self.steps, list) else []
 
     def sweeps(self) -> dict[str, list[float]]:
-        """Each swept hparam's values: lr's first, then `hparams`."""
-        return {"lr": self.lrs, **self.hparams}
+        """Each swept hparam's values: lr's first, then `hparams`, then `weight_decays` (as `weight_decay`)."""
+        return {"lr": self.lrs, **self.hparams, **({WEIGHT_DECAY: self.weight_decays} if self.weight_decays else {})}
+
+    def swept_hparams(self) -> dict[str, list[float]]:
+        """The hparams but lr whose optimum's drift is judged: `hparams`, then `weight_decay` (`weight_decays`)."""
+        return {h: v for h, v in self.sweeps().items() if h != "lr"}
 
     def width_sweep(self) -> bool:
         """Whether lr (and `hparams`) are swept over `widths` (or a horizon sweep's steps): not for one width with
@@ -518,6 +591,7 @@ class StudySpec(BaseModel):
         if shortest is not None and self.train.warmup_steps >= shortest:
             problems.append(f"train.warmup_steps={self.train.warmup_steps} must be < validate.steps[0]={shortest}: "
                             "lower warmup_steps or raise the shortest horizon")
+        problems += self._batch_problems()
         for phase in ["compare"] if self.compare is not None else ["tune", *sections]:  # the phases it runs
             if self.train.warmup_steps >= self.steps_for(phase):
                 problems.append(f"train.warmup_steps={self.train.warmup_steps} must be < the {phase} phase's "
@@ -525,6 +599,23 @@ class StudySpec(BaseModel):
         if problems:
             raise SpecProblems(problems)
         return self
+
+    def _batch_problems(self) -> list[str]:
+        """tune.batch_size (unused in a compare study) and the batch sweep: its shortest trials (the largest batch,
+        at a fixed token budget) must outlast the warmup."""
+        problems = []
+        if self.compare is not None and self.tune.batch_size is not None:
+            problems.append("tune.batch_size is unused in a compare study (its tune trials train at "
+                            "train.batch_size): remove it")
+        sizes = self.validate_.batch_sizes if self.validate_ is not None else None
+        tokens = self.validate_ is not None and self.validate_.batch_fixed == "tokens"
+        if sizes and tokens and self.compare is None and self.train.warmup_steps >= self.batch_steps(sizes[-1]):
+            problems.append(f"train.warmup_steps={self.train.warmup_steps} must be < the {self.batch_steps(sizes[-1])} "
+                            f"steps the batch sweep trains at validate.batch_sizes[{len(sizes) - 1}]={sizes[-1]} "
+                            f"({self.validate_horizon()} steps × the base batch {self.base_batch()} / {sizes[-1]}, "
+                            "a fixed token budget): lower warmup_steps, raise validate.steps, drop the largest batch "
+                            "size or set validate.batch_fixed: steps")
+        return problems
 
     def _depth_problems(self) -> list[str]:
         """validate.depths: a family with a depth (`DepthArch`) at depth_parametrization completep."""
@@ -550,6 +641,10 @@ class StudySpec(BaseModel):
         problems = [f"{where}.arch.max_len={max_len} is below data.seq_len={self.data.seq_len}: set max_len "
                     f"to {self.data.seq_len}" for where, max_len in max_lens
                     if max_len is not None and max_len < self.data.seq_len]
+        if self.train.weight_decay_form != "coupled" and get_family(self.model.family).mup is not None:
+            problems.append(f"train.weight_decay_form={self.train.weight_decay_form!r}: model.family "
+                            f"{self.model.family!r} trains with mup's MuAdamW, which already decays every group by "
+                            "lr × λ per step (the independent form): leave weight_decay_form out")
         objective = get_family(self.model.family).objective
         if self.data.objective != objective:
             problems.append(f"data.objective={self.data.objective!r} does not fit model.family "
@@ -609,6 +704,24 @@ class StudySpec(BaseModel):
                "validate": self.validate_horizon()}
         return own.get(phase) or self.train.steps
 
+    def batch_for(self, phase: str) -> int:
+        """The sequences per step of one trial in `phase`: tune.batch_size for tune (when set), else
+        train.batch_size (a batch sweep's trials: their own, `PlannedTrial.batch_size`)."""
+        return (self.tune.batch_size if phase == "tune" else None) or self.train.batch_size
+
+    def base_batch(self) -> int:
+        """The batch the hparams are tuned at: tune.batch_size, else train.batch_size (the batch sweep's B_base)."""
+        return self.batch_for("tune")
+
+    def batch_steps(self, batch_size: int) -> int:
+        """The steps of a batch sweep's trial at `batch_size`: the validate horizon, scaled by base_batch() /
+        batch_size at a fixed token budget (`validate.batch_fixed: tokens`, at least 1 step), unscaled at fixed
+        steps."""
+        steps = self.validate_horizon()
+        if self.validate_ is not None and self.validate_.batch_fixed == "steps":
+            return steps
+        return max(1, round(steps * self.base_batch() / batch_size))
+
     def validate_horizon(self) -> int:
         """The validate sweep's main training length: `validate.steps` (else train.steps); with a list of them,
         train.steps when listed, else the longest. The width drift, the regret and the other hparams' sweeps
@@ -655,15 +768,23 @@ class StudySpec(BaseModel):
 
     def trial_config(self, width: int, hparams: dict[str, float], seed: int, steps: int | None = None,
                      parametrization: str | None = None, depth: int | None = None,
-                     depth_parametrization: DepthParametrization | None = None) -> dict[str, Any]:
+                     depth_parametrization: DepthParametrization | None = None,
+                     batch_size: int | None = None) -> dict[str, Any]:
         """The plain dict `TrialConfig.model_validate` takes: `lr` at the top level, the
         information weights in `model_hp`, `data` as a dict, the training budget with `steps`
-        (default train.steps; pass `steps_for(phase)`) and `seed`; `depth`: a depth sweep's (`model_hp`)."""
+        (default train.steps; pass `steps_for(phase)`) and `seed`; `depth`: a depth sweep's (`model_hp`);
+        `batch_size`: default train.batch_size (pass `batch_for(phase)`, or a batch sweep's)."""
         if steps is not None and steps < 1:
             raise ValueError(f"steps={steps} must be >= 1 (or None for train.steps={self.train.steps})")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1 (or None for train.batch_size="
+                             f"{self.train.batch_size})")
         hp = self.space.complete(hparams)
         train = self.train.model_dump(mode="json")
         train["steps"] = steps or self.train.steps
+        if WEIGHT_DECAY in hp:  # a searched or swept λ overrides the fixed train.weight_decay
+            train[WEIGHT_DECAY] = hp[WEIGHT_DECAY]
+        train["batch_size"] = batch_size or self.train.batch_size
         return {"model": self.model.family,
                 "model_hp": self.model_hp(width, hp, parametrization, depth, depth_parametrization),
                 "data": self.data.model_dump(mode="json"), "lr": hp["lr"], **train, "seed": seed}

@@ -254,7 +254,8 @@ class _AdamW:
     def __init__(self, members: Stacked, cfg: TrialConfig) -> None:
         self.m, self.betas = members, cfg.betas
         base = members.models[0]  # every member shares the train spec: the same ε and decay per group as solo's
-        settings = adam_settings(base, cfg.model, *adam_eps(base, cfg), cfg.weight_decay, cfg.weight_decay_groups)
+        settings = adam_settings(base, cfg.model, *adam_eps(base, cfg), cfg.weight_decay, cfg.weight_decay_groups,
+                                 cfg.weight_decay_form)
         self.decay = {name: settings[g][1] for name, g in members.group.items()}
         self.eps = {name: settings[g][0] for name, g in members.group.items()}
         self.exp_avg = {n: torch.zeros_like(p) for n, p in members.params.items()}

@@ -70,6 +70,7 @@ class Machine:
     cpus: int
     gpus: int
     gpu_memory: float | None
+    where: str = "this machine"
 
     @classmethod
     def here(cls, cpus: int | None = None) -> Machine:
@@ -78,6 +79,27 @@ class Machine:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         memory = float(torch.cuda.mem_get_info(0)[0]) if gpus else None
         return cls(cpus or found, gpus, memory)
+
+    @classmethod
+    def of_ray(cls, cpus: int | None = None) -> tuple[Machine, str | None]:
+        """The Ray cluster at `RAY_ADDRESS` (joined), or the one this process is connected to, as one machine of
+        its CPUs and GPUs, a GPU's free memory taken as this machine's; this machine without either (and why, when
+        `RAY_ADDRESS` cannot be reached)."""
+        from workers.ray import ray
+
+        here = cls.here(cpus)
+        if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+            return here, None
+        from workers.errors import InfrastructureLost
+        from workers.ray.cluster import ensure_ray, resources
+
+        try:
+            ensure_ray()
+        except InfrastructureLost as exc:
+            return here, f"the Ray cluster could not be reached ({one_line(exc)}): this machine's CPUs are counted"
+        found = resources()
+        return cls(int(found.get("CPU", 0)) or here.cpus, int(found.get("GPU", 0)), here.gpu_memory,
+                   "the Ray cluster"), None
 
 
 def free_memory(device: str) -> float | None:
@@ -91,10 +113,12 @@ def free_memory(device: str) -> float | None:
     return None
 
 
-def random_batch(spec: StudySpec, generator: torch.Generator) -> Batch:
-    """A batch of random tokens of the spec's shape, masked (mlm) or shifted (clm)."""
+def random_batch(spec: StudySpec, generator: torch.Generator, batch_size: int | None = None) -> Batch:
+    """A batch of random tokens of the spec's shape (`batch_size` sequences; None: train.batch_size), masked (mlm)
+    or shifted (clm)."""
     d = spec.data
-    ids = torch.randint(len(SPECIAL_TOKENS), d.vocab_size, (spec.train.batch_size, row_width(d)), generator=generator)
+    rows = batch_size or spec.train.batch_size
+    ids = torch.randint(len(SPECIAL_TOKENS), d.vocab_size, (rows, row_width(d)), generator=generator)
     if d.objective == "clm":
         return shift_tokens(ids)
     return mask_tokens(ids, d.mask_rate, d.mask_mode, d.vocab_size, generator)
@@ -140,11 +164,11 @@ def rig(spec: StudySpec, shape: Shape, steps: int = WARMUP_STEPS + TIMED_STEPS) 
     """`shape` at the space's default hparams: `Solo`, or `Stacked` for a batch's members (module docstring)."""
     from workers.train import Solo
 
-    config = spec.trial_config(shape.width, {}, seed=0, steps=steps, depth=shape.depth)
+    config = spec.trial_config(shape.width, {}, seed=0, steps=steps, depth=shape.depth, batch_size=shape.batch_size)
     cfg = TrialConfig.model_validate({**config, "device": shape.device})
     device = torch.device(shape.device)
     generator = torch.Generator().manual_seed(0)
-    batches = [random_batch(spec, generator) for _ in range(2)]
+    batches = [random_batch(spec, generator, shape.batch_size) for _ in range(2)]
     start = _sync(device)
     engine: Engine
     if shape.members == 1:
@@ -190,7 +214,7 @@ def _unprobed(spec: StudySpec, shape: Shape, k: int, spent: float, budget_s: flo
         return f"{shape.label()}: not probed, this machine has no CUDA device"
     if spent > budget_s:
         return f"{shape.label()}: not probed, the probe's {budget_s:g} s were spent"
-    need, free = member_bytes(spec, shape.width), free_memory(shape.device)
+    need, free = member_bytes(spec, shape.width, shape.batch_size), free_memory(shape.device)
     if need is not None and free is not None and k * shape.members * need > MEMORY_SHARE * free:
         return (f"{shape.label()}: not probed, {k} at a time need ≈ {k * shape.members * need / 2**30:.1f} GiB of "
                 f"the {free / 2**30:.1f} GiB free")
@@ -231,16 +255,17 @@ def probe(spec: StudySpec, shapes: Sequence[Shape], n_threads: int, budget_s: fl
 def estimate_here(spec: StudySpec, cpus: int | None = None, budget_s: float = PROBE_BUDGET_S) -> Estimate:
     """The study's wall time on this machine, per phase, from a probe of its shapes (each timed beside as many
     trials of it as a phase runs at once); `cpus`: the CPUs Ray gets (None: this machine's)."""
-    here = Machine.here(cpus)
+    here, unreached = Machine.of_ray(cpus)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0  # before the probe adds its own
     jobs = planned_jobs(spec, here.cpus, here.gpus, here.gpu_memory)
     shapes = shapes_of(jobs)
     n_threads = max(1, int(spec.resources.cpus_per_trial))
-    found = probe(spec, shapes, n_threads, budget_s, at_once(spec, jobs, here.cpus, here.gpus))
+    local = Machine.here(cpus)  # the probe's company: what one machine runs at once
+    found = probe(spec, shapes, n_threads, budget_s, at_once(spec, jobs, local.cpus, local.gpus))
     times = completed(spec, shapes, found.times)
     busy = 1 + load / (os.cpu_count() or 1)
-    return estimate(spec, jobs, times, here.cpus, here.gpus,
-                    assumptions(spec, jobs, here, found, times, n_threads, load), busy)
+    said = assumptions(spec, jobs, here, found, times, n_threads, load)
+    return estimate(spec, jobs, times, here.cpus, here.gpus, f"{said}; {unreached}" if unreached else said, busy)
 
 
 def assumptions(spec: StudySpec, jobs: dict[str, list[Job]], here: Machine, found: Probe,
@@ -263,6 +288,7 @@ def assumptions(spec: StudySpec, jobs: dict[str, list[Job]], here: Machine, foun
                  f"trial ({TUNE_TRIAL_OVERHEAD_S:g} s per tune trial)")
     parts += [t.source for s, t in times.items() if t.source != "probed"]
     parts += found.notes
-    if os.environ.get("RAY_ADDRESS"):
-        parts.append("RAY_ADDRESS is set: that cluster's CPUs are not counted, this machine's are")
+    if here.where != "this machine":
+        parts.append(f"{here.where}'s {here.cpus} CPUs and {here.gpus} GPUs counted, its workers taken to step as "
+                     "fast as this machine")
     return "; ".join(parts)

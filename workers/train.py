@@ -29,6 +29,7 @@ from analysis.constants import TrialStatus
 from studies.spec import DataSpec, TrialConfig
 from workers.batches import Batch, MemoryData, StreamData
 from workers.data import prepare
+from workers.errors import ConfigError
 from workers.model_check import plugin_errors
 from workers.models import build_model, objective_of
 from workers.models.contract import LanguageModel, adam_eps, adam_settings
@@ -70,14 +71,21 @@ class EagerAdamW(torch.optim.AdamW):
 def make_optimizer(model: LanguageModel, cfg: TrialConfig) -> torch.optim.Optimizer:
     """The model's own optimiser when it has one (a mup family's MuAdamW), else AdamW with one group per parameter
     group; μP enters through `model.lr_multipliers()`, a depth parametrization's ε through `model.eps_multipliers()`,
-    the train spec's ε and per-group decay through `adam_eps` and `contract.adam_settings`."""
+    the train spec's ε and per-group decay (`train.weight_decay_form` included) through `adam_eps` and
+    `contract.adam_settings`."""
     eps, width_eps = adam_eps(model, cfg)
     own = model.make_optimizer(cfg.lr, cfg.weight_decay, cfg.betas, eps=eps, width_eps=width_eps,
                                weight_decay_groups=cfg.weight_decay_groups)
     if own is not None:
+        if cfg.weight_decay_form != "coupled":
+            raise ConfigError(f"model family {cfg.model!r} brings its own optimiser ({type(own).__name__}), which "
+                              "sets each group's decay itself (mup's MuAdamW multiplies a matrix group's decay by "
+                              "the width_mult it divides its lr by: lr × λ per step in every group, the independent "
+                              "form already): leave train.weight_decay_form at coupled for it")
         return own
     mult = model.lr_multipliers()
-    settings = adam_settings(model, cfg.model, eps, width_eps, cfg.weight_decay, cfg.weight_decay_groups)
+    settings = adam_settings(model, cfg.model, eps, width_eps, cfg.weight_decay, cfg.weight_decay_groups,
+                             cfg.weight_decay_form)
     groups = [
         {
             "params": params,

@@ -1,5 +1,11 @@
 """transfer: the tune phase's winner, unchanged, trains at every transfer width and seed (μP makes it zero-shot);
-the result is the eval loss per width."""
+the result is the eval loss per width.
+
+AdamW's λ is carried by `transfer.weight_decay`: 'constant', unchanged; 'timescale' (Wang & Aitchison's rule),
+scaled so that its timescale τ = 1/(ηλ) stays the same fraction of the run when the target trains a different
+number of iterations than the tune trials, λ_target = λ_proxy · T_proxy / T_target at the same η
+(`carried_hparams`). The report and the summary state τ for the tune winner and for the target.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,15 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import pandas as pd
+from rich.markup import escape
 
 import analysis
 from analysis import transfer_table
 from analysis.report import markdown_table
-from studies.phases.base import LOSSES, SETUP, Artifacts, Context, Phase, PhaseResult, Verdict, required
+from analysis.weight_decay import decay_timescale, timescale_line, timescale_weight_decay
+from studies.phases.base import LOSSES, SETUP, Artifacts, Context, Out, Phase, PhaseResult, Verdict, required
 from studies.plan import PlannedTrial
+from studies.space import WEIGHT_DECAY
 from studies.spec import StudySpec
 
 
@@ -21,11 +30,48 @@ class TransferResult(PhaseResult):
     reused_from: str | None = None
 
 
+def weight_decay_of(spec: StudySpec, hparams: Mapping[str, float]) -> float:
+    """The λ a trial with `hparams` trains with: its `weight_decay` hparam, else train.weight_decay."""
+    return float(hparams.get(WEIGHT_DECAY, spec.train.weight_decay))
+
+
+def carried_hparams(spec: StudySpec, hparams: Mapping[str, float], phase: str = "transfer") -> dict[str, float]:
+    """The tuned `hparams` as `phase`'s trials of the transferred centre train them (transfer's; verify's, whose
+    centre is the transferred one): unchanged, but under `transfer.weight_decay: timescale` λ scaled by the tune
+    trials' steps over that phase's (the same τ/T at the same η; module docstring). No transfer section: unchanged."""
+    if spec.transfer is None or spec.transfer.weight_decay == "constant":
+        return dict(hparams)
+    proxy, target = spec.steps_for("tune"), spec.steps_for(phase)
+    return {**hparams, WEIGHT_DECAY: timescale_weight_decay(weight_decay_of(spec, hparams), proxy, target)}
+
+
 def transfer_trials(spec: StudySpec, hparams: dict[str, float]) -> list[PlannedTrial]:
-    """The winner, unchanged, at every transfer width and seed."""
+    """The winner at every transfer width and seed (λ carried by `carried_hparams`)."""
     t = required(spec.transfer, Transfer)
-    return [PlannedTrial(f"transfer-w{w}-s{s}", "transfer", w, s, dict(hparams)) for w in t.widths
+    carried = carried_hparams(spec, hparams)
+    return [PlannedTrial(f"transfer-w{w}-s{s}", "transfer", w, s, dict(carried)) for w in t.widths
             for s in range(t.seeds)]
+
+
+def tune_timescale_line(spec: StudySpec, centre: Mapping[str, float]) -> str | None:
+    """AdamW's τ = 1/(ηλ) of tune's winner, over the tune trials' steps (None when λ is 0); under the coupled form
+    and μP, with the note that a group whose lr μP divides by width_mult has a τ that much longer."""
+    coupled_mup = spec.model.parametrization == "mup" and spec.train.weight_decay_form == "coupled"
+    note = ("; coupled decay under μP: a group whose lr μP divides by width_mult has a τ width_mult times longer "
+            "(train.weight_decay_form: independent keeps τ the same in every group)") if coupled_mup else ""
+    return timescale_line(f"tune's winner at width {spec.tune.base_width}",
+                          decay_timescale(centre["lr"], weight_decay_of(spec, centre), spec.steps_for("tune")), note)
+
+
+def target_timescale_line(spec: StudySpec, centre: Mapping[str, float]) -> str | None:
+    """AdamW's τ = 1/(ηλ) at the target, over train.steps, with λ as `transfer.weight_decay` carries it (None when
+    λ is 0)."""
+    t = required(spec.transfer, Transfer)
+    target = carried_hparams(spec, centre)
+    rule = {"constant": "λ unchanged (transfer.weight_decay: constant)",
+            "timescale": "λ × T_proxy/T_target (transfer.weight_decay: timescale)"}[t.weight_decay]
+    return timescale_line("the target", decay_timescale(target["lr"], weight_decay_of(spec, target),
+                                                        spec.steps_for("transfer")), f"; {rule}")
 
 
 class Transfer(Phase):
@@ -67,7 +113,14 @@ class Transfer(Phase):
                 *verdict.shown(SETUP, "params", "base_width|target_widths")]
 
     def section(self, ctx: Context, result: PhaseResult, tables: Mapping[str, pd.DataFrame]) -> list[str]:
-        return [markdown_table(transfer_table(tables["transfer"]))] if "transfer" in tables else []
+        decay = target_timescale_line(ctx.spec, ctx.state.centre()) if ctx.state.done("tune") else None
+        return ([markdown_table(transfer_table(tables["transfer"]))] if "transfer" in tables else []) + \
+            ([decay] if decay else [])
+
+    def summary(self, ctx: Context, result: PhaseResult | None, out: Out, runs: Mapping[str, str]) -> None:
+        line = target_timescale_line(ctx.spec, ctx.state.centre()) if ctx.state.done("tune") else None
+        if line:
+            out.print(f"[cyan]weight decay:[/] {escape(line)}", soft_wrap=True)
 
 
 PHASE = Transfer()

@@ -19,7 +19,9 @@ import analysis
 from analysis.report import tune_section
 from analysis.table import TrialStatus, judged_loss, phase_rows
 from studies.phases.base import LOSSES, SETUP, Artifacts, Context, Out, Phase, PhaseFailed, PhaseResult, Verdict
+from studies.phases.transfer import tune_timescale_line
 from studies.phases.validate import ValidateResult, horizon_flag, print_horizon
+from studies.phases.validate_batch import batch_flag, print_batch_flag
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 
@@ -157,9 +159,13 @@ class Tune(Phase):
         return {"tune": "tune_history"}
 
     def section(self, ctx: Context, result: PhaseResult, tables: Mapping[str, pd.DataFrame]) -> list[str]:
-        flag = horizon_flag(ctx.spec, ctx.state.result("validate", ValidateResult))
-        return ([tune_section(tables["tune"], ctx.spec.space.HPARAMS)] if "tune" in tables else []) + \
-            ([f"**horizon: {flag}**"] if flag else [])
+        validate = ctx.state.result("validate", ValidateResult)
+        flag = horizon_flag(ctx.spec, validate)
+        batch = batch_flag(ctx.spec, validate.batch_drift if validate is not None else [])
+        decay = tune_timescale_line(ctx.spec, result.best_hparams) if isinstance(result, TuneResult) else None
+        return ([tune_section(tables["tune"], ctx.spec.space.names())] if "tune" in tables else []) + \
+            ([f"**horizon: {flag}**"] if flag else []) + ([f"**batch: {batch}**"] if batch else []) + \
+            ([decay] if decay else [])
 
     def summary(self, ctx: Context, result: PhaseResult | None, out: Out, runs: Mapping[str, str]) -> None:
         if not isinstance(result, TuneResult):
@@ -171,9 +177,12 @@ class Tune(Phase):
         note = start_note(ctx, result)
         if note:
             out.print(f"[yellow]{escape(note)}[/]", soft_wrap=True)
+        if decay := tune_timescale_line(ctx.spec, result.best_hparams):
+            out.print(f"[cyan]weight decay:[/] {escape(decay)}", soft_wrap=True)
         _width_table(ctx, result, out, runs)
-        if ctx.spec.validate_ is None:  # else the validate phase's lines end with the flag
+        if ctx.spec.validate_ is None:  # else the validate phase's lines end with the flags
             print_horizon(ctx, None, out)
+            print_batch_flag(ctx.spec, [], out)
 
     def verdict(self, spec: StudySpec, result: PhaseResult) -> Verdict:
         assert isinstance(result, TuneResult)

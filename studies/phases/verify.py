@@ -17,6 +17,7 @@ import analysis
 from analysis import Certificate, certify, neighbour_advice
 from analysis.report import verify_section
 from studies.phases.base import COUNTS, PASS, Artifacts, Context, Out, Phase, PhaseResult, Verdict, required
+from studies.phases.transfer import carried_hparams
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 
@@ -75,11 +76,17 @@ def with_reused_centre(spec: StudySpec, verify: pd.DataFrame, transfer: pd.DataF
     return pd.concat([rows, verify], ignore_index=True).sort_values("trial_id", kind="stable", ignore_index=True)
 
 
+def verify_centre(ctx: Context) -> dict[str, float]:
+    """The transferred centre as the verify width trains it: tune's winner, λ carried by `transfer.weight_decay`
+    (`studies.phases.transfer.carried_hparams`) to the verify trials' steps."""
+    return carried_hparams(ctx.spec, ctx.state.centre(), "verify")
+
+
 def _advice(ctx: Context, cert: Certificate, table: pd.DataFrame | None) -> str | None:
     """Where an uncertified centre's better neighbours lie (`analysis.neighbour_advice`); None: nothing to say."""
     if cert.certified or table is None or not ctx.state.done("tune"):
         return None
-    return neighbour_advice(table, ctx.state.centre(), list(ctx.spec.space.searched()), cert.tolerance,
+    return neighbour_advice(table, verify_centre(ctx), list(ctx.spec.space.searched()), cert.tolerance,
                             alpha=cert.alpha).text
 
 
@@ -95,7 +102,7 @@ class Verify(Phase):
 
     def plan(self, ctx: Context) -> list[PlannedTrial]:
         reused = reused_centre_seeds(ctx.spec) if ctx.tables("transfer") is not None else []
-        return verify_trials(ctx.spec, ctx.state.centre(), reused)
+        return verify_trials(ctx.spec, verify_centre(ctx), reused)
 
     def planned(self, spec: StudySpec) -> list[PlannedTrial]:
         return verify_trials(spec, spec.space.defaults())
@@ -108,7 +115,7 @@ class Verify(Phase):
         v = required(ctx.spec.verify, Verify)
         cert = certify(table, p=v.p, alpha=v.alpha, tolerance=v.tolerance)
         out.write_artifact("certificate.json", cert.model_dump())
-        analysis.plot_verify(table, ctx.state.centre(), list(ctx.spec.space.searched()), out.figure("verify"),
+        analysis.plot_verify(table, verify_centre(ctx), list(ctx.spec.space.searched()), out.figure("verify"),
                              cert.tolerance)
         return VerifyResult(certificate=cert)
 

@@ -211,6 +211,17 @@ def _study_outcome(data: Path, uri: str) -> dict[str, Any]:
             "study": folder.name}
 
 
+def test_the_plan_counts_the_clusters_cpus(cluster, tmp_path):
+    """`ptctl study plan` with RAY_ADDRESS estimates for the cluster's CPUs (two worker nodes of one CPU each, a
+    head of none), not this machine's."""
+    c, data = cluster
+    done = ptctl(["study", "plan", str(_spec(tmp_path, "planned"))], data, **c.env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    said = " ".join(done.stdout.split())
+    assert "the Ray cluster's 2 CPUs and 1 GPUs counted" in said, said
+    assert "(2 CPUs ÷ resources.cpus_per_trial 1" in said, said
+
+
 def test_a_study_on_the_cluster_is_the_same_study_as_on_one_node(cluster, tmp_path):
     """The same spec on the cluster — trials on the worker nodes, Tune's state and checkpoints in S3, MLflow a
     server that stores the artifacts — and on one local Ray node with MLflow on SQLite: the same study id, the same

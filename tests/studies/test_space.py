@@ -19,7 +19,7 @@ def test_hparams_are_lr_and_the_information_weights():
 def test_pt_hparams_are_declared_once():
     """The space's weights are `PTWeights`' fields: the same names, defaults and descriptions."""
     space = SearchSpace.model_fields
-    assert SearchSpace.HPARAMS == HPARAMS and set(space) == {*HPARAMS, "frozen"}
+    assert SearchSpace.HPARAMS == HPARAMS and set(space) == {*HPARAMS, "frozen", "weight_decay"}  # λ: optional
     for name, field in PTWeights.model_fields.items():
         assert SearchSpace().ranges()[name].centre == field.default, name
         assert field.description and field.description in (space[name].description or ""), name

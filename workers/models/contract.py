@@ -115,12 +115,17 @@ def adam_eps(model: LanguageModel, cfg: Any) -> tuple[float, float]:
 
 
 def adam_settings(model: LanguageModel, family: str, eps: float, width_eps: float, weight_decay: float,
-                  weight_decay_groups: Mapping[str, float] | None) -> dict[str, tuple[float, float]]:
+                  weight_decay_groups: Mapping[str, float] | None,
+                  form: str = "coupled") -> dict[str, tuple[float, float]]:
     """Each of `model.groups`' (ε, weight decay) in ptctl's AdamW: `eps` × the group's `eps_multipliers()` factor
     (× `width_eps` in its `width_groups()`), and `weight_decay_groups`' decay where it names the group, else 0 in
-    the UNDECAYED groups and `weight_decay` in the others."""
+    the UNDECAYED groups and `weight_decay` in the others. `form` (`train.weight_decay_form`): 'coupled', that
+    decay as it is (torch's AdamW decays a group by its own lr × decay per step); 'independent', divided by the
+    group's `lr_multipliers()` factor, so that its lr × decay is the base lr × decay in every group."""
     decays = dict(weight_decay_groups or {})
     check_groups(family, decays, model.groups)
     mult, scaled = model.eps_multipliers(), model.width_groups()
+    lr_mults = model.lr_multipliers() if form == "independent" else {}
     return {name: (eps * mult.get(name, 1.0) * (width_eps if name in scaled else 1.0),
-                   decays.get(name, 0.0 if name in UNDECAYED else weight_decay)) for name in model.groups}
+                   decays.get(name, 0.0 if name in UNDECAYED else weight_decay) / lr_mults.get(name, 1.0))
+            for name in model.groups}

@@ -1,0 +1,431 @@
+"""A forecast of the target's optimal learning rate from the validate sweeps, and a published law beside it.
+
+Each seed's lr curve at each swept (width, steps, batch size) gives one optimum: the vertex of the parabola in log2 lr
+through the best lr and its neighbours (`analysis.transfer.interpolate_optimum`, as the drift finds it), and that
+parabola's curvature k (nats per log2 unit²). Optima on the edge of the lr grid are left out of the fit (the true one
+lies outside the grid) and listed. One ordinary least-squares fit, seeds as replicates,
+
+    log2 η* = a + b·log2 width + c·log2 steps + d·log2 batch,
+
+keeps each term only where the sweeps vary its axis (and where it is not collinear with the terms before it), and
+predicts the mean log2 η* at the target with a Student-t interval (n − p degrees of freedom; with none left, the
+prediction has no interval and says so). The expected regret of an lr x at the target is
+k·((x − μ)² + s²): μ the prediction, s its standard error, k the mean curvature of the swept point nearest the target
+(in log2 distance: width first, then steps and batch size), in nats and in % of that point's optimum loss.
+
+Held-out scoring fits on the sweeps without one point and predicts it: by default the largest width, at its longest
+steps and the largest batch size swept there. The fit leaves out every row at that width, and with three or more
+horizons (`validate.steps`) every horizon-sweep row at the held-out steps (two are left to fit the term); with two
+horizons both stay, and so does every batch size (a batch sweep at a fixed token budget moves its steps with the
+batch: leaving one batch size out can leave the two collinear). The error is the prediction's log2 distance from the
+held-out seed-mean curve's interpolated optimum, and in nats the loss there at the predicted lr minus the curve's
+minimum (`analysis.regret.curve_loss_at`). Step Law's closed form is scored on the same point: η*(N, D) = 1.79 ·
+N^−0.713 · D^0.307, N the non-embedding parameters, D the training tokens (Li et al. 2025, "Predictable Scale: Part
+I — Optimal Hyperparameter Scaling Law in Large Language Model Pretraining", arXiv:2503.04715). It was fitted on
+some 3,700 LLM pretraining runs (its test model: 1B parameters on 100B tokens), so at toy scale it is a baseline,
+not a prediction. N per width comes from the caller (analysis imports no model code).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel
+
+from analysis.regret import curve_loss_at, curve_minimum
+from analysis.table import phase_rows, require_columns
+from analysis.transfer import interpolate_optimum, lr_curves, parabola, without_depth_sweep
+
+__all__ = ["STEP_LAW", "Forecast", "HeldOut", "fit_optimum_law", "forecast", "forecast_line", "held_out_score",
+           "step_law_lr", "sweep_optima"]
+
+STEP_LAW = {"coefficient": 1.79, "n_exponent": -0.713, "d_exponent": 0.307}
+"""Step Law's optimal lr, η*(N, D) = 1.79 · N^−0.713 · D^0.307 (N non-embedding parameters, D training tokens;
+arXiv:2503.04715, its optimal batch B*(D) = 0.58 · D^0.571 tokens beside it)."""
+
+AXES = ("width", "steps", "batch_size")
+"""The axes of the fit, in the order their terms enter it; the trial table's `horizon` is `steps` here."""
+
+
+def step_law_lr(n_params: float, tokens: float) -> float:
+    """Step Law's optimal lr at `n_params` non-embedding parameters and `tokens` training tokens (`STEP_LAW`)."""
+    if not (n_params > 0 and tokens > 0):
+        raise ValueError(f"Step Law needs n_params > 0 and tokens > 0 (got {n_params}, {tokens})")
+    c = STEP_LAW
+    return float(c["coefficient"] * n_params ** c["n_exponent"] * tokens ** c["d_exponent"])
+
+
+class HeldOut(BaseModel):
+    """One swept point predicted by a fit that did not see it: the forecast's error there, and Step Law's."""
+
+    width: int
+    steps: int
+    batch_size: int
+    observed_log2_lr: float  # the seed-mean curve's interpolated optimum there
+    observed_at_grid_edge: bool  # the observed optimum is the grid's edge: the errors are lower bounds
+    predicted_log2_lr: float
+    interval: tuple[float, float] | None  # the prediction's 95 % interval (log2 lr); None: no residual dof
+    error_log2: float  # predicted − observed
+    regret: float | None  # nats: the curve's loss at the predicted lr minus its minimum (None: outside the grid)
+    n_fit: int  # optima the fit used
+    terms: list[str]  # the fit's terms
+    steplaw_log2_lr: float | None = None  # Step Law's η*(N, D) there (None: no parameter count given)
+    steplaw_error_log2: float | None = None
+    steplaw_regret: float | None = None  # nats, as `regret` (None: outside the grid or no Step Law)
+    note: str = ""
+
+
+class Forecast(BaseModel):
+    """The target's optimal lr forecast from the validate sweeps (module docstring)."""
+
+    parametrization: str
+    target_width: int
+    target_steps: int
+    target_batch_size: int
+    terms: list[str]  # the axes whose log2 entered the fit (`AXES`), in order
+    coefficients: dict[str, float]  # "intercept" and one slope per term (log2 lr per doubling)
+    coefficient_ci: dict[str, tuple[float, float] | None]  # 95 % t-intervals (None: no residual dof)
+    n_points: int  # per-seed optima fitted
+    dof: int  # n_points − coefficients
+    residual_sd: float | None  # log2 units (None: no residual dof)
+    log2_lr: float  # the predicted mean log2 η* at the target
+    lr: float
+    interval: tuple[float, float] | None  # 95 % interval of log2_lr (None: no residual dof)
+    se: float | None  # standard error of log2_lr (None: no residual dof)
+    curvature: float | None  # nats per log2 unit² near the target (None: no curve had a parabola)
+    curvature_at: tuple[int, int, int] | None  # the swept (width, steps, batch) it was measured at
+    reference_loss: float | None  # that point's optimum loss: the base of the % regrets
+    transferred_lr: float | None = None  # the tune winner's lr
+    regret: float | None = None  # expected nats lost at the target by the transferred lr
+    regret_pct: float | None = None
+    forecast_regret: float | None = None  # expected nats lost by the forecast itself: k·s²
+    steplaw_lr: float | None = None  # Step Law's η*(N, D) at the target (None: no parameter count)
+    edges: list[str] = []  # optima left out on the grid's edge: "w128-t300-b16-s1"
+    held_out: HeldOut | None = None  # the hold-out rule's point (three or more widths)
+    target_check: HeldOut | None = None  # the target's own sweep, predicted without its width (when swept)
+    note: str = ""  # what the forecast assumes or lacks
+
+
+def _keyed(table: pd.DataFrame, steps: int, batch_size: int, parametrization: str, phase: str,
+           batch_steps: Mapping[int, int] | None = None) -> pd.DataFrame:
+    """The lr sweep's rows of `parametrization` with `steps` and `batch_size` filled: a row's `horizon`, else its
+    batch's `batch_steps`, else `steps`; its `batch_size`, else `batch_size`."""
+    rows = without_depth_sweep(phase_rows(table, phase))
+    require_columns(rows, ["width", "seed", "parametrization", "lr"], "the lr forecast")
+    swept = rows["swept"].fillna("lr") if "swept" in rows else pd.Series("lr", index=rows.index)
+    rows = rows[(rows["parametrization"] == parametrization) & (swept == "lr")]
+    if rows.empty:
+        raise ValueError(f"the {phase} phase has no lr sweep under {parametrization}: add {parametrization} to "
+                         "validate.parametrizations")
+    unset = pd.Series(np.nan, index=rows.index)
+    batch, horizon = rows.get("batch_size", unset), rows.get("horizon", unset)
+    filled = {"steps": horizon.fillna(batch.map(dict(batch_steps or {}))).fillna(steps),
+              "batch_size": batch.fillna(batch_size)}
+    return rows.drop(columns=[c for c in ("steps", "batch_size") if c in rows]).assign(
+        **{k: v.astype(int) for k, v in filled.items()})
+
+
+def sweep_optima(table: pd.DataFrame, *, steps: int, batch_size: int, batch_steps: Mapping[int, int] | None = None,
+                 parametrization: str = "mup", phase: str = "validate", by_seed: bool = True) -> pd.DataFrame:
+    """Each lr curve's optimum per (width, steps, batch_size[, seed]) of `parametrization` (module docstring).
+
+    `steps`, `batch_size`: what rows without a `horizon` (`batch_size`) trained; `batch_steps`: the steps a batch
+    sweep's row (a `batch_size`, no `horizon`) trained at each batch size (None: `steps`). Returns columns `width,
+    steps, batch_size, [seed,] log2_lr, at_grid_edge, curvature, optimum_loss`: the interpolated optimum (log2), whether
+    the best lr is the grid's smallest or largest, the parabola's curvature (NaN where it has none: an edge, a
+    diverged neighbour, a concave triple) and the curve's minimum. A curve whose every lr diverged is left out."""
+    return _optima(_keyed(table, steps, batch_size, parametrization, phase, batch_steps), phase, by_seed)
+
+
+def _optima(rows: pd.DataFrame, phase: str, by_seed: bool = True) -> pd.DataFrame:
+    """`sweep_optima` of `_keyed` rows."""
+    out = []
+    for (s, b), group in rows.groupby(["steps", "batch_size"]):
+        curves = lr_curves(group, phase, by_seed=by_seed)
+        for key, curve in curves.groupby(["width", *(["seed"] if by_seed else [])]):
+            curve = curve.sort_values("lr")
+            x, y = np.log2(curve["lr"].to_numpy(dtype=float)), curve["eval_loss"].to_numpy(dtype=float)
+            if not np.isfinite(y).any():
+                continue
+            best = int(np.argmin(y))  # ties: the smaller lr, as `lr_optima`
+            coeffs = parabola(x, y, best)
+            out.append({"width": int(key[0]), "steps": int(s), "batch_size": int(b),
+                        **({"seed": int(key[1])} if by_seed else {}),
+                        "log2_lr": interpolate_optimum(x, y, best), "at_grid_edge": best in (0, len(x) - 1),
+                        "curvature": float(coeffs[0]) if coeffs is not None else np.nan,
+                        "optimum_loss": curve_minimum(x, y, best)[1]})
+    columns = ["width", "steps", "batch_size", *(["seed"] if by_seed else []), "log2_lr", "at_grid_edge",
+               "curvature", "optimum_loss"]
+    return pd.DataFrame(out, columns=columns)
+
+
+class _Fit(BaseModel):
+    terms: list[str]
+    collinear: list[str]  # axes that vary but move with a term before them: left out
+    beta: list[float]
+    cov: list[list[float]] | None  # None: no residual dof
+    n: int
+    dof: int
+    residual_sd: float | None
+
+    def design(self, point: Mapping[str, float]) -> np.ndarray:
+        return np.array([1.0, *(np.log2(point[t]) for t in self.terms)])
+
+    def predict(self, point: Mapping[str, float]) -> tuple[float, float | None]:
+        """(mean log2 η*, its standard error or None) at `point` (an axis → value mapping)."""
+        x = self.design(point)
+        mean = float(x @ np.array(self.beta))
+        return mean, None if self.cov is None else float(np.sqrt(max(x @ np.array(self.cov) @ x, 0.0)))
+
+
+def _t(dof: int, level: float) -> float:
+    from scipy import stats  # here: SciPy's import is a second of every trial actor's start
+
+    return float(stats.t.ppf(0.5 + level / 2, dof))
+
+
+def fit_optimum_law(optima: pd.DataFrame) -> _Fit:
+    """OLS of `log2_lr` on 1 and the log2 of each of `AXES` that varies in `optima` (in order, a term dropped when
+    it is collinear with those before it); a `ValueError` with fewer optima than coefficients."""
+    if optima.empty:
+        raise ValueError("no lr optimum to fit: every swept optimum is on the edge of the lr grid or diverged; "
+                         "widen validate.lrs")
+    columns, terms, collinear = [np.ones(len(optima))], [], []
+    for axis in AXES:
+        candidate = np.log2(optima[axis].to_numpy(dtype=float))
+        if np.ptp(candidate) == 0:
+            continue
+        if np.linalg.matrix_rank(np.column_stack([*columns, candidate])) > len(columns):
+            columns.append(candidate)
+            terms.append(axis)
+        else:
+            collinear.append(axis)
+    design, y = np.column_stack(columns), optima["log2_lr"].to_numpy(dtype=float)
+    n, p = design.shape
+    if n < p:
+        raise ValueError(f"{n} lr optima cannot fit {p} coefficients (intercept, {', '.join(terms)}): add seeds or "
+                         "widen validate.lrs so fewer optima sit on the grid's edge")
+    beta, *_ = np.linalg.lstsq(design, y, rcond=None)
+    dof = n - p
+    cov, sd = None, None
+    if dof > 0:
+        rss = float(np.sum((y - design @ beta) ** 2))
+        sd = float(np.sqrt(rss / dof))
+        cov = (sd**2 * np.linalg.inv(design.T @ design)).tolist()
+    return _Fit(terms=terms, collinear=collinear, beta=[float(b) for b in beta], cov=cov, n=n, dof=dof,
+                residual_sd=sd)
+
+
+def _fitted(optima: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The optima the fit takes (off the grid's edge) and the names of those left out."""
+    edge = optima["at_grid_edge"].astype(bool)
+    names = [f"w{r.width}-t{r.steps}-b{r.batch_size}" + (f"-s{r.seed}" if "seed" in optima else "")
+             for r in optima[edge].itertuples()]
+    return optima[~edge], names
+
+
+def _interval(fit: _Fit, mean: float, se: float | None, level: float) -> tuple[float, float] | None:
+    if se is None:
+        return None
+    half = _t(fit.dof, level) * se
+    return (mean - half, mean + half)
+
+
+def _point_loss(curve: pd.DataFrame, at: float) -> tuple[float, float | None]:
+    """(log2 optimum, loss at log2 lr `at` minus the minimum) on one seed-mean curve (None: outside the grid or
+    diverged there)."""
+    curve = curve.sort_values("lr")
+    x, y = np.log2(curve["lr"].to_numpy(dtype=float)), curve["eval_loss"].to_numpy(dtype=float)
+    best = int(np.argmin(y))
+    vertex, minimum = curve_minimum(x, y, best)
+    loss = curve_loss_at(x, y, best, at)
+    return vertex, (loss - minimum if loss is not None and np.isfinite(loss) else None)
+
+
+def _axis_values(rows: pd.DataFrame, axis: str) -> list[int]:
+    return sorted(int(v) for v in rows[axis].unique())
+
+
+def _hold_out(rows: pd.DataFrame) -> tuple[int, int, int]:
+    """The default held-out point: the largest width, its longest steps, the largest batch swept there."""
+    width = int(rows["width"].max())
+    at = rows[rows["width"] == width]
+    longest = int(at["steps"].max())
+    return width, longest, int(at.loc[at["steps"] == longest, "batch_size"].max())
+
+
+def held_out_score(table: pd.DataFrame, *, steps: int, batch_size: int, batch_steps: Mapping[int, int] | None = None,
+                   point: tuple[int, int, int] | None = None, n_params: Mapping[int, float] | None = None,
+                   seq_len: int | None = None, parametrization: str = "mup", phase: str = "validate",
+                   level: float = 0.95) -> HeldOut:
+    """Fit without one swept point and predict it (module docstring): `point` = (width, steps, batch_size), by
+    default the largest width, at its longest swept steps, at the largest batch swept there. `steps`,
+    `batch_size`, `batch_steps`: as `sweep_optima`. `n_params` (width → non-embedding parameters) and `seq_len`
+    (tokens per sequence) add Step Law's error, D = steps × batch × seq_len."""
+    rows = _keyed(table, steps, batch_size, parametrization, phase, batch_steps)
+    width, at_steps, at_batch = point or _hold_out(rows)
+    held = rows[(rows["width"] == width) & (rows["steps"] == at_steps) & (rows["batch_size"] == at_batch)]
+    if held.empty:
+        raise ValueError(f"the {phase} sweep has no lr curve at width {width}, {at_steps} steps, batch {at_batch}")
+    keep = rows["width"] != width
+    horizons = rows["horizon"].dropna().unique() if "horizon" in rows else []
+    if len(horizons) >= 3:  # a batch sweep's rows all stay: at a fixed token budget their steps move with the batch
+        keep &= rows["horizon"] != at_steps
+    optima, _ = _fitted(_optima(rows[keep], phase))
+    fit = fit_optimum_law(optima)
+    where = {"width": width, "steps": at_steps, "batch_size": at_batch}
+    mean, se = fit.predict(where)
+    curve = lr_curves(held, phase)
+    if not np.isfinite(curve["eval_loss"]).any():
+        raise ValueError(f"every lr diverged at width {width}, {at_steps} steps, batch {at_batch}: add smaller lrs")
+    observed, regret = _point_loss(curve, mean)
+    finite = curve.sort_values("lr")["eval_loss"].to_numpy(dtype=float)
+    edge = int(np.argmin(finite)) in (0, len(finite) - 1)
+    out = HeldOut(width=width, steps=at_steps, batch_size=at_batch, observed_log2_lr=observed,
+                  observed_at_grid_edge=edge, predicted_log2_lr=mean, interval=_interval(fit, mean, se, level),
+                  error_log2=mean - observed, regret=regret, n_fit=fit.n, terms=fit.terms,
+                  note="the held-out optimum is on the lr grid's edge: the errors are lower bounds" if edge else "")
+    if n_params is not None and seq_len is not None and width in n_params:
+        law = float(np.log2(step_law_lr(n_params[width], at_steps * at_batch * seq_len)))
+        out = out.model_copy(update={"steplaw_log2_lr": law, "steplaw_error_log2": law - observed,
+                                     "steplaw_regret": _point_loss(curve, law)[1]})
+    return out
+
+
+def _nearest(optima: pd.DataFrame, target: Mapping[str, float]) -> tuple[int, int, int] | None:
+    """The swept (width, steps, batch) nearest `target` in log2 distance (width first) with a curvature."""
+    curved = optima[np.isfinite(optima["curvature"])]
+    if curved.empty:
+        return None
+    distance = [tuple(abs(np.log2(getattr(r, a) / target[a])) for a in AXES) for r in curved.itertuples()]
+    r = curved.iloc[min(range(len(distance)), key=lambda i: distance[i])]
+    return int(r["width"]), int(r["steps"]), int(r["batch_size"])
+
+
+def _absent(terms: Sequence[str], target: Mapping[str, int], swept: Mapping[str, list[int]]) -> str:
+    """What the fit assumes for the axes it has no term for, where the target lies off the one swept value."""
+    words = {"width": "width", "steps": "training steps", "batch_size": "batch size"}
+    return "; ".join(f"the sweeps fix the {words[a]} at {swept[a][0]}: the optimum is taken not to move from there "
+                     f"to the target's {target[a]}" for a in AXES
+                     if a not in terms and len(swept[a]) == 1 and swept[a][0] != target[a])
+
+
+def _coefficient_ci(fit: _Fit, level: float) -> dict[str, tuple[float, float] | None]:
+    """Each coefficient's `level` t-interval (None without residual dof)."""
+    names = ["intercept", *fit.terms]
+    if fit.cov is None:
+        return dict.fromkeys(names)
+    t = _t(fit.dof, level)
+    return {name: (fit.beta[i] - t * float(np.sqrt(fit.cov[i][i])), fit.beta[i] + t * float(np.sqrt(fit.cov[i][i])))
+            for i, name in enumerate(names)}
+
+
+def _scores(score: Callable[..., HeldOut], rows: pd.DataFrame, target: tuple[int, int, int], notes: list[str]
+            ) -> tuple[HeldOut | None, HeldOut | None]:
+    """(the hold-out rule's score with three or more widths, the target's own sweep's score where it is swept and
+    is not that point); a score the sweeps cannot give is None, its reason added to `notes`."""
+    held = check = None
+    widths = rows["width"].nunique()
+    if widths >= 3:
+        try:
+            held = score()
+        except ValueError as e:
+            notes.append(f"no held-out score: {e}")
+    swept = ((rows["width"] == target[0]) & (rows["steps"] == target[1]) & (rows["batch_size"] == target[2])).any()
+    if swept and widths >= 2 and (held is None or (held.width, held.steps, held.batch_size) != target):
+        try:
+            check = score(point=target)
+        except ValueError as e:
+            notes.append(f"no check on the target's own sweep: {e}")
+    return held, check
+
+
+def forecast(table: pd.DataFrame, *, target_width: int, target_steps: int, target_batch_size: int, steps: int,
+             batch_size: int, batch_steps: Mapping[int, int] | None = None, transferred_lr: float | None = None,
+             n_params: Mapping[int, float] | None = None, seq_len: int | None = None, parametrization: str = "mup",
+             phase: str = "validate", level: float = 0.95) -> Forecast:
+    """The target's optimal lr from the validate sweeps of `parametrization` (module docstring).
+
+    `table`'s `phase` rows are the lr sweeps (rows whose `swept` is another hparam, and a depth sweep's, are left
+    out); `steps`, `batch_size`, `batch_steps`: what rows without a `horizon` (`batch_size`) trained (the validate
+    horizon, the base batch, a batch sweep's steps per batch size: `sweep_optima`). `transferred_lr`: the tune
+    winner's lr, whose expected regret at the target is stated. `n_params` (width → non-embedding parameters, the
+    target's and the swept widths') and `seq_len` add Step Law's η*(N, D). The held-out score needs three or more
+    widths; the target check, the target's own sweep."""
+    rows = _keyed(table, steps, batch_size, parametrization, phase, batch_steps)
+    optima = _optima(rows, phase)
+    fitted, edges = _fitted(optima)
+    fit = fit_optimum_law(fitted)
+    target = {"width": target_width, "steps": target_steps, "batch_size": target_batch_size}
+    mean, se = fit.predict(target)
+    interval = _interval(fit, mean, se, level)
+    near = _nearest(fitted, target)
+    at = fitted[(fitted["width"] == near[0]) & (fitted["steps"] == near[1]) & (fitted["batch_size"] == near[2])] \
+        if near else fitted.iloc[0:0]
+    k = float(at["curvature"].mean()) if near else None
+    reference = float(at["optimum_loss"].mean()) if near else None
+    variance = se**2 if se is not None else 0.0
+    regret = k * ((np.log2(transferred_lr) - mean) ** 2 + variance) if k is not None and transferred_lr else None
+    swept = {axis: _axis_values(rows, axis) for axis in AXES}
+    notes = [n for n in (
+        _absent(fit.terms, target, swept),
+        *(f"{a} moves with a term before it in the sweeps: its effect is in that term's" for a in fit.collinear),
+        "as many optima as coefficients: no interval" if se is None else "",
+        f"{len(edges)} optima on the lr grid's edge left out of the fit" if edges else "",
+        "no curve has a parabola at its optimum: no curvature, no regret" if k is None else "") if n]
+    law = None
+    if n_params is not None and seq_len is not None and target_width in n_params:
+        law = step_law_lr(n_params[target_width], target_steps * target_batch_size * seq_len)
+    score = partial(held_out_score, table, steps=steps, batch_size=batch_size, batch_steps=batch_steps,
+                    n_params=n_params, seq_len=seq_len, parametrization=parametrization, phase=phase, level=level)
+    held, check = _scores(score, rows, (target_width, target_steps, target_batch_size), notes)
+    return Forecast(
+        parametrization=parametrization, target_width=target_width, target_steps=target_steps,
+        target_batch_size=target_batch_size, terms=fit.terms,
+        coefficients=dict(zip(["intercept", *fit.terms], fit.beta, strict=True)),
+        coefficient_ci=_coefficient_ci(fit, level),
+        n_points=fit.n, dof=fit.dof, residual_sd=fit.residual_sd, log2_lr=mean, lr=float(2.0**mean),
+        interval=interval, se=se, curvature=k, curvature_at=near, reference_loss=reference,
+        transferred_lr=transferred_lr, regret=regret,
+        regret_pct=100 * regret / reference if regret is not None and reference else None,
+        forecast_regret=k * variance if k is not None and se is not None else None,
+        steplaw_lr=law, edges=edges, held_out=held, target_check=check, note="; ".join(notes))
+
+
+def _signed(x: float) -> str:
+    """`x` to two decimals with its sign, a rounded zero as +0.00."""
+    text = f"{x:+.2f}"
+    return "+0.00" if float(text) == 0 else text
+
+
+def _said(h: HeldOut, what: str) -> str:
+    nats = f", {h.regret:+.3g} nats" if h.regret is not None else ", outside the swept grid"
+    law = ""
+    if h.steplaw_error_log2 is not None:
+        law_nats = f", {h.steplaw_regret:+.3g} nats" if h.steplaw_regret is not None else ", outside the swept grid"
+        law = f"; Step Law {_signed(h.steplaw_error_log2)} log2{law_nats}"
+    return (f"{what} (width {h.width}, {h.steps} steps, batch {h.batch_size}; fitted on {h.n_fit} optima): "
+            f"error {_signed(h.error_log2)} log2{nats}{law}")
+
+
+def forecast_line(f: Forecast) -> str:
+    """The forecast in one line: the target's predicted η* with its interval, the transferred lr's expected regret,
+    Step Law beside it, and the held-out errors when scored."""
+    interval = (f" [95 % {2.0 ** f.interval[0]:.3g}, {2.0 ** f.interval[1]:.3g}]" if f.interval
+                else " (no interval: no residual dof)")
+    terms = "".join(f" {_signed(f.coefficients[t])}·log2 {t}" for t in f.terms)
+    parts = [f"Forecast of {f.parametrization}'s optimal lr at width {f.target_width}, {f.target_steps} steps, batch "
+             f"{f.target_batch_size}: {f.lr:.3g} (log2 {_signed(f.log2_lr)}){interval}, from {f.n_points} optima "
+             f"(log2 η* = {_signed(f.coefficients['intercept'])}{terms})"]
+    if f.regret is not None and f.transferred_lr is not None:
+        pct = f" ({f.regret_pct:+.2g} %)" if f.regret_pct is not None else ""
+        parts.append(f"transferred lr {f.transferred_lr:.3g}: expected regret {f.regret:+.3g} nats{pct}")
+    if f.steplaw_lr is not None:
+        parts.append(f"Step Law η*(N, D) {f.steplaw_lr:.3g}")
+    for h, what in ((f.held_out, "held out"), (f.target_check, "the target's own sweep")):
+        if h is not None:
+            parts.append(_said(h, what))
+    return "; ".join(parts) + "."
