@@ -45,30 +45,30 @@ class Limits(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PTCTL_MAX_", extra="ignore", frozen=True)
 
-    width: int = Field(16384, gt=0)  # PTCTL_MAX_WIDTH
-    arch: int = Field(16384, gt=0)  # PTCTL_MAX_ARCH
-    mult: int = Field(64, gt=0)  # PTCTL_MAX_MULT
-    layers: int = Field(256, gt=0)  # PTCTL_MAX_LAYERS
-    steps: int = Field(10_000_000, gt=0)  # PTCTL_MAX_STEPS
-    trials: int = Field(10_000, gt=0)  # PTCTL_MAX_TRIALS
-    concurrent: int = Field(1024, gt=0)  # PTCTL_MAX_CONCURRENT
-    samples: int = Field(10_000, gt=0)  # PTCTL_MAX_SAMPLES
-    seeds: int = Field(100, gt=0)  # PTCTL_MAX_SEEDS
-    seed: int = Field(2**32 - 1, gt=0)  # PTCTL_MAX_SEED
-    seq_len: int = Field(65536, gt=0)  # PTCTL_MAX_SEQ_LEN
-    vocab: int = Field(1_000_000, gt=0)  # PTCTL_MAX_VOCAB
-    batch: int = Field(65536, gt=0)  # PTCTL_MAX_BATCH
-    eval: int = Field(100_000, gt=0)  # PTCTL_MAX_EVAL
-    tokens: int = Field(10**13, gt=0)  # PTCTL_MAX_TOKENS
-    params: float = Field(1e11, gt=0)  # PTCTL_MAX_PARAMS
-    gpus: float = Field(8, ge=0)  # PTCTL_MAX_GPUS
-    cpus: float = Field(256, gt=0)  # PTCTL_MAX_CPUS
-    members: int = Field(64, gt=0)  # PTCTL_MAX_MEMBERS
-    list: int = Field(64, gt=0)  # PTCTL_MAX_LIST
-    header_bytes: int = Field(16384, ge=1024)  # PTCTL_MAX_HEADER_BYTES
-    nodes: int = Field(10_000, gt=0)  # PTCTL_MAX_NODES
-    parses: int = Field(4, gt=0)  # PTCTL_MAX_PARSES
-    parse_s: float = Field(5.0, gt=0)  # PTCTL_MAX_PARSE_S
+    width: int = Field(16384, gt=0)
+    arch: int = Field(16384, gt=0)
+    mult: int = Field(64, gt=0)
+    layers: int = Field(256, gt=0)
+    steps: int = Field(10_000_000, gt=0)
+    trials: int = Field(10_000, gt=0)
+    concurrent: int = Field(1024, gt=0)
+    samples: int = Field(10_000, gt=0)
+    seeds: int = Field(100, gt=0)
+    seed: int = Field(2**32 - 1, gt=0)
+    seq_len: int = Field(65536, gt=0)
+    vocab: int = Field(1_000_000, gt=0)
+    batch: int = Field(65536, gt=0)
+    eval: int = Field(100_000, gt=0)
+    tokens: int = Field(10**13, gt=0)
+    params: float = Field(1e11, gt=0)
+    gpus: float = Field(8, ge=0)
+    cpus: float = Field(256, gt=0)
+    members: int = Field(64, gt=0)
+    list: int = Field(64, gt=0)
+    header_bytes: int = Field(16384, ge=1024)
+    nodes: int = Field(10_000, gt=0)
+    parses: int = Field(4, gt=0)
+    parse_s: float = Field(5.0, gt=0)
 
 
 def _error(loc: tuple[Any, ...], msg: str, kind: str) -> dict[str, Any]:

@@ -408,6 +408,10 @@ def test_docs_studies_spec_table_names_only_real_fields():
 def test_every_ptctl_setting_the_docs_name_exists_in_the_code():
     code = "\n".join(p.read_text(encoding="utf-8") for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
     code += (ROOT / "Makefile").read_text(encoding="utf-8") + (ROOT / "docker-compose.yml").read_text(encoding="utf-8")
+    from service.limits import Limits
+
+    prefix = Limits.model_config.get("env_prefix", "")
+    code += " ".join(f"{prefix}{name}".upper() for name in Limits.model_fields)  # pydantic-settings' env names
     named = {m for page in PAGES for m in re.findall(r"\bPTCTL_[A-Z0-9_]*[A-Z0-9]\b", page.read_text(encoding="utf-8"))}
     assert named
     unknown = sorted(name for name in named if name not in code)
