@@ -423,8 +423,8 @@ def forecast_line(f: Forecast) -> str:
     if f.regret is not None and f.transferred_lr is not None:
         pct = f" ({f.regret_pct:+.2g} %)" if f.regret_pct is not None else ""
         parts.append(f"transferred lr {f.transferred_lr:.3g}: expected regret {f.regret:+.3g} nats{pct}")
-    if f.steplaw_lr is not None:
-        parts.append(f"Step Law η*(N, D) {f.steplaw_lr:.3g}")
+    parts.append(f"Step Law η*(N, D) {f.steplaw_lr:.3g}" if f.steplaw_lr is not None else
+                 "no Step Law baseline (no non-embedding parameter count N for this family)")
     for h, what in ((f.held_out, "held out"), (f.target_check, "the target's own sweep")):
         if h is not None:
             parts.append(_said(h, what))

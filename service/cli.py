@@ -406,6 +406,36 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_forecast(args: argparse.Namespace) -> int:
+    """The optimal lr a finished study's validate sweeps forecast for a target of any width, steps and batch size,
+    before that target trains (`studies.phases.validate_forecast.forecast_at`)."""
+    import pandas as pd
+
+    from analysis.forecast import forecast_line
+    from studies.phases.validate_forecast import forecast_at, forecast_widths, target_width
+    from workers.folder import StudyFolder
+
+    spec = load_spec(str(local().file(args.study, "spec.yaml")))
+    if not forecast_widths(spec):
+        raise usage_error(f"study {args.study} has no lr sweeps at two or more widths under mup to forecast from: "
+                          "run a study whose validate section has 2–4 widths and 'mup' among its parametrizations")
+    for flag, value in (("--width", args.width), ("--steps", args.steps), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise usage_error(f"{flag} {value}: give a positive integer")
+    state = StudyFolder(args.study).read_state()
+    centre = state.centre().get("lr") if state is not None and state.done("tune") else None
+    table = pd.read_csv(local().file(args.study, "validate_trials.csv"))
+    try:
+        made = forecast_at(spec, table, centre, args.width or target_width(spec) or spec.tune.base_width,
+                           args.steps or spec.train.steps, args.batch_size or spec.train.batch_size)
+    except ValueError as exc:
+        raise usage_error(f"no forecast from study {args.study}: {exc}") from None
+    console.print(forecast_line(made), soft_wrap=True)
+    if made.note:
+        console.print(f"note: {made.note}", soft_wrap=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ptctl", description="Hyperparameter-transfer studies for PT (μP).")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -429,6 +459,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--device", default="auto")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model hyperparameter")
     t.set_defaults(func=cmd_train)
+
+    f = sub.add_parser("forecast", help="the optimal lr a finished study's validate sweeps forecast for a target")
+    f.add_argument("study", help="a finished study's id (its validate phase swept lr at 2–4 widths under mup)")
+    f.add_argument("--width", type=int, default=None, help="the target's width (default: the study's target)")
+    f.add_argument("--steps", type=int, default=None, help="the target's training steps (default: train.steps)")
+    f.add_argument("--batch-size", type=int, default=None, help="the target's batch size (default: train.batch_size)")
+    f.set_defaults(func=cmd_forecast)
 
     c = sub.add_parser("coord-check", help="μP coordinate check: activation scale vs width")
     c.add_argument("--model", default="pt", choices=_Families(), metavar="FAMILY",

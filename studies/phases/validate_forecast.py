@@ -53,19 +53,24 @@ def _batch_steps(spec: StudySpec) -> dict[int, int]:
     return {b: spec.batch_steps(b) for b in (v.batch_sizes if v is not None and v.batch_sizes else [])}
 
 
+def forecast_at(spec: StudySpec, table: pd.DataFrame, transferred_lr: float | None, width: int, steps: int,
+                batch_size: int) -> Forecast:
+    """The forecast at a target of `width`, `steps` and `batch_size` from every mup lr sweep of `table` (widths,
+    horizons, batch sizes; a depth sweep's rows left out); a `ValueError` saying why when the sweeps give no fit."""
+    return forecast(without_depth_sweep(table), target_width=width, target_steps=steps, target_batch_size=batch_size,
+                    steps=spec.validate_horizon(), batch_size=spec.batch_for("validate"),
+                    batch_steps=_batch_steps(spec), transferred_lr=transferred_lr, seq_len=spec.data.seq_len,
+                    n_params=non_embedding_params(spec, sorted({*forecast_widths(spec), width})))
+
+
 def judge_forecast(ctx: Context, table: pd.DataFrame) -> Forecast | None:
-    """The forecast at the target (train.steps, train.batch_size) from every mup lr sweep of `table` (widths,
-    horizons, batch sizes; a depth sweep's rows left out), with the tune winner's lr as the transferred one; None
-    without two widths under mup, or when the sweeps give no fit (the reason logged)."""
-    spec, widths, width = ctx.spec, forecast_widths(ctx.spec), target_width(ctx.spec)
-    if not widths or width is None:
+    """`forecast_at` the study's target (`target_width`, train.steps, train.batch_size) with the tune winner's lr as
+    the transferred one; None without two widths under mup, or when the sweeps give no fit (the reason logged)."""
+    spec, width = ctx.spec, target_width(ctx.spec)
+    if not forecast_widths(spec) or width is None:
         return None
     try:
-        return forecast(without_depth_sweep(table), target_width=width, target_steps=spec.train.steps,
-                        target_batch_size=spec.train.batch_size, steps=spec.validate_horizon(),
-                        batch_size=spec.batch_for("validate"), batch_steps=_batch_steps(spec),
-                        transferred_lr=ctx.state.centre().get("lr"),
-                        n_params=non_embedding_params(spec, sorted({*widths, width})), seq_len=spec.data.seq_len)
+        return forecast_at(spec, table, ctx.state.centre().get("lr"), width, spec.train.steps, spec.train.batch_size)
     except ValueError as e:
         log.warning("no lr forecast: %s", e)
         return None

@@ -111,6 +111,11 @@ def test_a_term_is_dropped_where_its_axis_does_not_vary():
     assert "held out" not in forecast_line(_forecast(_sweep(widths=(32, 64), horizons=(100,))))
 
 
+def test_without_a_parameter_count_the_line_says_there_is_no_step_law_baseline():
+    line = forecast_line(_forecast(_sweep(), n_params=None))
+    assert "no Step Law baseline" in line and "Step Law η*(N, D)" not in line
+
+
 def test_a_batch_sweep_adds_a_batch_term():
     table = _sweep(widths=(32, 64), horizons=(100,), batches=(8, 16, 32), d=0.5, seeds=2)
     f = _forecast(table, target_width=256, target_steps=100, target_batch_size=64)
