@@ -107,17 +107,35 @@ class RegretVerdict(BaseModel):
     regret_pct: float | None = Field(description="the regret as a percentage of the optimum's loss")
     ci95: Interval | None = Field(None, description="95 % interval of the per-seed regrets in nats "
                                                     "(None: fewer than 2 seeds)")
+    batch_size: int | None = Field(None, description="a batch sweep's: the batch size the base batch's lr was "
+                                                     "carried to")
     note: str = Field("", description="why a value is missing, if one is")
 
 
+class ForecastVerdict(BaseModel):
+    """The target's optimal lr forecast from the validate sweeps (`analysis.forecast`)."""
+
+    width: int = Field(description="the target's width")
+    steps: int = Field(description="the target's training steps")
+    batch_size: int = Field(description="the target's batch size")
+    lr: float = Field(description="the forecast optimal lr")
+    ci95: Interval | None = Field(description="its 95 % interval in lr (None: no residual degrees of freedom)")
+    transferred_regret: float | None = Field(description="the tuned lr's expected loss there, in nats")
+    steplaw_lr: float | None = Field(description="Step Law's η*(N, D) there (None: no parameter count)")
+    held_out_error_log2: float | None = Field(description="the forecast's error at the held-out width, log2(lr)")
+    steplaw_held_out_error_log2: float | None = Field(description="Step Law's error there, log2(lr)")
+
+
 class ValidateVerdict(BaseModel):
-    """The validate phase's μTransfer evidence: each drift and the transfer regret."""
+    """The validate phase's μTransfer evidence: each drift, the transfer regret and the lr forecast."""
 
     passed: bool = Field(description="every drift passed")
     drifts: list[DriftVerdict] = Field(description="along width (lr first, then each swept hparam), then along "
-                                                   "training steps per width, then along depth")
+                                                   "training steps per width, along depth, along the batch size")
     regret: list[RegretVerdict] = Field(default_factory=list, description="per swept hparam, parametrization "
-                                                                          "and transferred width")
+                                                                          "and transferred width, then the batch "
+                                                                          "sweep's")
+    forecast: ForecastVerdict | None = Field(None, description="the target's optimal lr (two or more widths)")
 
 
 class CompareBudget(BaseModel):

@@ -15,6 +15,7 @@ from service.schemas import (
     CompareBudget,
     CompareVerdict,
     DriftVerdict,
+    ForecastVerdict,
     RegretVerdict,
     TransferPoint,
     TransferVerdict,
@@ -27,6 +28,7 @@ from service.schemas import (
 
 if TYPE_CHECKING:
     from analysis import Certificate, LRDrift, Regret
+    from analysis.forecast import Forecast
     from studies.phases import CompareResult, StudyState, TransferResult, TuneResult, ValidateResult
 
 
@@ -68,13 +70,23 @@ def regret_verdict(regret: Regret) -> RegretVerdict:
     ci = regret.ci
     return RegretVerdict(hparam=regret.hparam, parametrization=regret.parametrization, width=regret.width,
                          regret=_num(regret.regret), regret_pct=_num(regret.regret_pct),
-                         ci95=(ci[0], ci[1]) if ci else None, note=regret.note)
+                         ci95=(ci[0], ci[1]) if ci else None, batch_size=regret.batch_size, note=regret.note)
+
+
+def forecast_verdict(f: Forecast) -> ForecastVerdict:
+    held = f.held_out
+    return ForecastVerdict(width=f.target_width, steps=f.target_steps, batch_size=f.target_batch_size, lr=f.lr,
+                           ci95=(2.0 ** f.interval[0], 2.0 ** f.interval[1]) if f.interval else None,
+                           transferred_regret=_num(f.regret), steplaw_lr=_num(f.steplaw_lr),
+                           held_out_error_log2=_num(held.error_log2) if held else None,
+                           steplaw_held_out_error_log2=_num(held.steplaw_error_log2) if held else None)
 
 
 def validate_verdict(result: ValidateResult) -> ValidateVerdict:
     drifts = [drift_verdict(d) for d in result.all_drifts()]
     return ValidateVerdict(passed=all(d.passed for d in drifts), drifts=drifts,
-                           regret=[regret_verdict(r) for r in result.regret])
+                           regret=[regret_verdict(r) for r in [*result.regret, *result.batch_regret]],
+                           forecast=forecast_verdict(result.forecast) if result.forecast else None)
 
 
 def compare_verdict(result: CompareResult) -> CompareVerdict:
@@ -155,12 +167,22 @@ def drift_line(d: DriftVerdict) -> str:
 
 def regret_text(r: RegretVerdict) -> str:
     """"regret of lr at width 128 (mup): 0.0125 nats (0.3 %) [0.010, 0.015]"."""
-    head = f"regret of {r.hparam} at width {r.width} ({r.parametrization}): "
+    batch = f", batch {r.batch_size}" if r.batch_size is not None else ""
+    head = f"regret of {r.hparam} at width {r.width}{batch} ({r.parametrization}): "
     if r.regret is None:
         return head + (r.note or "unknown")
     pct = f" ({r.regret_pct:.2g} %)" if r.regret_pct is not None else ""
     ci = f" [{r.ci95[0]:.3g}, {r.ci95[1]:.3g}]" if r.ci95 else ""
     return f"{head}{r.regret:.3g} nats{pct}{ci}"
+
+
+def forecast_text(f: ForecastVerdict) -> str:
+    """"optimal lr forecast at width 128, 300 steps, batch 16: 0.0125 [0.0114, 0.0137]; held out: -0.11 log2"."""
+    ci = f" [{f.ci95[0]:.3g}, {f.ci95[1]:.3g}]" if f.ci95 else ""
+    held = f"; held-out error {_signed(f.held_out_error_log2)} log2" if f.held_out_error_log2 is not None else ""
+    law = (f" (Step Law {_signed(f.steplaw_held_out_error_log2)})" if f.steplaw_held_out_error_log2 is not None
+           else "")
+    return f"optimal lr forecast at width {f.width}, {f.steps} steps, batch {f.batch_size}: {f.lr:.3g}{ci}{held}{law}"
 
 
 def verdict_lines(verdicts: Verdicts) -> list[str]:
@@ -181,6 +203,8 @@ def verdict_lines(verdicts: Verdicts) -> list[str]:
         lines.append(f"validate: drift {'passed' if validate.passed else 'failed'}")
         lines += [f"  {drift_line(d)}" for d in validate.drifts]
         lines += [f"  {regret_text(r)}" for r in validate.regret]
+        if (f := validate.forecast) is not None:
+            lines.append(f"  {forecast_text(f)}")
     if (compare := verdicts.compare) is not None:
         lines.append("compare: " + "; ".join(
             f"budget {b.budget:.3g}: " + (f"{b.winner} first ({b.eval_loss:.4f})" if b.winner else "none finished")

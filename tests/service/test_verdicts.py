@@ -128,3 +128,21 @@ def test_get_study_and_the_list_carry_the_verdicts(api):
     assert schemas["StudyDetail"]["properties"]["verdicts"]["description"] == "each finished phase's verdict"
     assert schemas["VerifyVerdict"]["properties"]["bound"]["description"].startswith("one-sided (1-alpha)")
     assert "validate" in schemas["Verdicts"]["properties"]
+
+
+def test_the_lr_forecast_reaches_the_verdicts_and_their_lines(tmp_path):
+    from studies.phases.validate import PHASE
+    from tests.studies.test_forecast_phase import _ctx, _table
+    from tests.studies.test_validate_phase import Folder
+
+    result = PHASE.judge(_ctx(), _table(), Folder(tmp_path))
+    f, held = result.forecast, result.forecast.held_out
+    state = StudyState.model_validate_json(json.dumps({"study_id": "f", "spec_hash": "h", "phases": {
+        "validate": {**result.model_dump(mode="json"), "status": "done"}}}))
+    shown = study_verdicts(state).validate_.forecast
+    assert (shown.width, shown.steps, shown.batch_size, shown.lr) == (128, 300, 16, pytest.approx(f.lr))
+    assert shown.ci95 == pytest.approx((2.0 ** f.interval[0], 2.0 ** f.interval[1]))
+    assert shown.held_out_error_log2 == pytest.approx(held.error_log2)
+    assert shown.steplaw_held_out_error_log2 == pytest.approx(held.steplaw_error_log2)
+    [line] = [x for x in verdict_lines(study_verdicts(state)) if "forecast" in x]
+    assert line.strip().startswith(f"optimal lr forecast at width 128, 300 steps, batch 16: {f.lr:.3g} [")
