@@ -29,7 +29,7 @@ from studies.spec import StudySpec
 # phase's and the study's start are process starts, CPU-bound: they take `busy` = 1 + load/cores times as long
 PHASE_START_S = 2.0  # trial actors started afresh (torch, Ray Tune, the cached data), the phase's figures at its end
 TRIAL_OVERHEAD_S = 0.25  # Tune's scheduling, the trial's reports and its MLflow run
-TUNE_TRIAL_OVERHEAD_S = 2.0  # also TPE's suggestion and ASHA's stop before Tune starts the next trial (it varies 0.4–3 s)
+TUNE_TRIAL_OVERHEAD_S = 2.0  # also TPE's suggestion and ASHA's stop before Tune starts the next trial (0.4–3 s)
 STUDY_START_S = 7.0  # the local Ray's start, the MLflow store, and the report at the end
 UNCERTAINTY = 0.25  # the band printed: a few probed steps against a whole run, and the machine's load meanwhile
 
