@@ -5,7 +5,8 @@ seven transferred hparams in `pt`, BERT's and UT's four in `encoder`, TauGPT's f
 
 A study's tune phase searches `searched()`; every trial also receives `fixed()`; `defaults()` is the point the
 space is centred on (`studies.model.space_class(family)`: a registered family's space); `space_model` builds a
-space from one declaration of a family's hparams.
+space from one declaration of a family's hparams: each a config field with its default, its description and its
+search bounds (`Searched`), made a search-space field by `searched_range`.
 
 Every family's space may also search AdamW's weight decay λ (`weight_decay`, a `WeightDecayRange`; `WEIGHT_DECAY`):
 left out (None, the default), λ is `train.weight_decay`, fixed, and not a hparam of the space (nor of its dump, so
@@ -16,9 +17,11 @@ and a trial's λ overrides `train.weight_decay` (`studies.spec.StudySpec.trial_c
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_serializer, model_validator
+from pydantic.fields import FieldInfo
 
 __all__ = ["MAX_WEIGHT_DECAY", "WEIGHT_DECAY", "Range", "Space", "WeightDecayRange", "check_hparam_names",
            "space_model"]
@@ -160,6 +163,23 @@ class Space(BaseModel):
         timescale rule sets it where `train.weight_decay` would be fixed)."""
         check_hparam_names(hparams, "the hparams given", (*self.HPARAMS, WEIGHT_DECAY))
         return {**self.defaults(), **{k: float(v) for k, v in hparams.items()}}
+
+
+@dataclass(frozen=True)
+class Searched:
+    """An hparam's search bounds (log-uniform), beside its default and description in its config's `Field`."""
+
+    low: float
+    high: float
+
+
+def searched_range(field: FieldInfo, description: str | None = None) -> Any:
+    """The search-space `Field` of a config hparam declared with `Searched` bounds: a log `Range` over them whose
+    default is the config's, described as the config field is (or by `description`)."""
+    search = next(m for m in field.metadata if isinstance(m, Searched))
+    low, high, default = search.low, search.high, float(field.default)
+    return Field(default_factory=lambda: Range(low=low, high=high, log=True, default=default),
+                 description=description or field.description)
 
 
 def space_model(name: str, doc: str, ranges: dict[str, Any], frozen: Any, module: str) -> type[Space]:

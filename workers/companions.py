@@ -1,7 +1,7 @@
 """Processes that train a shape beside the probe (`workers.probe`), as a phase's other trials will beside each one.
 
 A phase runs several trials at once, and they share more than cores: on a 2-vCPU machine two one-thread trials each
-stepped 2.2× slower than one alone (docs/LOG.md). So the probe times a shape while `k - 1` companions train the same
+stepped 2.2× slower than one alone. So the probe times a shape while `k - 1` companions train the same
 shape in their own processes (spawned: a forked torch can hang in its thread pool), each stepping until told to stop.
 
 `Companions(spec, n, threads, build)` starts `n` processes, which build each shape with `build` (the probe's `rig`);

@@ -35,7 +35,7 @@ DEFAULT_DATA = DataSpec(max_tokens=200_000, seq_len=32)
 
 
 # The residual stream over depth must not grow, but may shrink: under CompleteP the blocks' random initial
-# contributions add up to O(L^-1/2) (L branches × 1/L) by design (measured: docs/LOG.md).
+# contributions add up to O(L^-1/2) (L branches × 1/L) by design.
 DEPTH_MAY_VANISH = ("hidden.",)
 LAYER = re.compile(r"\.layer(\d+)$")  # a per-layer trace name's suffix
 

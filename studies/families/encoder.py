@@ -4,15 +4,12 @@ their search space (`BaselineSpace`: lr and mup's usual knobs) and the encoder's
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, Protocol
+from typing import Annotated, Literal, Protocol
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from studies.arch import DepthArch, ModelSize, PosInt
-from studies.space import Range, Space
-
-BASELINE_HPARAMS: tuple[str, ...] = ("lr", "init_std", "output_mult", "attn_mult")
-"""The BERT and UT hparams: `lr` and the three multipliers of `workers/models/bert.py`."""
+from studies.space import Range, Searched, searched_range, space_model
 
 
 class EncoderArch(DepthArch):
@@ -45,41 +42,40 @@ class _EncoderHeads(Protocol):
     def heads_at(self, width: int) -> int: ...
 
 
-class EncoderConfig(ModelSize):
-    """BERT's and UT's hparams (mup's usual knobs) and heads (the arch's `heads_at`, mixed in beside it). The
-    defaults are `BaselineSpace`'s (what a trial not searching an hparam gets)."""
+class EncoderHparams(BaseModel):
+    """BERT's and UT's hparams but lr (mup's usual knobs). Each field's default, description and search bounds
+    (`Searched`) are `BaselineSpace`'s too. init_std 0.05: BERT's 0.02 is ≈ 0.55/√768; at the widths of a CPU
+    study, ~100, the same fan-in-relative std is ≈ 0.05."""
 
-    init_std: float = Field(0.05, gt=0, description="standard: every weight; μP: embeddings, readout, hidden at d0")
-    output_mult: float = Field(1.0, gt=0, description="multiplies the logits (μP: output_mult · d0/d)")
-    attn_mult: float = Field(1.0, gt=0, description="multiplies the attention logits")
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    init_std: Annotated[float, Searched(0.005, 0.5)] = Field(
+        0.05, gt=0, description="std of the embeddings and readout, and of the hidden weights at base_width "
+        "(standard: at every width; μP: ∝ 1/√width above)")
+    output_mult: Annotated[float, Searched(0.1, 10.0)] = Field(
+        1.0, gt=0, description="multiplier of the MLM logits (μP: output_mult · base_width/width)")
+    attn_mult: Annotated[float, Searched(0.25, 4.0)] = Field(
+        1.0, gt=0, description="multiplier of the attention logits (μP: q·k/head_dim; standard: q·k/√head_dim)")
+
+
+class EncoderConfig(ModelSize, EncoderHparams):
+    """BERT's and UT's hparams and heads (the arch's `heads_at`, mixed in beside it)."""
 
     @property
     def n_heads(self: _EncoderHeads) -> int:
         return self.heads_at(self.width)
 
 
-class BaselineSpace(Space):
-    """The BERT / UT space (`workers/models/bert.py`): lr, the init std and the output and attention multipliers.
+BaselineSpace = space_model(
+    "BaselineSpace", "The BERT / UT space (`workers/models/bert.py`): lr (3e-3: Adam, small encoders), then "
+    "`EncoderHparams`' ranges.",
+    {"lr": Field(default_factory=lambda: Range(low=1e-4, high=1e-1, log=True, default=3e-3),
+                 description="base learning rate of AdamW (μP scales the hidden group's by base_width/width)"),
+     **{name: searched_range(field) for name, field in EncoderHparams.model_fields.items()}},
+    Field(default_factory=list, description="hparams held at their default, e.g. [attn_mult]"), __name__)
 
-    Defaults: lr 3e-3 (Adam, small encoders), init_std 0.05 (BERT's 0.02 is ≈ 0.55/√768; at the widths of
-    a CPU study, ~100, the same fan-in-relative std is ≈ 0.05), both multipliers 1.
-    """
-
-    HPARAMS: ClassVar[tuple[str, ...]] = BASELINE_HPARAMS
-    lr: Range = Field(
-        default_factory=lambda: Range(low=1e-4, high=1e-1, log=True, default=3e-3),
-        description="base learning rate of AdamW (μP scales the hidden group's by base_width/width)",
-    )
-    init_std: Range = Field(
-        default_factory=lambda: Range(low=0.005, high=0.5, log=True, default=0.05),
-        description="std of the embeddings and readout; hidden weights at base_width (μP: ∝ 1/√width above)")
-    output_mult: Range = Field(
-        default_factory=lambda: Range(low=0.1, high=10.0, log=True, default=1.0),
-        description="multiplier of the MLM logits (μP: output_mult · base_width/width)")
-    attn_mult: Range = Field(
-        default_factory=lambda: Range(low=0.25, high=4.0, log=True, default=1.0),
-        description="multiplier of the attention logits (μP: q·k/head_dim; standard: q·k/√head_dim)")
-    frozen: list[str] = Field(default_factory=list, description="hparams held at their default, e.g. [attn_mult]")
+BASELINE_HPARAMS: tuple[str, ...] = BaselineSpace.HPARAMS
+"""The BERT and UT hparams: `lr` and the three multipliers of `workers/models/bert.py`."""
 
 
 # ----------------------------------------------------------------------------- counts (`studies.budget`)

@@ -1,23 +1,21 @@
 """The Probabilistic Transformer (`workers.models.pt`): its arch, its hparams, its config, its search space, its
 parameter and FLOP counts and its registration.
 
-PT's hparams are declared once, in `PTWeights` (the six information weights, PT spec §3.2: the default, the
-description and the search range of each) and `LR`: `HPARAMS`, `INFORMATION_WEIGHTS` and the search space
-(`SearchSpace`) are derived from them.
+PT's hparams are declared once, as every built-in family's, in `PTWeights` (the six information weights, PT spec
+§3.2: the default, the description and the search range of each) and `LR`: `HPARAMS`, `INFORMATION_WEIGHTS` and the
+search space (`SearchSpace`) are derived from them.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic.fields import FieldInfo
 
 from studies.arch import Arch, ModelSize, NonNegInt, PosInt, width_error
 from studies.family import Family, register
-from studies.space import Range, space_model
+from studies.space import Range, Searched, searched_range, space_model
 
 
 class PTArch(Arch):
@@ -93,14 +91,6 @@ class PTArch(Arch):
         return None
 
 
-@dataclass(frozen=True)
-class Searched:
-    """An hparam's search bounds (log-uniform), beside its default and description in its `Field`."""
-
-    low: float
-    high: float
-
-
 Weight = Annotated[float, Searched(0.25, 4.0)]
 """An information weight: 1 in the original PT, searched in [1/4, 4]."""
 
@@ -144,14 +134,6 @@ LR = Field(default_factory=lambda: Range(low=1e-4, high=1e-1, log=True, default=
            description="base learning rate of AdamW (μP scales it per parameter group)")
 
 
-def _weight_range(name: str, field: FieldInfo) -> Any:
-    """The search-space field of information weight `name`: its bounds, its default and its description."""
-    search = next(m for m in field.metadata if isinstance(m, Searched))
-    low, high, default = search.low, search.high, float(field.default)
-    return Field(default_factory=lambda: Range(low=low, high=high, log=True, default=default),
-                 description=f"{name}: the scale of {field.description} (PT spec §3.2)")
-
-
 INFORMATION_WEIGHTS: tuple[str, ...] = tuple(PTWeights.model_fields)
 """PT's six message scalings (PT spec §3.2): every hparam but `lr`."""
 
@@ -160,7 +142,8 @@ HPARAMS: tuple[str, ...] = ("lr", *INFORMATION_WEIGHTS)
 
 SearchSpace = space_model(
     "SearchSpace", "PT's space: a `Range` per hparam (each optional: omitted ones take the documented default "
-    "range).", {"lr": LR, **{n: _weight_range(n, f) for n, f in PTWeights.model_fields.items()}},
+    "range).", {"lr": LR, **{n: searched_range(f, f"{n}: the scale of {f.description} (PT spec §3.2)")
+                 for n, f in PTWeights.model_fields.items()}},
     Field(default_factory=list, description="hparams held at their default instead of searched, e.g. "
           "[w_topic, w_topic_z] when model.arch.topic is 'none' (those weights then have no effect)"),
     __name__)

@@ -3,16 +3,13 @@ registration. A causal LM (objective "clm"): it cannot join a compare study, and
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from studies.arch import DepthArch, ModelSize, NonNegInt, PosInt
 from studies.family import Family, register
-from studies.space import Range, Space
-
-TAU_HPARAMS: tuple[str, ...] = ("lr", "init_std", "output_mult", "temperature")
-"""The TauGPT hparams: `lr`, the init std, the readout multiplier and the initial attention temperature."""
+from studies.space import Range, Searched, searched_range, space_model
 
 
 class TauArch(DepthArch):
@@ -61,12 +58,23 @@ class TauArch(DepthArch):
                 f"by whole heads): use a multiple of {step}")
 
 
-class TauConfig(TauArch, ModelSize):
-    """Everything `workers.models.tauformer.TauGPT` is built from, and its heads."""
+class TauHparams(BaseModel):
+    """TauGPT's hparams but lr. Each field's default, description and search bounds (`Searched`) are `TauSpace`'s
+    too."""
 
-    init_std: float = Field(0.5, gt=0, description="matrices: std = init_std / √fan_in (reference: Kaiming gain 0.5)")
-    output_mult: float = Field(1.0, gt=0, description="multiplies the logits (μP: output_mult · d0/d)")
-    temperature: float = Field(0.03, gt=0, description="initial T_h (spec §3.2: ≈ the init λ spread at D = 64)")
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    init_std: Annotated[float, Searched(0.1, 2.0)] = Field(
+        0.5, gt=0, description="matrices: std = init_std / √fan_in (the reference's Kaiming gain 0.5)")
+    output_mult: Annotated[float, Searched(0.1, 10.0)] = Field(
+        1.0, gt=0, description="multiplier of the LM logits (μP: output_mult · base_width/width)")
+    temperature: Annotated[float, Searched(0.005, 0.5)] = Field(
+        0.03, gt=0, description="initial per-head temperature T_h of the λ logits −|λq − λk|/T (learned from there "
+        "by default; Tauformer spec §3.2: ≈ the λ spread at init at D = 64)")
+
+
+class TauConfig(TauArch, ModelSize, TauHparams):
+    """Everything `workers.models.tauformer.TauGPT` is built from, and its heads."""
 
     @property
     def n_heads(self) -> int:
@@ -77,29 +85,16 @@ class TauConfig(TauArch, ModelSize):
         return self.n_heads // self.kv_group
 
 
-class TauSpace(Space):
-    """The TauGPT space (`workers/models/tauformer.py`): lr, the init std, the output multiplier and the
-    initial attention temperature.
+TauSpace = space_model(
+    "TauSpace", "The TauGPT space (`workers/models/tauformer.py`): lr (3e-3: Adam, small GPTs; the 30M post used "
+    "5e-4 at width 384), then `TauHparams`' ranges.",
+    {"lr": Field(default_factory=lambda: Range(low=1e-4, high=3e-2, log=True, default=3e-3),
+                 description="base learning rate of AdamW (μP scales the hidden group's by base_width/width)"),
+     **{name: searched_range(field) for name, field in TauHparams.model_fields.items()}},
+    Field(default_factory=list, description="hparams held at their default, e.g. [temperature]"), __name__)
 
-    Defaults: lr 3e-3 (Adam, small GPTs; the 30M post used 5e-4 at width 384), init_std 0.5 (the reference's
-    Kaiming-uniform gain), output_mult 1, temperature 0.03 (Tauformer spec §3.2: ≈ the λ spread at init).
-    """
-
-    HPARAMS: ClassVar[tuple[str, ...]] = TAU_HPARAMS
-    lr: Range = Field(
-        default_factory=lambda: Range(low=1e-4, high=3e-2, log=True, default=3e-3),
-        description="base learning rate of AdamW (μP scales the hidden group's by base_width/width)",
-    )
-    init_std: Range = Field(
-        default_factory=lambda: Range(low=0.1, high=2.0, log=True, default=0.5),
-        description="matrix init std × √fan_in (the reference's Kaiming gain 0.5)")
-    output_mult: Range = Field(
-        default_factory=lambda: Range(low=0.1, high=10.0, log=True, default=1.0),
-        description="multiplier of the LM logits (μP: output_mult · base_width/width)")
-    temperature: Range = Field(
-        default_factory=lambda: Range(low=0.005, high=0.5, log=True, default=0.03),
-        description="initial per-head temperature of the λ logits −|λq − λk|/T (learned from there by default)")
-    frozen: list[str] = Field(default_factory=list, description="hparams held at their default, e.g. [temperature]")
+TAU_HPARAMS: tuple[str, ...] = TauSpace.HPARAMS
+"""The TauGPT hparams: `lr`, the init std, the readout multiplier and the initial attention temperature."""
 
 
 # TauGPT widens by heads at a fixed head_dim (the Laplacian's size): 2 heads at width 32, 16 at 256

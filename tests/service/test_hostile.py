@@ -22,6 +22,7 @@ from tests.service.test_limits import BOMB
 
 pytestmark = pytest.mark.slow  # a real uvicorn process (≈20 s)
 COMPARE = load_catalog("compare_cpu").as_dict()
+STALL_S = 2.0  # an answer this slow means the event loop stopped serving
 
 
 SERVE = """
@@ -116,7 +117,7 @@ def _hostile(url: str) -> list[tuple[str, callable, set[int]]]:
     ]
 
 
-def test_healthz_stays_fast_while_hostile_requests_are_in_flight(served):
+def test_healthz_keeps_answering_while_hostile_requests_are_in_flight(served):
     stop, answers, failures = threading.Event(), [], []
 
     def attack(name, send, expected):
@@ -143,4 +144,5 @@ def test_healthz_stays_fast_while_hostile_requests_are_in_flight(served):
           f"max {latencies[-1] * 1000:.1f} ms; {len(answers)} hostile requests answered")
     assert not failures, failures
     assert {name for name, _, _ in _hostile(served)} <= set(answers)  # every kind was answered at least once
-    assert p99 < 0.1, f"/healthz p99 {p99 * 1000:.0f} ms under attack"
+    # a stalled event loop (the defects above: 10–45 s) shows as one slow answer; a busy machine adds milliseconds
+    assert latencies[-1] < STALL_S, f"/healthz took {latencies[-1]:.1f} s under attack: the event loop stalled"

@@ -21,6 +21,7 @@ from tests.service.conftest import FakeExecutor
 TINY = load_catalog("tiny").as_dict()
 TINY_TAU = load_catalog("tiny_tau").as_dict()
 COMPARE = load_catalog("compare_cpu").as_dict()
+REFUSED_S = 5.0  # the defects below took 20–45 s; a busy machine adds fractions of a second
 BOMB = b"""a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
 b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
 c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
@@ -106,18 +107,18 @@ def test_every_bound_is_a_setting_and_the_operator_can_raise_or_lower_it(tmp_pat
         assert _post(client, _with(TINY, ("tune", "num_trials"), 4)).status_code == 201
 
 
-def test_huge_compare_budgets_are_refused_in_milliseconds(api):
+def test_huge_compare_budgets_are_refused_at_once(api):
     """Was 20.8 s: every budget's width was solved (a linear scan per family) before any bound was checked."""
     for budgets, setting in (([1e12 * (i + 1) for i in range(60)], "PTCTL_MAX_PARAMS"),
                              ([1e5 * (i + 1) for i in range(100)], "PTCTL_MAX_LIST")):
         start = time.perf_counter()
         errors = _errors(_post(api, _with(COMPARE, ("compare", "budgets"), budgets)))
-        assert time.perf_counter() - start < 1.0
+        assert time.perf_counter() - start < REFUSED_S
         assert errors[0]["loc"][:3] == ["body", "compare", "budgets"] and setting in errors[0]["msg"], errors[0]
     # within the bounds but unreachable by any width: validation itself stays fast (the solver bisects)
     start = time.perf_counter()
     errors = _errors(_post(api, _with(COMPARE, ("compare", "budgets"), [9e10 + i for i in range(60)])))
-    assert time.perf_counter() - start < 1.0 and "no pt width" in json.dumps(errors)
+    assert time.perf_counter() - start < REFUSED_S and "no pt width" in json.dumps(errors)
 
 
 # ---------------------------------------------------------------------------------- strict input (obs 7)
@@ -173,12 +174,12 @@ def test_a_lone_surrogate_is_refused_and_no_study_becomes_unreadable(api):
         assert api.get(f"/studies/{study['id']}").status_code == 200
 
 
-def test_yaml_aliases_are_refused_in_milliseconds(api):
+def test_yaml_aliases_are_refused_at_once(api):
     """A 505-byte alias bomb took 44.8 s to refuse, with the event loop frozen meanwhile."""
     assert len(BOMB) < 600
     start = time.perf_counter()
     response = _post(api, BOMB, "application/yaml")
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < REFUSED_S
     assert response.status_code == 400 and "anchors and aliases" in response.json()["detail"], response.text
 
 

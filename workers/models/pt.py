@@ -7,7 +7,7 @@ and guarded by the coordinate-check test. The config, `PTConfig`, is declared in
 
 Memory (`PTConfig.recompute`, default on): per iteration only q = P·U and k = P·V are kept for backward; the
 hand-written backward (`_Scores`, `_Messages`) recomputes the rest from A, q, k, with the arithmetic of
-`recompute=False` (tests/workers/test_pt_recompute.py; measured in docs/LOG.md).
+`recompute=False` (tests/workers/test_pt_recompute.py).
 Shapes: B batch, n length, d width (Z labels), h channels, r rank, K = 2γ+2 distance buckets, m topics.
 """
 
