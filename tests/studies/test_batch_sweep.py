@@ -29,6 +29,7 @@ from studies.plan import PLANNED_COLUMNS, PlannedTrial
 from studies.spec import CATALOG_DIR, StudySpec
 from tests.studies._dicts import with_changes
 from tests.studies._report import phase_report
+from tests.studies.test_validate_phase import Folder
 
 SPEC = load_catalog("batch_cpu")
 CENTRE = {**SPEC.space.defaults(), "lr": 0.008}  # tuned at batch 8: 2^-6.97
@@ -177,20 +178,6 @@ def test_the_cost_scales_with_each_trials_batch_and_steps():
 
 
 # ------------------------------------------------------------------------------------ judging
-
-
-class Folder:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def artifact(self, name: str) -> Path:
-        return self.root / name
-
-    def figure(self, name: str) -> Path:
-        return self.root / f"{name}.png"
-
-    def write_artifact(self, name: str, data: object) -> Path:
-        return self.root / name
 
 
 def _optimum(batch: int) -> float:

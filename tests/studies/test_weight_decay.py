@@ -5,7 +5,6 @@ train.weight_decay when not), `validate.weight_decays` (λ*'s drift per doubling
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -25,6 +24,7 @@ from studies.phases.validate import decay_timescales, validate_trials
 from studies.plan import PlannedTrial
 from studies.spec import CATALOG_DIR, StudySpec, TrialConfig
 from tests.studies._report import phase_report
+from tests.studies.test_validate_phase import Folder
 
 WD = StudySpec.from_yaml(CATALOG_DIR / "weight_decay_cpu.yaml")
 TINY = StudySpec.from_yaml(CATALOG_DIR / "tiny.yaml")
@@ -217,20 +217,6 @@ def _table(slope: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-class _Folder:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def artifact(self, name: str) -> Path:
-        return self.root / name
-
-    def figure(self, name: str) -> Path:
-        return self.root / f"{name}.png"
-
-    def write_artifact(self, name: str, data: object) -> Path:
-        return self.root / name
-
-
 @pytest.mark.parametrize(("slope", "passed"), [(1.0, False), (0.0, True)])
 def test_lambda_stars_drift_per_doubling_of_width_is_judged_on_a_synthetic_table(slope, passed):
     drift = lr_drift(_table(slope), threshold=0.5, hparam="weight_decay")
@@ -249,7 +235,7 @@ def test_the_validate_phase_sweeps_lambda_and_reports_its_drift_and_timescale(tm
     table = _table(1.0)
     state = StudyState(study_id="v", spec_hash="x", phases={"tune": TuneResult(status="done", best_hparams=CENTRE)})
     ctx = Context(spec=WD, state=state, tables=lambda name: table if name == "validate" else None)
-    result = VALIDATE.judge(ctx, table, _Folder(tmp_path))
+    result = VALIDATE.judge(ctx, table, Folder(tmp_path))
     assert isinstance(result, ValidateResult) and set(result.hparam_drift) == {"weight_decay"}
     assert result.hparam_drift["weight_decay"].mup_drift == pytest.approx(1.0, abs=0.05)
     assert (tmp_path / "mutransfer_weight_decay.png").exists()
