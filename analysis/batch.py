@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.regret import Regret, _curve, carried_regret, curve_minimum
+from analysis.regret import Regret, _curve, carried_regret, curve_minimum, said
 from analysis.table import phase_rows
 from analysis.transfer import JUDGED, LRDrift, lr_curves
 
@@ -113,10 +113,7 @@ def batch_regret(table: pd.DataFrame, base_batch: int, *, phase: str = "validate
 
 
 def _said(r: Regret) -> str:
-    if r.regret is None:
-        return f"batch {r.batch_size}: {r.parametrization} — ({r.note})"
-    ci = f" [95 % CI {r.ci[0]:+.3g}, {r.ci[1]:+.3g}]" if r.ci else " (one seed: no interval)"
-    return f"batch {r.batch_size}: {r.parametrization} {r.regret:+.3g} nats ({r.regret_pct:+.2g} %){ci}"
+    return f"batch {r.batch_size}: {said(r)}"
 
 
 def batch_regret_line(regrets: Sequence[Regret], width: int | None = None) -> str | None:

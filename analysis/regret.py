@@ -158,7 +158,8 @@ def transfer_regret(table: pd.DataFrame, centre: Mapping[str, float], widths: It
     return out
 
 
-def _said(r: Regret) -> str:
+def said(r: Regret) -> str:
+    """One regret: its parametrization, nats, % and interval (or why it has none)."""
     if r.regret is None:
         return f"{r.parametrization} — ({r.note})"
     ci = f" [95 % CI {r.ci[0]:+.3g}, {r.ci[1]:+.3g}]" if r.ci else " (one seed: no interval)"
@@ -173,6 +174,6 @@ def regret_line(regrets: Sequence[Regret], hparam: str = "lr") -> str | None:
     if not chosen:
         return None
     widths = sorted({r.width for r in chosen})
-    parts = [f"at width {w}: " + ", ".join(_said(r) for r in chosen if r.width == w) for w in widths]
+    parts = [f"at width {w}: " + ", ".join(said(r) for r in chosen if r.width == w) for w in widths]
     sources = "; ".join(dict.fromkeys(f"{r.parametrization} carries {r.source}" for r in chosen))
     return f"Transfer regret in {hparam} {'; '.join(parts)} (vs the sweep's interpolated optimum; {sources})."
