@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from pydantic import ValidationError
 from rich.console import Console
 
 from service.limits import Limits, check
@@ -29,6 +28,7 @@ from studies.plan import PLANNED_COLUMNS, PlannedTrial
 from studies.spec import CATALOG_DIR, StudySpec
 from tests.studies._dicts import with_changes
 from tests.studies._report import phase_report
+from tests.studies.test_spec import error_of
 from tests.studies.test_validate_phase import Folder
 
 SPEC = load_catalog("batch_cpu")
@@ -39,12 +39,6 @@ MINIMAL = {"name": "demo", "train": {"batch_size": 16}, "tune": {"base_width": 1
 
 def spec_dict(**changes: object) -> dict:
     return with_changes(MINIMAL, **changes)
-
-
-def error_of(data: dict) -> str:
-    with pytest.raises(ValidationError) as err:
-        StudySpec.model_validate(data)
-    return str(err.value)
 
 
 # ------------------------------------------------------------------------------------ the spec
