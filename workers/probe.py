@@ -80,26 +80,24 @@ class Machine:
         memory = float(torch.cuda.mem_get_info(0)[0]) if gpus else None
         return cls(cpus or found, gpus, memory)
 
-    @classmethod
-    def of_ray(cls, cpus: int | None = None) -> tuple[Machine, str | None]:
+    def of_ray(self) -> tuple[Machine, str | None]:
         """The Ray cluster at `RAY_ADDRESS` (joined), or the one this process is connected to, as one machine of
-        its CPUs and GPUs, a GPU's free memory taken as this machine's; this machine without either (and why, when
-        `RAY_ADDRESS` cannot be reached)."""
+        its CPUs and GPUs, a GPU's free memory taken as this machine's (`self`); this machine without either (and
+        why, when `RAY_ADDRESS` cannot be reached)."""
         from workers.ray import ray
 
-        here = cls.here(cpus)
         if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
-            return here, None
+            return self, None
         from workers.errors import InfrastructureLost
         from workers.ray.cluster import ensure_ray, resources
 
         try:
             ensure_ray()
         except InfrastructureLost as exc:
-            return here, f"the Ray cluster could not be reached ({one_line(exc)}): this machine's CPUs are counted"
+            return self, f"the Ray cluster could not be reached ({one_line(exc)}): this machine's CPUs are counted"
         found = resources()
-        return cls(int(found.get("CPU", 0)) or here.cpus, int(found.get("GPU", 0)), here.gpu_memory,
-                   "the Ray cluster"), None
+        return Machine(int(found.get("CPU", 0)) or self.cpus, int(found.get("GPU", 0)), self.gpu_memory,
+                       "the Ray cluster"), None
 
 
 def free_memory(device: str) -> float | None:
@@ -255,12 +253,12 @@ def probe(spec: StudySpec, shapes: Sequence[Shape], n_threads: int, budget_s: fl
 def estimate_here(spec: StudySpec, cpus: int | None = None, budget_s: float = PROBE_BUDGET_S) -> Estimate:
     """The study's wall time on this machine, per phase, from a probe of its shapes (each timed beside as many
     trials of it as a phase runs at once); `cpus`: the CPUs Ray gets (None: this machine's)."""
-    here, unreached = Machine.of_ray(cpus)
+    local = Machine.here(cpus)  # the probe's company: what one machine runs at once
+    here, unreached = local.of_ray()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0  # before the probe adds its own
     jobs = planned_jobs(spec, here.cpus, here.gpus, here.gpu_memory)
     shapes = shapes_of(jobs)
     n_threads = max(1, int(spec.resources.cpus_per_trial))
-    local = Machine.here(cpus)  # the probe's company: what one machine runs at once
     found = probe(spec, shapes, n_threads, budget_s, at_once(spec, jobs, local.cpus, local.gpus))
     times = completed(spec, shapes, found.times)
     busy = 1 + load / (os.cpu_count() or 1)
