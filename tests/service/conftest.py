@@ -62,6 +62,34 @@ def listeners(port: int) -> set[int]:
     return groups
 
 
+SYSTEM = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def ray_work(data_dir: Path) -> dict[int, str]:
+    """pid → title of the Ray workers doing this data dir's work (drivers, trials), found through /proc:
+    every driver and trial gets PTCTL_DATA_DIR from the driver's runtime_env."""
+    found = {}
+    marker = f"PTCTL_DATA_DIR={data_dir}".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            title = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace").strip()
+            if title.startswith("ray::") and title not in SYSTEM and marker in (entry / "environ").read_bytes():
+                found[int(entry.name)] = title
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def service_state(api: httpx.Client, data_dir: Path):
+    """A `seen` for `wait_for` over the session's service: every study's status and phase, the Ray work
+    of `data_dir` and the machine's load (what a timed-out wait found instead)."""
+    def seen() -> str:
+        listed = api.get("/studies", params={"limit": 500}).json()["items"]
+        studies = [(s["id"], s["status"], s["phase"]) for s in listed]
+        return f"studies {studies}; Ray work {sorted(ray_work(data_dir).values())}; load {os.getloadavg()}"
+    return seen
+
+
 def start_serving(launch, ready, log: Path, what: str, timeout: float = 180) -> tuple[subprocess.Popen, int]:
     """`launch(port)` (a server in a session of its own) on a free port, once `serving`; returns the process and the
     port. The port is picked before the server binds it, so another process (another pytest worker's server) may

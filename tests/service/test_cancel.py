@@ -10,34 +10,15 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 from mlflow import MlflowClient
 
 from studies import load_catalog
-from tests.service.conftest import EVENT_S, wait_for
+from tests.service.conftest import EVENT_S, ray_work, wait_for
 
 pytestmark = pytest.mark.slow
-SYSTEM = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
-
-
-def ray_work(data_dir: Path) -> dict[int, str]:
-    """pid → title of the Ray workers doing this data dir's work (drivers, trials), found through /proc:
-    every driver and trial gets PTCTL_DATA_DIR from the driver's runtime_env."""
-    found = {}
-    marker = f"PTCTL_DATA_DIR={data_dir}".encode()
-    for entry in Path("/proc").iterdir():
-        try:
-            title = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace").strip()
-            if title.startswith("ray::") and title not in SYSTEM and marker in (entry / "environ").read_bytes():
-                found[int(entry.name)] = title
-        except (OSError, ValueError):
-            continue
-    return found
-
-
 def _spec_yaml() -> str:
     data = load_catalog("tiny").as_dict()
     data["name"] = "tiny-cancel"

@@ -23,8 +23,7 @@ from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
 from studies import load_catalog
-from tests.service.conftest import EVENT_S, wait_for
-from tests.service.test_cancel import ray_work
+from tests.service.conftest import EVENT_S, ray_work, service_state, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +50,8 @@ def test_a_trial_finished_just_before_its_driver_was_killed_does_not_train_again
             done = [r for r in runs if r.info.status == "FINISHED"]
             return done if len(done) >= 3 else None  # one created after Tune's first save of the experiment
 
-        finished = wait_for(finished_tune_runs, 240, "a third tune trial's run to be finished", interval=0.05)
+        finished = wait_for(finished_tune_runs, 240, "a third tune trial's run to be finished", interval=0.05,
+                            seen=service_state(api, service_dir))
         drivers = [pid for pid, title in ray_work(service_dir).items() if title.startswith("ray::StudyDriverActor")]
         os.kill(drivers[0], signal.SIGKILL)  # right after the trial's result was recorded
         killed_at = time.time()

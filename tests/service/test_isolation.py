@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 
 from service import ray_head
 from studies import load_catalog
-from tests.service.conftest import wait_for
+from tests.service.conftest import service_state, wait_for
 
 pytestmark = pytest.mark.slow
 N_TUNE = 2  # each study's own trials, told apart from the others' (after a cancel/resume too)
@@ -72,7 +72,8 @@ def test_concurrent_studies_keep_their_own_trials(server, service_dir, mlflow_se
             assert created.status_code == 201, created.text
             ids.append(created.json()["id"])
         status = lambda sid: api.get(f"/studies/{sid}").json()  # noqa: E731
-        wait_for(lambda: status(ids[0])["progress"]["tune"]["done"] >= 1, 300, "a finished tune trial of the first")
+        wait_for(lambda: status(ids[0])["progress"]["tune"]["done"] >= 1, 300, "a finished tune trial of the first",
+                 seen=service_state(api, service_dir))
         assert api.post(f"/studies/{ids[0]}/cancel").status_code == 200
         for sid in ids[1:]:
             final = wait_for(lambda sid=sid: (d := status(sid))["status"] not in ("pending", "running") and d, 600,

@@ -23,8 +23,7 @@ import yaml
 from service import ray_head
 from studies import load_catalog
 from tests.conftest import DEFAULT_DATA
-from tests.service.conftest import ADMIN, EVENT_S, READ, Server, wait_for
-from tests.service.test_cancel import ray_work
+from tests.service.conftest import ADMIN, EVENT_S, READ, Server, ray_work, wait_for
 
 pytestmark = pytest.mark.slow
 TERMINAL = ("succeeded", "failed", "cancelled")

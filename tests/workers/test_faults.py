@@ -15,8 +15,7 @@ from mlflow import MlflowClient
 
 from studies import load_catalog
 from studies.spec import StudySpec
-from tests.service.conftest import http_ok, launch_mlflow, serving
-from tests.service.test_cancel import ray_work
+from tests.service.conftest import http_ok, launch_mlflow, ray_work, serving
 
 pytestmark = pytest.mark.slow
 STEPS, EVERY = 200, 20
