@@ -42,6 +42,7 @@ class Executor(Protocol):
     def idle(self, study_id: str) -> bool: ...
     def stop(self, study_id: str) -> bool: ...
     def lost(self) -> str | None: ...
+    def release(self) -> list[str]: ...
     def check(self) -> str: ...
 
 
@@ -155,8 +156,9 @@ class Control:
         return study
 
     def reconcile(self, startup: bool = False) -> list[str]:
-        """Mark studies whose driver is gone (every running one when Ray itself is gone), and in the first pass
-        that reaches Ray start those an earlier API process left before their driver began; returns their ids."""
+        """Mark studies whose driver is gone (every running one when Ray itself is gone), free what dead drivers
+        left holding (`Executor.release`), and in the first pass that reaches Ray start those an earlier API process
+        left before their driver began; returns the ids of the studies marked or started."""
         lost: list[str] = []
         gone = self.executor.lost()
         for study_id in self.store.ids_with_status(StudyStatus.RUNNING):
@@ -173,6 +175,9 @@ class Control:
                     pass
         if lost:
             log.warning("studies without a driver: %s", ", ".join(lost))
+        if not gone and (released := self.executor.release()):
+            log.warning("removed %d placement group(s) that dead drivers left holding CPUs: %s", len(released),
+                        ", ".join(released))
         if (startup or not self._recovered) and not gone:
             lost += self._start_left_studies()
             self._recovered = True

@@ -26,6 +26,7 @@ from service import ray_head
 from service.control import DriverRunning, ExecutionUnavailable
 from service.settings import Settings
 from workers.ray import NodeAffinitySchedulingStrategy, keep_loopback, ray, ray_constants
+from workers.ray.groups import release_dead_actors_groups
 
 if TYPE_CHECKING:
     from workers.ray import ActorClass
@@ -213,6 +214,11 @@ class RayExecutor:
                 break
             time.sleep(0.05)
         return True
+
+    def release(self) -> list[str]:
+        """Remove the placement groups dead drivers left holding CPUs (`workers.ray.groups`); returns their ids."""
+        self.connect()
+        return release_dead_actors_groups(NAMESPACE, actor_name(""))
 
     @staticmethod
     def _driver_pid(handle: Any) -> int | None:

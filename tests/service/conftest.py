@@ -168,6 +168,9 @@ class FakeExecutor:
     def lost(self) -> str | None:
         return None
 
+    def release(self) -> list[str]:
+        return []
+
     def check(self) -> str:
         return "fake executor"
 

@@ -2,13 +2,15 @@
 
 A study whose driver actor dies becomes `interrupted` (the reconciler notices), `resume` starts a new
 driver on the same study id, `cancel` kills it, and then no process of the study's Ray work is left:
-no driver, no Tune trial.
+no driver, no Tune trial, and no placement group a dead driver held.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -17,8 +19,11 @@ from mlflow import MlflowClient
 
 from studies import load_catalog
 from tests.service.conftest import EVENT_S, ray_work, wait_for
+from tests.workers.test_groups import MAKER, ROOT
 
 pytestmark = pytest.mark.slow
+
+
 def _spec_yaml() -> str:
     data = load_catalog("tiny").as_dict()
     data["name"] = "tiny-cancel"
@@ -94,3 +99,27 @@ def test_a_cancel_stops_every_member_of_a_batched_phase(server, service_dir, mlf
     batched = [r for r in members if r.data.tags.get("batch")]
     assert len(batched) >= 4, [r.data.tags for r in members]
     assert all(r.info.status != "RUNNING" for r in members), "a cancelled batch left a member's run open"
+
+
+ORPHAN = MAKER + """
+import sys
+from pathlib import Path
+from service.execution import RayExecutor
+from service.settings import Settings
+
+RayExecutor(Settings(data_dir=Path(sys.argv[1]))).connect()  # the service's Ray head, as the service joins it
+group, _ = made("ptctl-driver-orphan", kill=True)  # kept by Ray while this child's job lives
+start = time.monotonic()
+until(lambda: placement_group_table()[group]["state"] == "REMOVED", timeout=float(sys.argv[2]))
+print(json.dumps({"released_after_s": time.monotonic() - start}))
+"""
+
+
+def test_the_service_releases_the_groups_a_dead_driver_left(server, service_dir):
+    """A placement group whose creator, a driver, is dead is removed by the API's reconciler (here every second),
+    so the CPUs it held come back for the studies after it (`workers.ray.groups`)."""
+    done = subprocess.run([sys.executable, "-c", ORPHAN, str(service_dir), str(EVENT_S)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=EVENT_S + 120,
+                          env={**os.environ, "PTCTL_DATA_DIR": str(service_dir), "RAY_ADDRESS": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "placement group(s) that dead drivers left holding CPUs" in server.log.read_text()
