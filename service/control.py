@@ -175,13 +175,23 @@ class Control:
                     pass
         if lost:
             log.warning("studies without a driver: %s", ", ".join(lost))
-        if not gone and (released := self.executor.release()):
-            log.warning("removed %d placement group(s) that dead drivers left holding CPUs: %s", len(released),
-                        ", ".join(released))
         if (startup or not self._recovered) and not gone:
             lost += self._start_left_studies()
             self._recovered = True
+        if not gone:
+            self._release()
         return lost
+
+    def _release(self) -> None:
+        """Remove what dead drivers left holding; a failure is logged and tried again next pass."""
+        try:
+            released = self.executor.release()
+        except Exception:
+            log.warning("could not look for placement groups left by dead drivers", exc_info=True)
+            return
+        if released:
+            log.warning("removed %d placement group(s) that dead drivers left holding CPUs: %s", len(released),
+                        ", ".join(released))
 
     def _start_left_studies(self) -> list[str]:
         """Start the `pending` studies, and the `running` ones with an idle driver, that an earlier API left."""
