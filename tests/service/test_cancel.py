@@ -109,9 +109,7 @@ from service.settings import Settings
 
 RayExecutor(Settings(data_dir=Path(sys.argv[1]))).connect()  # the service's Ray head, as the service joins it
 group, _ = made("ptctl-driver-orphan", kill=True)  # kept by Ray while this child's job lives
-start = time.monotonic()
 until(lambda: placement_group_table()[group]["state"] == "REMOVED", timeout=float(sys.argv[2]))
-print(json.dumps({"released_after_s": time.monotonic() - start}))
 """
 
 
