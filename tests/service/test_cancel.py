@@ -19,7 +19,8 @@ from mlflow import MlflowClient
 
 from studies import load_catalog
 from tests.service.conftest import EVENT_S, ray_work, wait_for
-from tests.workers.test_groups import MAKER, ROOT
+from tests.workers.test_gpu_batches import ROOT
+from tests.workers.test_groups import MAKER
 
 pytestmark = pytest.mark.slow
 

@@ -47,12 +47,18 @@ print(json.dumps(out))
 """
 
 
+def child_json(code: str, data_dir: Path) -> dict:
+    """Run `code` (which starts a private Ray) in a child process with `data_dir` as its PTCTL_DATA_DIR; the JSON
+    of its last line of output."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PTCTL_DATA_DIR": str(data_dir)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow  # a private Ray in a child process: ≈ 9 s
 def test_auto_batches_on_gpus_fit_the_memory_the_gpu_workers_report(tmp_path):
-    done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PTCTL_DATA_DIR": str(tmp_path)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = child_json(CHILD, tmp_path)
     # no CUDA device answers: sized by the slots alone (1 GPU / 0.5 per trial = 2 slots: 62 trials → at most 31)
     assert out["no_cuda"] is None
     assert out["sizes_no_cuda"][0] == 30  # the 59 samples (one seed) as 30 + 29; the centre's seeds alone

@@ -8,15 +8,10 @@ keeps their groups while their job lives). In a private Ray in a child process."
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.workers.test_gpu_batches import child_json
+
 # a child's lines that make an actor named `name` in the namespace ptctl that makes a placement group of one CPU,
 # and kill it (`made`), and wait for an event (`until`)
 MAKER = """
@@ -62,10 +57,7 @@ print(json.dumps({"ids": {k: g for k, (g, _) in groups.items()}, "before": befor
 
 @pytest.mark.slow  # a private Ray in a child process: ≈ 10 s
 def test_a_dead_drivers_placement_groups_are_released_and_no_one_elses(tmp_path):
-    done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PTCTL_DATA_DIR": str(tmp_path)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = child_json(CHILD, tmp_path)
     assert set(out["before"].values()) == {"CREATED"}  # Ray keeps the dead actors' groups, holding 2 of the 3 CPUs
     assert out["released"] == [out["ids"]["dead driver"]]
     assert out["after"] == {"dead driver": "REMOVED", "dead stranger": "CREATED", "live driver": "CREATED"}
