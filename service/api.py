@@ -26,6 +26,7 @@ from fastapi.concurrency import run_in_threadpool
 from service import policy
 from service.auth import Admin, Read
 from service.control import Control
+from service.field_errors import segments
 from service.intake import read_spec
 from service.progress import phase_progress, redact_uri, trial_table
 from service.schemas import (
@@ -49,6 +50,7 @@ from service.verdicts import brief, study_verdicts
 from studies.phases import StudyState, TuneResult
 from studies.spec import StudySpec
 from studies.status import StudyStatus
+from workers.door import Door
 from workers.folder import StudyFolder
 
 log = logging.getLogger(__name__)
@@ -100,22 +102,31 @@ async def submit(request: Request, response: Response, control: ControlDep, sett
     `Idempotency-Key` answers its study (200), started first if its driver never began (a submit cut short)."""
     spec = await read_spec(request)  # off the event loop, within the PTCTL_MAX_* bounds (service/limits.py)
     await run_in_threadpool(policy.enforce, spec, settings)  # what a remote spec may name (422)
-    await run_in_threadpool(_check_model, spec)
+    await run_in_threadpool(_check_model, request.app.state.door, spec)
     study, created = await run_in_threadpool(control.submit, spec, idempotency_key)
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/studies/{study.id}"
     return summary(study)
 
 
-def _check_model(spec: StudySpec) -> None:
-    """422 when the study's model breaks ptctl's model contract (`workers.model_check`), before it is stored."""
-    from workers.errors import ConfigError
-    from workers.model_check import check_study
+def _check_model(door: Door, spec: StudySpec) -> None:
+    """422 when the study's largest trial cannot fit its trials' memory (arithmetic: nothing is built), or when its
+    model breaks ptctl's model contract (`workers.model_check`, built small in a capped child: `workers.door`),
+    before it is stored; 503 when the check cannot start."""
+    from studies.members import memory_problem
+    from workers.door import DoorUnavailable
+    from workers.probe import trial_memory
 
+    problem = memory_problem(spec, *trial_memory())
+    if problem is not None:
+        field, msg = problem
+        raise HTTPException(422, [{"loc": ["body", *segments(field)], "msg": msg, "type": "memory"}])
     try:
-        check_study(spec)
-    except ConfigError as exc:
-        raise HTTPException(422, [{"loc": ["body", "model"], "msg": str(exc), "type": "model_contract"}]) from None
+        refused = door.check(spec)
+    except DoorUnavailable as exc:
+        raise HTTPException(503, f"{exc}: retry in a minute") from None
+    if refused is not None:
+        raise HTTPException(422, [{"loc": ["body", "model"], "msg": refused.message, "type": f"model_{refused.kind}"}])
 
 
 @router.get("/studies", response_model=StudyPage, tags=["studies"], dependencies=[Read],
@@ -205,7 +216,7 @@ async def plan(request: Request, settings: SettingsDep,
     FLOPs and the wall time estimated from a few timed steps of each trial shape on this server."""
     spec = await read_spec(request)
     await run_in_threadpool(policy.enforce, spec, settings)
-    await run_in_threadpool(_check_model, spec)
+    await run_in_threadpool(_check_model, request.app.state.door, spec)
     from service.plan import COMPARE_NOTE, study_plan
 
     if spec.compare is not None:

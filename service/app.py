@@ -32,6 +32,7 @@ from service.schemas import Error
 from service.settings import Settings
 from service.store import IdempotencyConflict, IllegalTransition, NotFound, Store
 from studies.spec import StudySpec
+from workers.door import Door
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     store = Store(settings.db_url)
     control = Control(store, executor, MlflowView(settings.tracking_uri), settings.data_dir)
     parser = Parser(settings.limits)
+    door = Door(settings.door_memory_mb * 2**20, settings.door_timeout_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -182,11 +184,13 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
         yield
         reconciler.stop()
         parser.close()
+        door.close()
 
     app = FastAPI(title="ptctl", version="0.1.0", lifespan=lifespan,
                   description="Hyperparameter-transfer studies (μP): submit a StudySpec, follow it, read its "
                               "report. Everything a study runs is logged to MLflow.")
     app.state.settings, app.state.control, app.state.tokens, app.state.parser = settings, control, tokens, parser
+    app.state.door = door
     app.include_router(router)
     app.add_middleware(AllowedMethods, routes=app.routes)
     app.add_middleware(HeaderLimit, max_bytes=settings.limits.header_bytes)  # outermost: before anything else

@@ -175,7 +175,7 @@ def _child(value: Any, part: str | int) -> Any:
     return None
 
 
-def _segments(path: str) -> Loc:
+def segments(path: str) -> Loc:
     """"transfer.widths[0]" → ("transfer", "widths", 0)."""
     return tuple(int(p) if p.isdigit() else p for p in re.findall(r"[A-Za-z_]\w*|\d+", path))
 
@@ -186,7 +186,7 @@ def _placed(loc: Loc, msg: str, root: type[BaseModel] | None, data: Any) -> Loc:
     match = _LEADING_PATH.match(msg)
     if match is None or root is None:
         return loc
-    path = _segments(match.group(1))
+    path = segments(match.group(1))
     if loc and path[0] == loc[-1] and len(path) > 1 and path[:len(loc)] != loc:
         return loc[:-1] + path  # `hparams.w_H=...` at validate.hparams: the message names the field and a key
     candidate = path if path[:len(loc)] == loc and len(path) > len(loc) else loc + path

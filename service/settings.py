@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     ray_num_cpus: int | None = Field(None, gt=0)
     ray_host: str = Field("127.0.0.1", description="the embedded Ray head's address: 127.0.0.1 (this machine "
                           "only) or one of this machine's IP addresses (other machines may join)")
+    door_memory_mb: int = Field(2048, gt=0, description="what the model check of POST /studies and /plans may "
+                                "allocate (its child process's cap beyond its imports; workers/door.py)")
+    door_timeout_s: float = Field(60.0, gt=0, description="how long one model check may run before it is killed")
     reconcile_s: float = Field(10.0, gt=0)
     ray_lost_s: float = Field(60.0, gt=0, description="a Ray cluster unreachable this long is lost")
     limits: Limits = Field(default_factory=Limits, description="PTCTL_MAX_*: see service/limits.py")

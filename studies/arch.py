@@ -45,6 +45,9 @@ class Arch(BaseModel):
 
     model_config = _STRICT
     finer_steps: ClassVar[str] = ""  # how to get a finer width step, added to the budget solver's error
+    # the arch field holding the longest sequence the model takes (learned or RoPE positions), checked against
+    # data.seq_len by the spec (`context_length`); None: the model declares none, and nothing checks its context
+    context_field: ClassVar[str | None] = None
 
     def width_steps(self, base_width: int) -> dict[str, int]:
         """`{size: step}`: the widths this arch builds at are the multiples of each step (none: any width)."""
@@ -125,7 +128,7 @@ class DepthArch(Arch):
 
 def _scaled_size_advice(arch: BaseModel, where: str, width: int, base_width: int, name: str, step: int) -> str:
     base = getattr(arch, name, None)
-    if not isinstance(base, int):
+    if not isinstance(base, int) or width == base_width:  # at the base nothing scales: the step divides the width
         return f"{where}={width} is not a multiple of {step} (model.arch's {name}): use a multiple of {step}"
     return (f"{where}={width} is incompatible with tune.base_width={base_width}: model.arch.{name}={base} "
             f"would scale to {base * width / base_width:g}, not an integer; use widths that are multiples of "
@@ -166,6 +169,13 @@ def width_error(arch: BaseModel, base_width: int, width: int, where: str) -> str
             return arch.width_advice(where, width, base_width, name, step)
         return _scaled_size_advice(arch, where, width, base_width, name, step)
     return None
+
+
+def context_length(arch: BaseModel) -> tuple[str, int] | None:
+    """The arch's declared context (`Arch.context_field`) and its value; None where it declares none."""
+    name = getattr(type(arch), "context_field", None)
+    value = getattr(arch, name, None) if name else None
+    return (name, value) if name and isinstance(value, int) else None
 
 
 def rebase(arch: BaseModel, base_width: int, new_base: int) -> BaseModel:

@@ -70,6 +70,12 @@ def member_bytes(spec: StudySpec, width: int, batch_size: int | None = None) -> 
     params), and the activations kept for backward, taken as every matmul's output (forward FLOPs / 2 / width
     per sequence) times 4 for the elementwise intermediates beside them, for `batch_size` sequences (None:
     train.batch_size). None: the family has no counts."""
+    parts = _member_parts(spec, width)
+    return None if parts is None else parts[0] + (batch_size or spec.train.batch_size) * parts[1]
+
+
+def _member_parts(spec: StudySpec, width: int) -> tuple[float, float] | None:
+    """`member_bytes`' two terms: the weights' bytes, and the activations' bytes per sequence."""
     m, d = spec.model, spec.data
     try:
         params = param_count(m.family, m.arch, width, d.vocab_size, spec.tune.base_width)
@@ -77,7 +83,7 @@ def member_bytes(spec: StudySpec, width: int, batch_size: int | None = None) -> 
                                   spec.tune.base_width).values())
     except ValueError:
         return None
-    return 4.0 * (4 * params + 4 * (batch_size or spec.train.batch_size) * flops / (2 * width))
+    return 4.0 * 4 * params, 4.0 * 4 * flops / (2 * width)
 
 
 def auto_members(spec: StudySpec, trials: Sequence[PlannedTrial], *, slots: int, memory_bytes: float | None,
@@ -96,3 +102,31 @@ def auto_members(spec: StudySpec, trials: Sequence[PlannedTrial], *, slots: int,
     per_member = member_bytes(spec, max(t.width for t in trials), batch)
     fits = MAX_MEMBERS if per_member is None else int(MEMORY_SHARE * memory_bytes // per_member)
     return max(1, min(spread, fits, MAX_MEMBERS))
+
+
+def memory_problem(spec: StudySpec, memory_bytes: float, where: str, gpu: bool) -> tuple[str, str] | None:
+    """(field, message leading with the field) when the study's largest trial would need more than `memory_bytes`
+    (`where`: the machine it was read from) in training, by `member_bytes`' arithmetic; None when it fits, when
+    its trials train on a GPU (`gpu`: whose memory the caller does not know) or when the family has no counts.
+    The field named is the one that dominates: data.seq_len when the activations do, else the widest width."""
+    if spec.train.device == "cuda" or (spec.train.device == "auto" and gpu):
+        return None
+    v = spec.validate_
+    widths = [("tune.base_width", spec.tune.base_width)]
+    widths += [(f"transfer.widths[{i}]", w) for i, w in enumerate(spec.transfer.widths if spec.transfer else [])]
+    widths += [("verify.width", spec.verify.width)] if spec.verify is not None and spec.verify.width else []
+    widths += [(f"validate.widths[{i}]", w) for i, w in enumerate(v.widths if v is not None else [])]
+    field, width = max(widths, key=lambda fw: fw[1])
+    batch = max([spec.batch_for("tune"), spec.train.batch_size, *((v.batch_sizes or []) if v is not None else [])])
+    parts = _member_parts(spec, width)
+    if parts is None or parts[0] + batch * parts[1] <= memory_bytes:
+        return None
+    need = parts[0] + batch * parts[1]
+    value = width
+    if batch * parts[1] > parts[0]:  # the activations dominate
+        field, value = "data.seq_len", spec.data.seq_len
+    gib = 2.0**30
+    return field, (f"{field}={value}: a trial at width {width} on {batch} sequences of {spec.data.seq_len} tokens "
+                   f"needs about {need / gib:.1f} GiB to train (parameters, gradients, AdamW's moments and the "
+                   f"activations kept for backward) but {where} has {memory_bytes / gib:.1f} GiB: lower "
+                   "data.seq_len, the batch size or the widths, or train on a GPU (train.device)")

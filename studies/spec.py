@@ -38,6 +38,7 @@ from studies.arch import (
     DepthArch,
     DepthParametrization,
     Parametrization,
+    context_length,
     mup_error,
     nested,
     width_error,
@@ -567,6 +568,7 @@ class StudySpec(BaseModel):
             problems.append("verify needs a width: set verify.width, add transfer.widths, or set verify: null")
         transfer_widths = self.transfer.widths if self.transfer is not None else []
         widths = [(f"transfer.widths[{i}]", w) for i, w in enumerate(transfer_widths)]
+        problems += [e for e in [width_error(arch, base, base, "tune.base_width")] if e]
         problems += [f"{where}={w} must be > tune.base_width={base} (transfer goes wider): drop it or lower "
                      "tune.base_width" for where, w in widths if w <= base]
         if self.verify is not None and self.verify.width is not None:
@@ -637,10 +639,9 @@ class StudySpec(BaseModel):
         models = [("model", self.model)]
         models += [(f"compare.baselines[{i}].model", b.model) for i, b in enumerate(self.compare.baselines)] \
             if self.compare is not None else []
-        max_lens = [(where, getattr(m.arch, "max_len", None)) for where, m in models]  # learned positions, if any
-        problems = [f"{where}.arch.max_len={max_len} is below data.seq_len={self.data.seq_len}: set max_len "
-                    f"to {self.data.seq_len}" for where, max_len in max_lens
-                    if max_len is not None and max_len < self.data.seq_len]
+        contexts = [(where, context_length(m.arch)) for where, m in models]  # the arch's declared context, if any
+        problems = [f"{where}.arch.{c[0]}={c[1]} is below data.seq_len={self.data.seq_len}: set {c[0]} "
+                    f"to {self.data.seq_len}" for where, c in contexts if c is not None and c[1] < self.data.seq_len]
         if self.train.weight_decay_form != "coupled" and get_family(self.model.family).mup is not None:
             problems.append(f"train.weight_decay_form={self.train.weight_decay_form!r}: model.family "
                             f"{self.model.family!r} trains with mup's MuAdamW, which already decays every group by "

@@ -50,7 +50,7 @@ from studies.spec import StudySpec
 from studies.status import StudyStatus
 from workers.errors import ConfigError, InfrastructureLost, StudyError, StudyFailed, one_line
 from workers.folder import PhaseIndex, StudyFolder, studies_dir, write_json
-from workers.model_check import check_study
+from workers.model_check import check_memory, check_study
 from workers.paths import redact_uri
 from workers.report import TrialReport
 from workers.runner import PhaseJob, Runner, TrialRecorder, experiment_name
@@ -283,7 +283,8 @@ class StudyDriver:
             self.state.driver = {"host": socket.gethostname(), "pid": os.getpid()}
             self._save()
             if not all(self.state.done(p) for p in phases_of(self.spec)):
-                check_study(self.spec)  # a model that breaks the contract stops here, before its first trial
+                check_memory(self.spec)  # a trial that cannot fit, and
+                check_study(self.spec)  # a model that breaks the contract, stop here, before the first trial
             self._study_run()
             for phase in phases_of(self.spec):
                 if self.state.done(phase):

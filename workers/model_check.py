@@ -1,7 +1,8 @@
 """The model contract, checked at the door: a family's model built small and run on a few tokens before any trial.
 
-`check_model` runs before `ptctl coord-check`, `ptctl train`, a study's first trial and (where the API process
-can build models) `POST /studies`. Each rule it checks is one a trial relies on; a broken one is a `ContractError`:
+`check_model` runs before `ptctl coord-check`, `ptctl train`, a study's first trial (`check_study`: one small
+shape for every spec) and `POST /studies` and `POST /plans` (`check_study` in a child process under a memory and a
+time cap: `workers.door`). Each rule it checks is one a trial relies on; a broken one is a `ContractError`:
 one line naming the family, the package that provides it, what was expected, what was seen and the fix.
 docs/plugins.md states the contract these checks enforce.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import math
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +23,9 @@ from typing import Any
 
 import torch
 
+from studies.arch import width_step
 from studies.family import PLUGINS, Family
+from studies.members import memory_problem
 from studies.spec import StudySpec
 from workers.errors import ConfigError, PtctlError, one_line
 from workers.models import build_model, family
@@ -31,6 +35,8 @@ from workers.quiet import quiet
 
 VOCAB = 61  # the check's vocabulary: any size a model takes; small keeps the readout cheap
 BATCH = 3
+DOOR_SEQ = 16  # a study's check runs on this many tokens, whatever its data.seq_len (`check_study`)
+DOOR_WIDTH = 32  # ... at the smallest width from here that its arch builds at (`door_width`)
 TOL = 1e-4  # relative: what a change elsewhere may move an output that must not depend on it (float32 noise)
 
 
@@ -112,13 +118,33 @@ def check_model(name: str, model_hp: dict[str, Any], seq_len: int) -> Findings:
     return findings
 
 
+def door_width(spec: StudySpec) -> int:
+    """The narrower of the door's two widths: the smallest width from `DOOR_WIDTH` up that the arch builds at
+    (a multiple of its width step), or the base width when that is smaller."""
+    step = width_step(spec.model.arch, spec.tune.base_width)
+    return min(spec.tune.base_width, step * math.ceil(DOOR_WIDTH / step))
+
+
 def check_study(spec: StudySpec) -> None:
-    """`check_model` for the study's family at its base width under each parametrization it trains, once per
-    process for each (family, arch, parametrization, seq_len)."""
+    """`check_model` for the study's family under each parametrization it trains, at one small shape whatever the
+    spec's sizes: `door_width` (and twice it under μP) on `DOOR_SEQ` tokens (fewer if data.seq_len is shorter), once
+    per process for each (family, arch, parametrization). What the small shape cannot show is arithmetic: the
+    context length is the spec's check against the arch's `context_field`, a trial's memory `studies.members`'."""
     params = {spec.model.parametrization, *(spec.validate_.parametrizations if spec.validate_ else ())}
+    width, seq_len = door_width(spec), min(spec.data.seq_len, DOOR_SEQ)
     for param in sorted(params):
-        hp = spec.model_hp(spec.tune.base_width, {}, param)
-        _checked(spec.model.family, json.dumps(hp, sort_keys=True, default=str), spec.data.seq_len)
+        hp = spec.model_hp(width, {}, param)
+        _checked(spec.model.family, json.dumps(hp, sort_keys=True, default=str), seq_len)
+
+
+def check_memory(spec: StudySpec) -> None:
+    """A `ConfigError` when the study's largest trial cannot fit the memory its trials get (`studies.members`'
+    arithmetic against `workers.probe.trial_memory`): nothing is built."""
+    from workers.probe import trial_memory
+
+    problem = memory_problem(spec, *trial_memory())
+    if problem is not None:
+        raise ConfigError(problem[1])
 
 
 @functools.cache

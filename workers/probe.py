@@ -111,6 +111,23 @@ def free_memory(device: str) -> float | None:
     return None
 
 
+def trial_memory() -> tuple[float, str, bool]:
+    """The memory one CPU trial may have at most, where it was read and whether trials may get a GPU: the Ray
+    cluster's largest node (its memory and object store, as Ray counts them) when this process is connected to
+    one, else this machine's (/proc/meminfo's MemTotal)."""
+    from workers.ray import ray
+
+    if ray.is_initialized():
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+        if nodes:
+            largest = max(r.get("memory", 0) + r.get("object_store_memory", 0) for r in nodes)
+            return float(largest), "the Ray cluster's largest node", any(r.get("GPU", 0) > 0 for r in nodes)
+    total = 0.0
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/meminfo", encoding="ascii") as info:
+        total = float(next(x for x in info if x.startswith("MemTotal:")).split()[1]) * 1024
+    return total or float("inf"), "this machine", torch.cuda.is_available()
+
+
 def random_batch(spec: StudySpec, generator: torch.Generator, batch_size: int | None = None) -> Batch:
     """A batch of random tokens of the spec's shape (`batch_size` sequences; None: train.batch_size), masked (mlm)
     or shifted (clm)."""

@@ -17,6 +17,7 @@ class EncoderArch(DepthArch):
     MLM head and mup's init options, and the depth parametrization (`DepthArch`). Any width builds (heads =
     round(width / head_dim))."""
 
+    context_field = "max_len"  # data.seq_len must not exceed it
     head_dim: PosInt = Field(32, description="fixed head size; heads = round(width / head_dim), ∝ width")
     ffn_mult: PosInt = Field(4, description="FFN width = ffn_mult · width")
     max_len: PosInt = Field(512, description="position rows; must be >= data.seq_len (set it equal: no unused rows)")

@@ -16,6 +16,7 @@ class TauArch(DepthArch):
     """TauGPT's fixed architecture. Width grows by heads at a fixed head_dim (Tauformer spec §7.1); the depth
     parametrization (`DepthArch`) scales its blocks with n_layers."""
 
+    context_field = "max_len"  # data.seq_len must not exceed it
     n_layers: PosInt = Field(2, description="Transformer blocks")
     head_dim: PosInt = Field(32, description="D, fixed: also the Laplacian's size; heads = width / head_dim")
     kv_group: PosInt = Field(1, description="query heads per kv head (1: MHA); width must be a multiple of "

@@ -10,6 +10,7 @@ from studies.space import Range, Space
 class GPTArch(Arch):
     """What a study fixes: depth, heads (their size grows with the width) and the context."""
 
+    context_field = "max_len"  # data.seq_len must not exceed it
     n_layers: PosInt = Field(2, description="Transformer blocks")
     n_heads: PosInt = Field(4, description="attention heads; head size = width / n_heads")
     max_len: PosInt = Field(256, description="learned positions: the longest sequence")
