@@ -146,17 +146,10 @@ def _listed(control: Control, study: Study) -> StudyListItem:
 
 def _observed(control: Control, study: Study, fresh: bool = False
               ) -> tuple[StudyState | None, list[dict[str, Any]], MlflowInfo]:
-    """The study folder's state.json, its MLflow trial rows (cached unless `fresh`) and its MLflow ids;
-    with MLflow unreachable, no rows and no ids."""
-    mlflow = control.mlflow
+    """The study folder's state.json, its MLflow trial rows (cached unless `fresh`) and its MLflow ids; with
+    MLflow down or slow, no rows (or the last seen) and no ids (`MlflowView.observe`: a read never waits for it)."""
     state = _folder(control, study).read_state()
-    try:
-        return state, mlflow.live(study.spec, study.id, state, fresh), mlflow.info(study.spec, state)
-    except Exception as exc:  # a read must not fail because MLflow is away: say so instead
-        log.warning("MLflow look-up for %s failed: %s", study.id, exc)
-        info = MlflowInfo(tracking_uri=redact_uri(mlflow.uri(study.spec)), experiment=mlflow.experiment(study.spec),
-                          runs=state.runs if state else {}, detail=f"MLflow unreachable: {type(exc).__name__}")
-        return state, [], info
+    return state, *control.mlflow.observe(study.spec, study.id, state, fresh)
 
 
 @router.get("/studies/{study_id}", response_model=StudyDetail, tags=["studies"], dependencies=[Read],

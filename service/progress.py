@@ -8,9 +8,11 @@
   Ray Tune's own result files are no use here: Tune stages them on the driver's node and copies them
   into the study folder only at its experiment checkpoints.
 
-An MLflow search takes 30–50 ms, too slow for every `GET /studies/{id}`: `MlflowView.live` keeps each
+An MLflow search takes 30–50 ms, too slow for every `GET /studies/{id}`: `MlflowView.observe` keeps each
 study's trial runs in memory and refreshes them in the background once they are older than `ttl`
-seconds (stale-while-revalidate), so a read waits for MLflow only the first time it sees a study.
+seconds (stale-while-revalidate), so a read waits for MLflow only the first time it sees a study, and then at most
+`WAIT_S`: a server that is down or slow never holds a read (it answers from the store and `state.json`, and says
+that live progress is unavailable), and for `DOWN_S` after such a look-up reads do not wait for it at all.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import csv
 import math
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -114,14 +117,30 @@ def _row(run: Run) -> dict[str, Any]:
             "mlflow_run_id": run.info.run_id}
 
 
-class MlflowView:
-    """MLflow look-ups for the API through `workers.mlflow_tracker.Tracker` (one per experiment, cached)."""
+WAIT_S = 2.0  # how long a read waits for MLflow
+DOWN_S = 15.0  # after a look-up that failed or was slow, how long reads do not wait for that tracking server
 
-    def __init__(self, default_uri: str, ttl: float = 2.0) -> None:
-        self.default_uri, self.ttl = default_uri, ttl
-        self._trackers: dict[tuple[str, str], Tracker] = {}
-        self._live: dict[str, tuple[float, list[dict[str, Any]]]] = {}  # study id → (fetched at, rows)
-        self._refreshing: set[str] = set()
+
+@dataclass(frozen=True)
+class _Seen:
+    """A study's last MLflow look-up: when, its trial rows, its experiment id and its runs' links."""
+
+    at: float
+    rows: list[dict[str, Any]]
+    experiment_id: str
+    links: dict[str, str]
+
+
+class MlflowView:
+    """MLflow look-ups for the API through `workers.mlflow_tracker.Tracker` (one per experiment, cached), never
+    waited for longer than `wait_s` (module docstring)."""
+
+    def __init__(self, default_uri: str, ttl: float = 2.0, wait_s: float = WAIT_S) -> None:
+        self.default_uri, self.ttl, self.wait_s = default_uri, ttl, wait_s
+        self._trackers: dict[tuple[str, str, float | None], Tracker] = {}
+        self._seen: dict[str, _Seen] = {}  # study id → its last look-up
+        self._pending: dict[str, Future[_Seen]] = {}  # study id → its look-up under way
+        self._down_until: dict[str, float] = {}  # tracking URI → until when reads do not wait for it
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ptctl-mlflow")
 
@@ -132,55 +151,71 @@ class MlflowView:
     def experiment(spec: dict[str, Any]) -> str:
         return cast(str, spec["resources"]["tracking"]["experiment"] or spec["name"])
 
-    def tracker(self, spec: dict[str, Any]) -> Tracker:
-        """The study's Tracker; only once the driver made the experiment (a Tracker creates a missing one)."""
+    def tracker(self, spec: dict[str, Any], retry_s: float | None = None) -> Tracker:
+        """The study's Tracker; only once the driver made the experiment (a Tracker creates a missing one).
+        `retry_s`: how long its calls wait out an unreachable server (None: PTCTL_MLFLOW_RETRY_S)."""
         from workers.mlflow_tracker import Tracker
 
-        key = (self.experiment(spec), self.uri(spec))
+        key = (self.experiment(spec), self.uri(spec), retry_s)
         with self._lock:
-            if key not in self._trackers:
-                self._trackers[key] = Tracker(*key)
-            return self._trackers[key]
+            found = self._trackers.get(key)
+        if found is None:  # made outside the lock: it asks MLflow for the experiment
+            made = Tracker(key[0], key[1], retry_s=retry_s)
+            with self._lock:
+                found = self._trackers.setdefault(key, made)
+        return found
 
-    def info(self, spec: dict[str, Any], state: StudyState | None) -> MlflowInfo:
+    def observe(self, spec: dict[str, Any], study_id: str, state: StudyState | None,
+                fresh: bool = False) -> tuple[list[dict[str, Any]], MlflowInfo]:
+        """The study's MLflow trial runs as rows (at most about `ttl` s old, or asked now if `fresh`; [] before the
+        driver logged anything) and its MLflow ids and links. Waits for MLflow at most `wait_s`, and not at all
+        for `DOWN_S` after it failed or was slow: then the rows last seen and `detail` saying why live progress
+        is unavailable."""
         runs = state.runs if state else {}
         info = MlflowInfo(tracking_uri=redact_uri(self.uri(spec)), experiment=self.experiment(spec), runs=runs)
-        if "study" in runs:
-            tracker = self.tracker(spec)
-            info.experiment_id = tracker.experiment_id
-            info.links = {k: redact_uri(tracker.link(v)) for k, v in runs.items()}
-        return info
-
-    def _fetch(self, spec: dict[str, Any], study_id: str, instance: str | None = None) -> list[dict[str, Any]]:
-        rows = [_row(r) for r in self.tracker(spec).runs(study_id, "trial", instance)]
+        if state is None or "study" not in runs:
+            return [], info
+        uri, now = self.uri(spec), time.monotonic()
         with self._lock:
-            self._live[study_id] = (time.monotonic(), rows)
-            self._refreshing.discard(study_id)
-        return rows
-
-    def _refresh(self, spec: dict[str, Any], study_id: str, instance: str | None = None) -> None:
+            seen = self._seen.get(study_id)
+            current = seen is not None and now - seen.at <= self.ttl
+            future = self._pending.get(study_id)
+            if future is None and not (current and not fresh):
+                future = self._pending[study_id] = self._pool.submit(self._look, spec, study_id, state)
+            down = now < self._down_until.get(uri, 0.0)
+        if seen is not None and not fresh and not down:  # stale-while-revalidate: refreshed in the background
+            return seen.rows, info.model_copy(update={"experiment_id": seen.experiment_id, "links": seen.links})
+        assert future is not None
         try:
-            self._fetch(spec, study_id, instance)
-        except Exception:  # MLflow briefly unreachable: keep the old rows, try again on a later read
+            seen = future.result(timeout=0 if down else self.wait_s)
+        except Exception as exc:  # a read does not wait for MLflow: it says so
             with self._lock:
-                self._refreshing.discard(study_id)
+                self._down_until[uri] = max(self._down_until.get(uri, 0.0), time.monotonic() + DOWN_S)
+                last = self._seen.get(study_id)
+            why = (f"unreachable ({type(exc).__name__})" if not isinstance(exc, TimeoutError)
+                   else "was not answering" if down else f"did not answer within {self.wait_s:g} s")
+            detail = f"MLflow {why}: live progress unavailable (what is shown comes from the study's own record)"
+            return (last.rows if last else []), info.model_copy(update={"detail": detail})
+        return seen.rows, info.model_copy(update={"experiment_id": seen.experiment_id, "links": seen.links})
 
-    def live(self, spec: dict[str, Any], study_id: str, state: StudyState | None,
-             fresh: bool = False) -> list[dict[str, Any]]:
-        """The study's MLflow trial runs as rows, at most about `ttl` s old, or asked now if `fresh`
-        ([] before the driver logged anything)."""
-        if state is None or "study" not in state.runs:
-            return []
-        instance = state.instance  # only the runs this study instance made (workers/driver.py)
-        if fresh:
-            return self._fetch(spec, study_id, instance)
-        with self._lock:
-            cached = self._live.get(study_id)
-            stale = cached is not None and time.monotonic() - cached[0] > self.ttl
-            if stale and study_id not in self._refreshing:
-                self._refreshing.add(study_id)
-                self._pool.submit(self._refresh, spec, study_id, instance)
-        return cached[1] if cached is not None else self._fetch(spec, study_id, instance)
+    def _look(self, spec: dict[str, Any], study_id: str, state: StudyState) -> _Seen:
+        """Ask MLflow for the study's trial runs and its links (on the pool; one at a time per study)."""
+        try:
+            tracker = self.tracker(spec, retry_s=0)  # a read fails fast: the next one asks again
+            rows = [_row(r) for r in tracker.runs(study_id, "trial", state.instance)]
+            links = {k: redact_uri(tracker.link(v)) for k, v in state.runs.items()}
+            seen = _Seen(time.monotonic(), rows, tracker.experiment_id, links)
+            with self._lock:
+                self._seen[study_id] = seen
+                self._down_until.pop(self.uri(spec), None)
+            return seen
+        except Exception:
+            with self._lock:
+                self._down_until[self.uri(spec)] = time.monotonic() + DOWN_S
+            raise
+        finally:
+            with self._lock:
+                self._pending.pop(study_id, None)
 
     def mark_cancelled(self, spec: dict[str, Any], study_id: str, instance: str | None = None) -> None:
         """Close the runs a killed driver (of study `instance`) left open: KILLED, trials and the study tagged
@@ -194,4 +229,4 @@ class MlflowView:
                     tracker.set_tags(run.info.run_id, {"status": "cancelled"})
                 tracker.finish(run.info.run_id, "KILLED")
         with self._lock:
-            self._live.pop(study_id, None)
+            self._seen.pop(study_id, None)

@@ -82,8 +82,8 @@ def _cause(exc: BaseException) -> str:
 class _Retrying:
     """An MlflowClient whose calls wait out a transient outage with bounded exponential backoff."""
 
-    def __init__(self, client: MlflowClient, uri: str) -> None:
-        self._client, self._uri = client, uri
+    def __init__(self, client: MlflowClient, uri: str, budget_s: float | None = None) -> None:
+        self._client, self._uri, self._budget_s = client, uri, budget_s
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._client, name)
@@ -91,7 +91,8 @@ class _Retrying:
 
     def _wrap(self, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
         def retried(*args: Any, **kwargs: Any) -> Any:
-            budget = float(os.environ.get("PTCTL_MLFLOW_RETRY_S") or RETRY_S)
+            budget = self._budget_s if self._budget_s is not None else float(
+                os.environ.get("PTCTL_MLFLOW_RETRY_S") or RETRY_S)
             start, delay = time.monotonic(), 0.5
             while True:
                 try:
@@ -172,9 +173,11 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
 class Tracker(RunTracker):
     """Find-or-create runs of one study's experiment and log to them (`workers.tracker.RunTracker` on MLflow)."""
 
-    def __init__(self, experiment: str, tracking_uri: str | None = None) -> None:
+    def __init__(self, experiment: str, tracking_uri: str | None = None, retry_s: float | None = None) -> None:
+        """`retry_s`: how long a call waits out an unreachable server (None: PTCTL_MLFLOW_RETRY_S, else RETRY_S)."""
         self.uri = tracking_uri or default_tracking_uri()
-        self.client = cast(MlflowClient, _Retrying(MlflowClient(tracking_uri=self.uri), self.uri))  # its calls, retried
+        client = _Retrying(MlflowClient(tracking_uri=self.uri), self.uri, retry_s)  # its calls, retried
+        self.client = cast(MlflowClient, client)
         self.experiment_id = self._experiment(experiment)
 
     def _experiment(self, name: str) -> str:
