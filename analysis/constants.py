@@ -36,7 +36,7 @@ def min_samples(p: float = 0.05, alpha: float = 0.05) -> int:
     taken as that integer rather than rounded up past it.
     """
     check_probabilities(p, alpha)
-    ratio = math.log(alpha) / math.log(1 - p)
+    ratio = math.log(alpha) / math.log1p(-p)  # log1p: a p below float epsilon still counts
     nearest = round(ratio)
     return int(nearest) if abs(ratio - nearest) < _EPS else math.ceil(ratio)
 

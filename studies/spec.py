@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -256,6 +257,9 @@ class TransferSpec(BaseModel):
         return out
 
 
+MAX_DERIVED_SAMPLES = 100_000  # the most verify samples p and alpha may ask for (n_samples: the service's limit)
+
+
 class VerifySpec(BaseModel):
     """The verify phase: N samples around the transferred centre → the certificate (PT spec §3.6)."""
 
@@ -274,6 +278,14 @@ class VerifySpec(BaseModel):
         "(2·s·√(1+1/centre_seeds)) or a relative float (0.004 = the paper's 0.4%)")  # rates: docs/certificate.md
     seed: NonNegInt = Field(0, description="seeds the sampling of the N perturbed points")
     steps: PosInt | None = Field(None, description="override train.steps for verify trials")
+
+    @model_validator(mode="after")
+    def _derived_n_is_bounded(self) -> VerifySpec:
+        n = math.log(self.alpha) / math.log1p(-self.p)  # min_samples' ratio, before rounding (inf for a tiny p)
+        if self.n_samples is None and n > MAX_DERIVED_SAMPLES:
+            raise ValueError(f"verify.p={self.p:g} at alpha={self.alpha:g} needs N={n:,.0f} samples (1-(1-p)^N >= "
+                             f"1-alpha), over {MAX_DERIVED_SAMPLES:,}: raise verify.p or alpha, or give n_samples")
+        return self
 
     @model_validator(mode="after")
     def _spread_needs_seeds(self) -> VerifySpec:

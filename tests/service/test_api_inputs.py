@@ -98,6 +98,7 @@ def _invalid(path: tuple, value, spec: dict = TINY):
     # schema-valid widths the arch cannot build (were 500s): nanoGPT's heads, TauGPT's head_dim
     ({"name": "r500a", "model": {"family": "nanogpt"}, "tune": {"base_width": 30}, "transfer": None, "verify": None},
      ["body", "tune", "base_width"], "tune.base_width=30 is not a multiple of 4 (model.arch's n_heads)"),
+    (_invalid(("verify",), {"p": 5e-324}), ["body", "verify", "p"], "needs N=inf samples"),  # was a 500 of /plans
     ({"name": "r500b", "model": {"family": "tauformer"}, "tune": {"base_width": 16}, "transfer": None,
       "verify": None}, ["body", "tune", "base_width"], "not a multiple of model.arch.head_dim · kv_group = 32"),
 ])
@@ -266,8 +267,8 @@ def _body(family: str, section: str, value) -> dict:
 @pytest.mark.slow  # the schema's strategies are slow to draw, and each new model shape is checked in the door's child
 def test_schema_valid_bodies_never_get_a_5xx(api):
     """Bodies drawn from the OpenAPI's own StudySpec schema (schemathesis' way): the tiny spec as a study of any
-    family with one section replaced by any value that family's schema admits, sent to POST /studies and POST /plans. Every answer is a 2xx or a
-    4xx; a 422 names its field."""
+    family with one section replaced by any value that family's schema admits, sent to POST /studies and POST
+    /plans. Every answer is a 2xx or a 4xx; a 422 names its field."""
     variants = _variants(api.get("/openapi.json").json())
     assert {"pt", "tauformer", "nanogpt"} <= set(variants)
     pairs = st.sampled_from([(f, name) for f, sections in sorted(variants.items()) for name in sorted(sections)])
