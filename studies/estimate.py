@@ -9,7 +9,9 @@ first free slot), and the phase costs its longest lane plus PHASE_START_S; the s
 STUDY_START_S. Tune's trials stop where synchronous halving stops them (`tune_steps`: 1/η of them pass each rung,
 as `studies.cost.asha_steps` expects; Ray's asynchronous ASHA promotes a few more, so tune is rather a lower bound);
 a verify centre seed reused from transfer trains nothing. Lanes are Ray's trial slots on this machine: its CPUs over
-`resources.cpus_per_trial` (and its GPUs over a phase's GPUs per trial), tune's at most `tune.max_concurrent`.
+`resources.cpus_per_trial` (and its GPUs over a phase's GPUs per trial), tune's at most `tune.max_concurrent`, and
+no more than MEMORY_SHARE of the cluster's memory holds (`trial_bytes`); the study engine runs them so too
+(`workers.ray.experiment`).
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from studies.cost import planned_trials, sequence_flops
-from studies.members import auto_members, batches
+from studies.members import auto_members, batches, member_bytes
 from studies.phases.tune import asha_rungs
 from studies.phases.verify import reused_centre_seeds
 from studies.spec import StudySpec
 
+TRIAL_PROCESS_BYTES = 1.3e9  # a CPU trial worker's resident memory beside its model (tiny's: torch, Ray, the data)
+MEMORY_SHARE = 0.8  # of the cluster's memory its trials may fill at once (the rest: the head, the drivers, slack)
 # Ray's costs that no probe of a step sees, fitted on 2 idle cores (tiny; cpu_demo tuned at 32, moved to 64); a
 # phase's and the study's start are process starts, CPU-bound: they take `busy` = 1 + load/cores times as long
 PHASE_START_S = 2.0  # trial actors started afresh (torch, Ray Tune, the cached data), the phase's figures at its end
@@ -131,16 +135,29 @@ def phase_gpus(spec: StudySpec, phase: str, gpus: float) -> float:
     return res.transfer_gpus if res.transfer_gpus is not None else (1.0 if gpus else 0.0)
 
 
-def lanes(spec: StudySpec, phase: str, cpus: int, gpus: float) -> int:
-    """Trials of `phase` running at once on `cpus` CPUs and `gpus` GPUs: Ray's slots (each trial holds
-    cpus_per_trial CPUs and its GPUs), tune's capped at max_concurrent."""
+def lanes(spec: StudySpec, phase: str, cpus: int, gpus: float, memory: float | None = None) -> int:
+    """Trials of `phase` running at once on `cpus` CPUs, `gpus` GPUs and `memory` bytes (None: not counted): Ray's
+    slots (each trial holds cpus_per_trial CPUs and its GPUs), tune's capped at max_concurrent, and no more than
+    MEMORY_SHARE of the memory holds (`trial_bytes` each)."""
     slots = int(cpus // spec.resources.cpus_per_trial)
     per_gpu = phase_gpus(spec, phase, gpus)
     if per_gpu:
         slots = min(slots, int(gpus // per_gpu))
     if phase == "tune":
         slots = min(slots, spec.tune.max_concurrent)
+    if memory is not None:
+        slots = min(slots, int(MEMORY_SHARE * memory // trial_bytes(spec, phase, gpus)))
     return max(1, slots)
+
+
+def trial_bytes(spec: StudySpec, phase: str, gpus: float) -> float:
+    """A trial process's host memory: TRIAL_PROCESS_BYTES (torch, Ray, the data), and on CPU its model's training
+    memory at the phase's widest width (`member_bytes`)."""
+    if phase_gpus(spec, phase, gpus) > 0 and spec.train.device != "cpu":
+        return TRIAL_PROCESS_BYTES
+    widths = [spec.tune.base_width] if phase == "tune" else [t.width for t in planned_trials(spec).get(phase, [])]
+    model = member_bytes(spec, max(widths, default=spec.tune.base_width), spec.batch_for(phase))
+    return TRIAL_PROCESS_BYTES + (model or 0.0)
 
 
 def eval_batches(spec: StudySpec) -> int:
@@ -170,8 +187,8 @@ def tune_steps(spec: StudySpec) -> list[int]:
     return steps
 
 
-def planned_jobs(spec: StudySpec, cpus: int, gpus: float = 0, gpu_memory: float | None = None
-                 ) -> dict[str, list[Job]]:
+def planned_jobs(spec: StudySpec, cpus: int, gpus: float = 0, gpu_memory: float | None = None,
+                 memory: float | None = None) -> dict[str, list[Job]]:
     """Each phase's jobs in plan order: tune's `num_trials` trials at ASHA's expected steps, the grid phases'
     planned trials as `resources.batch_members` packs them (auto: as `studies.members.auto_members` would, from
     the lanes and `gpu_memory`, the bytes of one GPU)."""
@@ -186,7 +203,8 @@ def planned_jobs(spec: StudySpec, cpus: int, gpus: float = 0, gpu_memory: float 
             reused = set(reused_centre_seeds(spec))
             trials = [trial for trial in trials if not (trial.is_centre and trial.seed in reused)]
         gpu = phase_gpus(spec, phase, gpus) > 0
-        k = auto_members(spec, trials, slots=lanes(spec, phase, cpus, gpus), memory_bytes=gpu_memory, gpu=gpu)
+        slots = lanes(spec, phase, cpus, gpus, memory)
+        k = auto_members(spec, trials, slots=slots, memory_bytes=gpu_memory, gpu=gpu)
         jobs[phase] = []
         for group in batches(spec, trials, k):
             first = group[0]
@@ -196,12 +214,13 @@ def planned_jobs(spec: StudySpec, cpus: int, gpus: float = 0, gpu_memory: float 
     return jobs
 
 
-def at_once(spec: StudySpec, jobs: Mapping[str, list[Job]], cpus: int, gpus: float) -> dict[Shape, int]:
+def at_once(spec: StudySpec, jobs: Mapping[str, list[Job]], cpus: int, gpus: float,
+            memory: float | None = None) -> dict[Shape, int]:
     """Per shape, the trials that run side by side in the busiest phase that trains it: its lanes, or its jobs if
     fewer (what the probe times it beside: trials on one machine share more than their cores)."""
     out: dict[Shape, int] = {}
     for phase, phase_jobs in jobs.items():
-        k = min(lanes(spec, phase, cpus, gpus), len(phase_jobs))
+        k = min(lanes(spec, phase, cpus, gpus, memory), len(phase_jobs))
         for job in phase_jobs:
             out[job.shape] = max(out.get(job.shape, 1), k)
     return out
@@ -254,12 +273,12 @@ def schedule(durations: Iterable[float], lanes: int) -> float:
 
 
 def estimate(spec: StudySpec, jobs: Mapping[str, list[Job]], times: Mapping[Shape, ShapeTime], cpus: int,
-             gpus: float, assumptions: str, busy: float = 1.0) -> Estimate:
+             gpus: float, assumptions: str, busy: float = 1.0, memory: float | None = None) -> Estimate:
     """The wall time of each phase of `jobs` on `cpus` CPUs and `gpus` GPUs from the shapes' `times` (module
     docstring), the starts `busy` times their idle cost; a phase with a shape missing from `times` has none."""
     phases = []
     for phase, phase_jobs in jobs.items():
-        n = lanes(spec, phase, cpus, gpus)
+        n = lanes(spec, phase, cpus, gpus, memory)
         seconds = None
         if all(job.shape in times for job in phase_jobs):
             seconds = PHASE_START_S * busy + schedule((job.seconds(times[job.shape]) for job in phase_jobs), n)
@@ -268,12 +287,22 @@ def estimate(spec: StudySpec, jobs: Mapping[str, list[Job]], times: Mapping[Shap
     return Estimate(phases, assumptions, start_s=STUDY_START_S * busy)
 
 
-def lanes_text(spec: StudySpec, jobs: Mapping[str, list[Job]], cpus: int, gpus: float) -> str:
-    """`2 trials at a time (2 CPUs ÷ resources.cpus_per_trial 1)`, naming each phase whose lanes differ."""
-    per_phase = {phase: min(lanes(spec, phase, cpus, gpus), max(len(j), 1)) for phase, j in jobs.items()}
+def lanes_text(spec: StudySpec, jobs: Mapping[str, list[Job]], cpus: int, gpus: float,
+               memory: float | None = None) -> str:
+    """`2 trials at a time (2 CPUs ÷ resources.cpus_per_trial 1)`, naming each phase whose lanes differ, and what
+    capped them below what was asked (tune.max_concurrent) or what the CPUs allow (the memory)."""
+    per_phase = {phase: min(lanes(spec, phase, cpus, gpus, memory), max(len(j), 1)) for phase, j in jobs.items()}
     counts = sorted(set(per_phase.values()))
     why = f"{cpus} CPUs ÷ resources.cpus_per_trial {spec.resources.cpus_per_trial:g}" + (
         f", {gpus:g} GPUs" if gpus else "")
+    by_cpus = {phase: lanes(spec, phase, cpus, gpus) for phase in jobs}
+    capped = [p for p in jobs if memory is not None and lanes(spec, p, cpus, gpus, memory) < by_cpus[p]]
+    if capped and memory is not None:
+        need = max(trial_bytes(spec, p, gpus) for p in capped) / 2**30
+        why += (f"; capped by memory: {MEMORY_SHARE:.0%} of {memory / 2**30:.1f} GiB holds that many trials of "
+                f"~{need:.1f} GiB ({', '.join(capped)})")
+    if "tune" in jobs and spec.tune.max_concurrent > by_cpus["tune"]:
+        why += f"; tune.max_concurrent {spec.tune.max_concurrent} capped to {per_phase['tune']}"
     if len(counts) == 1:
         return f"{counts[0]} trial{'s' if counts[0] > 1 else ''} at a time ({why})"
     return ", ".join(f"{phase} {n}" for phase, n in per_phase.items()) + f" trials at a time ({why})"

@@ -458,7 +458,8 @@ class ResourcesSpec(BaseModel):
 
     model_config = _STRICT
 
-    cpus_per_trial: float = Field(1, gt=0, description="CPUs per trial")
+    cpus_per_trial: float = Field(1, ge=0.25, description="CPUs per trial, at least 0.25 (four trials to a CPU); "
+                                  "the trials running at once are also capped by the cluster's memory")
     gpus_per_trial: float = Field(0, ge=0, description="GPUs per tune trial; fractions (0.25) allowed")
     transfer_gpus: float | None = Field(
         None, ge=0, description="GPUs per transfer/verify/validate trial; None: 1 if any GPU, else 0")

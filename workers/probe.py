@@ -65,12 +65,13 @@ class Probe:
 
 @dataclass(frozen=True)
 class Machine:
-    """What Ray will find here: CPUs, GPUs and one GPU's free memory."""
+    """What Ray will find here: CPUs, GPUs, one GPU's free memory and the memory its trials share."""
 
     cpus: int
     gpus: int
     gpu_memory: float | None
     where: str = "this machine"
+    memory: float | None = None  # bytes: this machine's MemTotal, or the Ray cluster's memory and object store
 
     @classmethod
     def here(cls, cpus: int | None = None) -> Machine:
@@ -78,18 +79,18 @@ class Machine:
         found = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         memory = float(torch.cuda.mem_get_info(0)[0]) if gpus else None
-        return cls(cpus or found, gpus, memory)
+        return cls(cpus or found, gpus, memory, memory=_mem_total())
 
     def of_ray(self) -> tuple[Machine, str | None]:
         """The Ray cluster at `RAY_ADDRESS` (joined), or the one this process is connected to, as one machine of
-        its CPUs and GPUs, a GPU's free memory taken as this machine's (`self`); this machine without either (and
-        why, when `RAY_ADDRESS` cannot be reached)."""
+        its CPUs, GPUs and memory, a GPU's free memory taken as this machine's (`self`); this machine without
+        either (and why, when `RAY_ADDRESS` cannot be reached)."""
         from workers.ray import ray
 
         if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
             return self, None
         from workers.errors import InfrastructureLost
-        from workers.ray.cluster import ensure_ray, resources
+        from workers.ray.cluster import ensure_ray, ray_memory, resources
 
         try:
             ensure_ray()
@@ -97,7 +98,13 @@ class Machine:
             return self, f"the Ray cluster could not be reached ({one_line(exc)}): this machine's CPUs are counted"
         found = resources()
         return Machine(int(found.get("CPU", 0)) or self.cpus, int(found.get("GPU", 0)), self.gpu_memory,
-                       "the Ray cluster"), None
+                       "the Ray cluster", ray_memory(found) or self.memory), None
+
+
+def _mem_total() -> float | None:
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/meminfo", encoding="ascii") as info:
+        return float(next(x for x in info if x.startswith("MemTotal:")).split()[1]) * 1024
+    return None
 
 
 def free_memory(device: str) -> float | None:
@@ -113,19 +120,16 @@ def free_memory(device: str) -> float | None:
 
 def trial_memory() -> tuple[float, str, bool]:
     """The memory one CPU trial may have at most, where it was read and whether trials may get a GPU: the Ray
-    cluster's largest node (its memory and object store, as Ray counts them) when this process is connected to
-    one, else this machine's (/proc/meminfo's MemTotal)."""
+    cluster's largest node (`ray_memory`) when this process is connected to one, else this machine's MemTotal."""
     from workers.ray import ray
+    from workers.ray.cluster import ray_memory
 
     if ray.is_initialized():
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
-        if nodes:
-            largest = max(r.get("memory", 0) + r.get("object_store_memory", 0) for r in nodes)
-            return float(largest), "the Ray cluster's largest node", any(r.get("GPU", 0) > 0 for r in nodes)
-    total = 0.0
-    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/meminfo", encoding="ascii") as info:
-        total = float(next(x for x in info if x.startswith("MemTotal:")).split()[1]) * 1024
-    return total or float("inf"), "this machine", torch.cuda.is_available()
+        largest = max((ray_memory(r) or 0.0 for r in nodes), default=0.0)
+        if largest:
+            return largest, "the Ray cluster's largest node", any(r.get("GPU", 0) > 0 for r in nodes)
+    return _mem_total() or float("inf"), "this machine", torch.cuda.is_available()
 
 
 def random_batch(spec: StudySpec, generator: torch.Generator, batch_size: int | None = None) -> Batch:
@@ -273,14 +277,15 @@ def estimate_here(spec: StudySpec, cpus: int | None = None, budget_s: float = PR
     local = Machine.here(cpus)  # the probe's company: what one machine runs at once
     here, unreached = local.of_ray()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0  # before the probe adds its own
-    jobs = planned_jobs(spec, here.cpus, here.gpus, here.gpu_memory)
+    jobs = planned_jobs(spec, here.cpus, here.gpus, here.gpu_memory, here.memory)
     shapes = shapes_of(jobs)
     n_threads = max(1, int(spec.resources.cpus_per_trial))
-    found = probe(spec, shapes, n_threads, budget_s, at_once(spec, jobs, local.cpus, local.gpus))
+    found = probe(spec, shapes, n_threads, budget_s, at_once(spec, jobs, local.cpus, local.gpus, local.memory))
     times = completed(spec, shapes, found.times)
     busy = 1 + load / (os.cpu_count() or 1)
     said = assumptions(spec, jobs, here, found, times, n_threads, load)
-    return estimate(spec, jobs, times, here.cpus, here.gpus, f"{said}; {unreached}" if unreached else said, busy)
+    return estimate(spec, jobs, times, here.cpus, here.gpus, f"{said}; {unreached}" if unreached else said, busy,
+                    here.memory)
 
 
 def assumptions(spec: StudySpec, jobs: dict[str, list[Job]], here: Machine, found: Probe,
@@ -288,12 +293,12 @@ def assumptions(spec: StudySpec, jobs: dict[str, list[Job]], here: Machine, foun
     """The estimate's assumptions in one line: the probe, the lanes, ASHA, Ray's fixed costs and the load now."""
     devices = sorted({s.device.upper() if s.device == "cpu" else "GPU" for s in found.times}) or ["no device"]
     steps = ", ".join(f"{s.label()} {1000 * t.step_s:.0f} ms" for s, t in times.items() if s in found.times)
-    most = max(at_once(spec, jobs, here.cpus, here.gpus).values(), default=1)
+    most = max(at_once(spec, jobs, here.cpus, here.gpus, here.memory).values(), default=1)
     beside = f", up to {most} at a time as the phases run them" if most > 1 else ""
     parts = [f"probe: {TIMED_STEPS} steps per shape on this machine's {' and '.join(devices)} ({steps} per step"
              f"{beside}; {found.seconds:.1f} s), {n_threads} thread{'s' if n_threads > 1 else ''} per trial, "
              "random tokens",
-             lanes_text(spec, jobs, here.cpus, here.gpus)]
+             lanes_text(spec, jobs, here.cpus, here.gpus, here.memory)]
     if spec.tune.asha.enabled:
         parts.append("tune: ASHA's stops as synchronous halving makes them (1/η of the trials pass each rung; Ray's "
                      "asynchronous ASHA runs a few more)")

@@ -47,6 +47,12 @@ def resources() -> dict[str, float]:
     return ray.cluster_resources()  # type: ignore[no-untyped-call,no-any-return]
 
 
+def ray_memory(found: dict[str, float]) -> float | None:
+    """The memory Ray counts in `found` (its resources, a node's or the cluster's): the heap and the object store."""
+    total = found.get("memory", 0) + found.get("object_store_memory", 0)
+    return float(total) if total > 0 else None
+
+
 def has_gpus() -> bool:
     return resources().get("GPU", 0) > 0
 

@@ -26,12 +26,21 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 from analysis.table import TrialStatus
+from studies.estimate import lanes, trial_bytes
 from studies.members import auto_members, batches
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
-from workers.errors import InfrastructureLost, Interrupted
+from workers.errors import InfrastructureLost, Interrupted, StudyFailed
 from workers.ray.callback import MlflowTrials, failure_cause
-from workers.ray.cluster import NodeWatch, _phase_gpus, check_gpus, ensure_ray, resources, worker_gpu_memory
+from workers.ray.cluster import (
+    NodeWatch,
+    _phase_gpus,
+    check_gpus,
+    ensure_ray,
+    ray_memory,
+    resources,
+    worker_gpu_memory,
+)
 from workers.ray.ledger import FinishedTrials, content_key
 from workers.ray.trainable import OBJECTIVE, final_reports, members_of, study_trainable
 from workers.report import TrialReport
@@ -87,30 +96,34 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
     check_gpus(phase, gpus, resources().get("GPU", 0))
     finished = callback.use_ledger(FinishedTrials(storage / f"{experiment}.finished.jsonl"))
     trainable = study_trainable(spec, phase, experiment, gpus, finished)
-    path = f"{root}/{experiment}"
     faults: dict[str, Any] = {
         "callbacks": [callback, NodeWatch(phase, res.cpus_per_trial, gpus)],  # no node for the trials: interrupted
         "failure_config": tune.FailureConfig(max_failures=res.max_retries),
         "checkpoint_config": tune.CheckpointConfig(num_to_keep=1)}  # the latest one is all a restart needs
+    at_once = lanes(spec, phase, int(resources().get("CPU", 1)), resources().get("GPU", 0), ray_memory(resources()))
+    squeezed = False
     try:
-        if tune.Tuner.can_restore(path):
-            log.info("restoring the %s phase from %s", phase, path)
-            # the plan again: a driver killed before Tune's first state save leaves only `tuner.pkl`, which keeps no
-            # param_space, and Tune then restarts the experiment from the param_space given here
-            tuner = tune.Tuner.restore(str(path), trainable, param_space=_param_space(planned), resume_unfinished=True,
-                                       resume_errored=True)
-            _renew(tuner, faults)
-        else:
-            tuner = tune.Tuner(trainable, param_space=_param_space(planned), tune_config=_tune_config(spec, phase),
-                               run_config=tune.RunConfig(name=experiment, storage_path=root, verbose=0,
-                                                         log_to_file=True, **faults))
-        try:
-            with tune_log(storage / f"{experiment}.log"):
-                grid = tuner.fit()
-        except BaseException:
-            with contextlib.suppress(Exception):  # what the runs could still record; the fit's error is the cause
-                callback.flush()
-            raise
+        while True:
+            tuner = _tuner(spec, phase, trainable, planned, root, experiment, faults, at_once)
+            try:
+                with tune_log(storage / f"{experiment}.log"):
+                    grid = tuner.fit()
+            except BaseException as exc:
+                with contextlib.suppress(Exception):  # what the runs could still record; the fit's error is the cause
+                    callback.flush()
+                if not memory_killed(exc):
+                    raise
+                killed: object = exc  # a task's worker killed: Tune fails the whole fit
+            else:  # an actor killed as it started: Tune records its trial errored
+                killed = next((e for e in (grid[i].error for i in range(len(grid))) if e and memory_killed(e)), None)
+            if killed is None:
+                break
+            if squeezed:
+                raise StudyFailed(squeeze_words(spec, phase, at_once, killed, storage.parent.name)) from (
+                    killed if isinstance(killed, BaseException) else None)
+            squeezed, at_once = True, max(1, at_once // 2)
+            log.warning("%s phase: Ray's memory monitor killed trial workers (%s); resuming the phase with at most "
+                        "%d trial(s) at once", phase, failure_cause(str(killed)), at_once)
         callback.flush()  # the trials' runs are complete before the caller reads or prunes them
     except (ray.exceptions.RaySystemError, ray.exceptions.ActorDiedError, ray.exceptions.NodeDiedError,
             ray.exceptions.RpcError) as exc:
@@ -153,6 +166,54 @@ def tune_log(path: Path) -> Iterator[None]:
         handler.close()
 
 
+def _tuner(spec: StudySpec, phase: str, trainable: Any, planned: list[dict[str, Any]] | None, root: str,
+           experiment: str, faults: dict[str, Any], at_once: int) -> tune.Tuner:
+    """The phase's Tuner: restored from `<root>/<experiment>` when Tune saved it (`faults` and `at_once`, this run's,
+    put in: `_renew`), else new."""
+    path = f"{root}/{experiment}"
+    if tune.Tuner.can_restore(path):
+        log.info("restoring the %s phase from %s", phase, path)
+        # the plan again: a driver killed before Tune's first state save leaves only `tuner.pkl`, which keeps no
+        # param_space, and Tune then restarts the experiment from the param_space given here
+        tuner = tune.Tuner.restore(str(path), trainable, param_space=_param_space(planned), resume_unfinished=True,
+                                   resume_errored=True)
+        _renew(tuner, faults, at_once)
+        return tuner
+    return tune.Tuner(trainable, param_space=_param_space(planned), tune_config=_tune_config(spec, phase, at_once),
+                      run_config=tune.RunConfig(name=experiment, storage_path=root, verbose=0, log_to_file=True,
+                                                **faults))
+
+
+MEMORY_KILLED = "running low on memory"  # what Ray's memory monitor says of the workers it killed
+
+
+def memory_killed(exc: object) -> bool:
+    """Whether `exc` (Tune's fit failing, or a trial's recorded error) comes from Ray's memory monitor killing trial
+    workers: an `OutOfMemoryError` in its chain (Tune 2.60 re-raises it as a RuntimeError that fails the whole fit),
+    or its words."""
+    if not isinstance(exc, BaseException):
+        return MEMORY_KILLED in str(exc)
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ray.exceptions.OutOfMemoryError) or MEMORY_KILLED in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def squeeze_words(spec: StudySpec, phase: str, at_once: int, exc: object, study_id: str) -> str:
+    """The phase's error after its trials were killed for memory twice: how much, what to lower, how to resume."""
+    need = trial_bytes(spec, phase, resources().get("GPU", 0)) / 2**30
+    total = (ray_memory(resources()) or 0) / 2**30
+    lower = "tune.max_concurrent (or raise resources.cpus_per_trial)" if phase == "tune" else \
+        "resources.cpus_per_trial (fewer trials at once)"
+    return (f"the {phase} phase's trials were killed by Ray's memory monitor twice, the second time with at most "
+            f"{at_once} at once (each trial needs about {need:.1f} GiB; the cluster has {total:.1f} GiB): the node "
+            f"ran low on memory ({failure_cause(str(exc))}). Lower {lower}, train.batch_size or data.seq_len, or "
+            f"free the node's memory; then resume the study (the same command, or POST /studies/{study_id}/resume): "
+            "its finished trials are kept")
+
+
 def check_all_ran(phase: str, grid: tune.ResultGrid, expected: int) -> None:
     """Raise `Interrupted` when Tune returned before every trial ran: on SIGINT it stops and returns the trials it
     has (fewer than planned; one that never started has no config); its saved state resumes the rest."""
@@ -162,7 +223,7 @@ def check_all_ran(phase: str, grid: tune.ResultGrid, expected: int) -> None:
                           "(interrupted): re-run the same command to resume it")
 
 
-def _renew(tuner: tune.Tuner, faults: dict[str, Any]) -> None:
+def _renew(tuner: tune.Tuner, faults: dict[str, Any], at_once: int) -> None:
     """A restored Tuner runs with the RunConfig pickled at its start: its callback lost the driver's `notify`
     (the progress bar) and its retry and checkpoint settings may be older. Put this run's in (the Tuner runs in
     this process unless Ray Client is used, where the pickled ones stay)."""
@@ -175,15 +236,17 @@ def _renew(tuner: tune.Tuner, faults: dict[str, Any]) -> None:
     run_config = local.get_run_config()
     for key, value in faults.items():
         setattr(run_config, key, value)
+    local._tune_config.max_concurrent_trials = at_once  # Tune 2.60: the TuneConfig it restored, on TunerInternal
 
 
 def _param_space(planned: list[dict[str, Any]] | None) -> dict[str, Any]:
     return {} if planned is None else {"trial": tune.grid_search(planned)}
 
 
-def _tune_config(spec: StudySpec, phase: str) -> tune.TuneConfig:
+def _tune_config(spec: StudySpec, phase: str, at_once: int) -> tune.TuneConfig:
+    """The phase's TuneConfig, `at_once` trials at most running together (`studies.estimate.lanes`)."""
     if phase != "tune":  # trial actors are reused: no process start, torch import or data load per trial
-        return tune.TuneConfig(metric=OBJECTIVE, mode="min", reuse_actors=True)
+        return tune.TuneConfig(metric=OBJECTIVE, mode="min", reuse_actors=True, max_concurrent_trials=at_once)
     import optuna  # the driver's searcher: trial actors import this module without Optuna
     from ray.tune.search.optuna import OptunaSearch
 
@@ -196,7 +259,7 @@ def _tune_config(spec: StudySpec, phase: str) -> tune.TuneConfig:
     scheduler = ASHAScheduler(time_attr="step", max_t=spec.steps_for("tune"), grace_period=t.asha.grace_steps,
                               reduction_factor=t.asha.reduction_factor) if t.asha.enabled else None
     return tune.TuneConfig(metric=OBJECTIVE, mode="min", search_alg=searcher, scheduler=scheduler,
-                           num_samples=t.num_trials, max_concurrent_trials=t.max_concurrent, reuse_actors=True)
+                           num_samples=t.num_trials, max_concurrent_trials=at_once, reuse_actors=True)
 
 
 def grid_table(spec: StudySpec, phase: str, grid: tune.ResultGrid, originals: dict[str, str] | None = None
