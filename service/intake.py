@@ -100,7 +100,7 @@ def _bad_values(data: Any, loc: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
     return errors
 
 
-def _decode(body: bytes, media: str) -> Any:
+def _decode(body: bytes, media: str, max_depth: int) -> Any:
     try:
         text = body.decode("utf-8")
         if "\x00" in text:
@@ -112,13 +112,21 @@ def _decode(body: bytes, media: str) -> Any:
         raise HTTPException(400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except yaml.YAMLError as exc:
         raise HTTPException(400, f"malformed YAML: {str(exc).splitlines()[0]}") from None
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise _too_deep(None, max_depth) from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):  # Python's 4300-digit guard, whose message advises sys
+            raise HTTPException(400, "malformed body: a number has over 4300 digits; no StudySpec field takes "
+                                "one: send the number as a StudySpec has it (e.g. 16, 0.003, 1e-4)") from None
         raise HTTPException(400, f"malformed body: {exc}"[:300]) from None
 
 
 def parse_spec(body: bytes, media: str, limits: Limits) -> StudySpec:
     """The body as a `StudySpec`: 400 malformed, 422 invalid, over a bound or not strictly typed (field paths)."""
-    data = _decode(body, media)
+    data = _decode(body, media, limits.depth)
+    depth = nesting(data)
+    if depth > limits.depth:
+        raise _too_deep(depth, limits.depth)
     if not isinstance(data, dict):
         raise HTTPException(422, f"the body must be a StudySpec object, not {type(data).__name__}: {_EXAMPLE}")
     try:
@@ -130,7 +138,39 @@ def parse_spec(body: bytes, media: str, limits: Limits) -> StudySpec:
         problems = field_problems(exc.errors(include_url=False), StudySpec, data)
         raise HTTPException(422, as_json(problems)) from None
     except RecursionError:
-        raise HTTPException(400, "the body is nested too deeply") from None
+        raise _too_deep(None, limits.depth) from None
+
+
+def nesting(data: Any) -> int:
+    """How deep `data`'s lists and maps lie inside each other (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            stack += [(child, depth + 1) for child in children]
+    return deepest
+
+
+_OPENERS = re.compile(rb'(?:[\[{]\s*(?:"[^"\\]{0,64}"\s*:\s*)?)+')  # `[[`, `{"a": {`
+_YAML_OPENERS = re.compile(rb'(?:[\[{]\s*(?:"[^"\\]{0,64}"\s*:\s*)?|-[ \t]+)+')  # and YAML's `- - `
+
+
+def check_depth(body: bytes, media: str, max_depth: int) -> None:
+    """400 for a body that opens more than `max_depth` lists or maps in a row (found in C, before anything is
+    parsed or counted); a body nested deeper some other way is refused as deep after parsing (`nesting`)."""
+    openers = _YAML_OPENERS if media in YAML_TYPES else _OPENERS
+    runs = (m.group(0) for m in openers.finditer(body))
+    deepest = max((sum(run.count(c) for c in (b"[", b"{", b"- ", b"-\t")) for run in runs), default=0)
+    if deepest > max_depth:
+        raise _too_deep(deepest, max_depth)
+
+
+def _too_deep(depth: int | None, max_depth: int) -> HTTPException:
+    seen = f"{depth} levels" if depth is not None else "too many levels"
+    return HTTPException(400, f"malformed body: lists and maps nest {seen} deep, over PTCTL_MAX_DEPTH={max_depth}; "
+                              "a StudySpec nests 6 deep (see studies/catalog/tiny.yaml)")
 
 
 # ---------------------------------------------------------------------------------- off the loop
@@ -214,6 +254,7 @@ async def read_spec(request: Request) -> StudySpec:
     settings = request.app.state.settings
     media = media_type(request)
     body = await read_body(request, settings.max_body_bytes)
+    check_depth(body, media, settings.limits.depth)  # one answer at every depth: before the count a deep body tops
     check_nodes(body, settings.limits.nodes)
     return await cast(Parser, request.app.state.parser).parse(body, media)
 

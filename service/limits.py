@@ -67,6 +67,7 @@ class Limits(BaseSettings):
     list: int = Field(64, gt=0)
     header_bytes: int = Field(16384, ge=1024)
     nodes: int = Field(10_000, gt=0)
+    depth: int = Field(32, gt=0)  # lists and maps inside each other: a StudySpec nests 6 deep
     parses: int = Field(4, gt=0)
     parse_s: float = Field(5.0, gt=0)
 

@@ -58,7 +58,8 @@ def study_plan(spec: StudySpec, probe: bool = True, cpus: int | None = None) -> 
         shares: dict[int, float] = {}
     else:
         cost = plan_cost(spec)
-        phases = {p.phase: PhasePlan(trials=p.trials, steps=p.steps, flops=p.flops) for p in cost.phases}
+        # the expectation of ASHA's steps is a sum of fractions: to the thousandth (100.00000000000001 is 100)
+        phases = {p.phase: PhasePlan(trials=p.trials, steps=round(p.steps, 3), flops=p.flops) for p in cost.phases}
         shares = {w: 100 * cost.share(w, ("tune",)) for w in cost.targets}
     plan = StudyPlan(name=spec.name, spec_hash=spec.content_hash(), phases=phases, proxy_pct=shares)
     if not probe:

@@ -142,6 +142,9 @@ class RemotePolicy:
         """`value` with `~` expanded, checked before anything below it is listed: absolute, no '..', its fixed
         part (a glob's part before the first wildcard) in a root, also with its symlinks followed."""
         path = os.path.expanduser(value)
+        if "://" in value:
+            return path, Violation(loc, f"{value!r} is a URI, not a path: give an absolute path (no scheme) under "
+                                        f"{self._roots()}")
         if not os.path.isabs(path):
             return path, Violation(loc, f"{value!r} is relative, and the workers would resolve it against their own "
                                         f"working directory: give an absolute path under {self._roots()}")

@@ -107,9 +107,12 @@ def auto_members(spec: StudySpec, trials: Sequence[PlannedTrial], *, slots: int,
 def memory_problem(spec: StudySpec, memory_bytes: float, where: str, gpu: bool) -> tuple[str, str] | None:
     """(field, message leading with the field) when the study's largest trial would need more than `memory_bytes`
     (`where`: the machine it was read from) in training, by `member_bytes`' arithmetic; None when it fits, when
-    its trials train on a GPU (`gpu`: whose memory the caller does not know) or when the family has no counts.
+    its trials train on a GPU (`gpu`: the cluster has one, or the spec asks for GPUs; whose memory the caller does
+    not know) or when the family has no counts.
     The field named is the one that dominates: data.seq_len when the activations do, else the widest width."""
-    if spec.train.device == "cuda" or (spec.train.device == "auto" and gpu):
+    res = spec.resources
+    asks = res.gpus_per_trial > 0 or bool(res.transfer_gpus)  # its trials wait for GPUs: they train there
+    if spec.train.device == "cuda" or (spec.train.device == "auto" and (gpu or asks)):
         return None
     v = spec.validate_
     widths = [("tune.base_width", spec.tune.base_width)]

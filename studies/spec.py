@@ -78,10 +78,12 @@ class DataSpec(BaseModel):
     text_field: str = Field("text", min_length=1, description="jsonl/hf: the field holding the text")
     tokenizer: Literal["word", "wordpiece", "bpe"] = Field("word", description="trained on the train split")
     vocab_size: int = Field(10000, ge=4, description="cap, specials included (bpe: >= 260)")
-    seq_len: int = Field(64, ge=2, description="tokens per sequence")
+    seq_len: int = Field(64, ge=2, description="tokens per sequence: at most the arch's context (max_len), and "
+                         "small enough that the largest trial's training memory fits the machine (studies.members)")
     packing: Literal["stream", "lines"] = Field("stream", description="'stream' (seq_len blocks) or 'lines'")
     objective: Literal["mlm", "clm"] = Field(
-        "mlm", description="'mlm' (masked tokens) or 'clm' (next tokens; mask_rate and mask_mode unused)")
+        "mlm", description="'mlm' (masked tokens) or 'clm' (next tokens; mask_rate and mask_mode unused): the model "
+        "family's own (PT, BERT, UT: mlm; TauGPT and causal plugins: clm); omitted: the family's")
     mask_rate: float = Field(0.15, gt=0, lt=1, description="chance each real token is masked (μP-PT: 0.15)")
     mask_mode: Literal["mask", "80-10-10"] = Field("mask", description="'mask' (PT paper) or '80-10-10'")
     eval_fraction: float = Field(0.05, gt=0, lt=1, description="share of text units (streaming: documents) held out")
@@ -208,7 +210,8 @@ class TuneSpec(BaseModel):
 
     model_config = _STRICT
 
-    base_width: PosInt = Field(description="the proxy width the hparams are tuned at (d0)")
+    base_width: PosInt = Field(description="the proxy width the hparams are tuned at (d0): a width the arch builds "
+                               "at (TauGPT: a multiple of head_dim · kv_group; nanoGPT: of n_heads)")
     num_trials: PosInt = Field(16, description="trials sampled by the searcher")
     max_concurrent: PosInt = Field(2, description="trials running at once")
     searcher: Literal["tpe"] = Field("tpe", description="Optuna's TPE through Ray Tune's OptunaSearch")
@@ -524,7 +527,8 @@ class StudySpec(BaseModel):
         None, validate_default=True, description="the search space: PT's 7 hparams, BERT's/UT's 4, TauGPT's 4")
     tune: TuneSpec = Field(description="the tune phase (compare: the study's model at its proxy width)")
     transfer: TransferSpec | None = Field(None, description="the transfer phase; null: a tune-only study")
-    verify: VerifySpec | None = Field(default_factory=VerifySpec, description="verify phase; null skips it")
+    verify: VerifySpec | None = Field(default_factory=VerifySpec, description="verify phase; null skips it. It needs "
+                                      "a width: verify.width, or the largest of transfer.widths")
     validate_: ValidateSpec | None = Field(
         None, alias="validate", description="the optional lr-drift phase (attribute `validate_`)")
     compare: CompareSpec | None = Field(

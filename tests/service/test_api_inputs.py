@@ -290,3 +290,63 @@ def test_schema_valid_bodies_never_get_a_5xx(api):
     codes = {code: sent.count(code) for code in sorted(set(sent))}
     print(f"schema fuzz: {len(sent)} requests; status counts {codes}")
     assert any(code < 300 for code in sent), codes  # the draws reach past validation, into the model check
+
+
+# ---------------------------------------------------------------------------------- the smaller answers
+@pytest.mark.parametrize("depth", [33, 900, 1000, 2500])  # 2500 maps: the largest under LIMIT bytes
+@pytest.mark.parametrize(("make", "content_type"), [
+    (lambda d: "[" * d + "]" * d, "application/json"),
+    (lambda d: '{"a": ' * d + "1" + "}" * d, "application/json"),
+    (lambda d: "- " * d + "1", "application/yaml"),
+    (lambda d: "[" * d + "]" * d, "application/yaml"),
+])
+def test_a_body_nested_too_deep_is_one_400_at_every_depth(api, depth, make, content_type):
+    response = _post(api, make(depth), content_type)
+    assert response.status_code == 400, response.text
+    assert response.json()["detail"].startswith(f"malformed body: lists and maps nest {depth} levels deep, over "
+                                                "PTCTL_MAX_DEPTH=32"), response.text
+
+
+def test_a_yaml_spec_nested_by_indentation_past_the_bound_is_the_same_400(api):
+    text = "".join(f"{'  ' * i}a{i}:\n" for i in range(40)) + "  " * 40 + "1\n"
+    response = _post(api, text, "application/yaml")
+    assert response.status_code == 400 and "nest 40 levels deep" in response.json()["detail"], response.text
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/yaml"])
+def test_a_number_past_pythons_digit_guard_is_a_400_that_gives_no_interpreter_advice(api, content_type):
+    body = '{"name": "x", "tune": {"base_width": ' + "9" * 5000 + "}}"
+    response = _post(api, body, content_type)
+    assert response.status_code == 400, response.text
+    detail = response.json()["detail"]
+    assert "over 4300 digits" in detail and "sys." not in detail, detail
+
+
+def test_a_file_uri_is_refused_as_a_uri_not_as_relative(api):
+    data = copy.deepcopy(TINY)
+    data["data"] |= {"source": "text", "path": "file:///etc/passwd"}
+    [error] = _post(api, json.dumps(data)).json()["detail"]
+    assert error["loc"] == ["body", "data", "path"] and "is a URI, not a path" in error["msg"], error
+
+
+def test_readyz_shows_no_path_of_the_tracking_database(api):
+    answer = api.get("/readyz").json()["checks"]["mlflow"]["detail"]
+    assert answer in ("SQLite store (exists)", "SQLite store (made on first study)"), answer
+
+
+def test_the_plans_expected_steps_are_rounded_to_the_thousandth(api):
+    response = api.post("/plans", params={"probe": "false"}, content=json.dumps(TINY),
+                        headers={"Content-Type": "application/json"})
+    tune = response.json()["phases"]["tune"]["steps"]
+    assert tune == round(tune, 3) and "00000000001" not in response.text, response.text
+
+
+def test_the_schema_states_the_cross_field_rules_it_cannot_express(api):
+    schemas = api.get("/openapi.json").json()["components"]["schemas"]
+    assert "the model family's own" in schemas["DataSpec"]["properties"]["objective"]["description"]
+    assert "max_len" in schemas["DataSpec"]["properties"]["seq_len"]["description"]
+    assert "head_dim · kv_group" in schemas["TuneSpec"]["properties"]["base_width"]["description"]
+    verify = schemas["StudySpec"]["oneOf"][0]["properties"]["verify"]["description"]
+    assert "needs a width" in verify, verify
+    cpus = schemas["ResourcesSpec"]["properties"]["cpus_per_trial"]
+    assert cpus["minimum"] == 0.25, cpus

@@ -1,7 +1,7 @@
 """Every MLflow link ptctl prints opens in a browser (issue 39): an http(s) address of an MLflow UI, the tracking
 server's when the tracking URI is http(s), else `PTCTL_MLFLOW_UI` (default http://127.0.0.1:5000, where
 `mlflow ui --backend-store-uri <store>` serves a local store); never the store's URI (`sqlite:///...#/experiments`).
-The API's `mlflow.links` (`MlflowView.info`), the CLI's `MLflow runs:` line (`Tracker.runs_link`) and a run's
+The API's `mlflow.links` (`MlflowView.observe`), the CLI's `MLflow runs:` line (`Tracker.runs_link`) and a run's
 `Tracker.link` are checked on a real SQLite store and on a real MLflow server."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _links(tracker: Tracker, uri: str, name: str) -> tuple[dict[str, str], dict[
     """The API's links of a study whose study and tune runs `tracker` made, and those runs' ids."""
     study = tracker.study_run("s-1", {})
     runs = {"study": study, "tune": tracker.phase_run("s-1", "tune", study)}
-    info = MlflowView(uri).info(_spec(name, None), StudyState(study_id="s-1", spec_hash="h", runs=runs))
+    _, info = MlflowView(uri).observe(_spec(name, None), "s-1", StudyState(study_id="s-1", spec_hash="h", runs=runs))
     return info.links, runs
 
 

@@ -52,16 +52,17 @@ def test_a_fresh_phase_counts_nothing_at_its_first_step(tmp_path):
     assert events == []
 
 
-def test_a_restored_tuner_gets_this_runs_callback_and_retry_settings(tmp_path):
+def test_a_restored_tuner_gets_this_runs_callback_retry_settings_and_concurrency(tmp_path):
     old, _ = _callback()
     tune.Tuner(lambda config: None, run_config=tune.RunConfig(name="tune", storage_path=str(tmp_path),
                                                                callbacks=[old]))
     restored = tune.Tuner.restore(str(tmp_path / "tune"), lambda config: None)
     new, _ = _callback()
-    _renew(restored, {"callbacks": [new], "failure_config": tune.FailureConfig(max_failures=3)})
+    _renew(restored, {"callbacks": [new], "failure_config": tune.FailureConfig(max_failures=3)}, 2)
     run_config = restored._local_tuner.get_run_config()
     assert run_config.callbacks == [new] and run_config.callbacks[0].notify is not None
     assert run_config.failure_config.max_failures == 3
+    assert restored._local_tuner._tune_config.max_concurrent_trials == 2  # a memory squeeze's lowered concurrency
 
 
 def test_failure_cause_is_one_line():
