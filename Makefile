@@ -46,6 +46,7 @@ bench: install  # every benchmark; each prepares its own data (a fresh clone and
 	$(PY) benchmarks/bench_storage.py
 	$(PY) benchmarks/bench_coord_seeds.py
 	$(PY) benchmarks/bench_batched.py
+	$(PY) benchmarks/bench_memory.py
 
 bench-quick: install  # the same end to end at toy sizes, minutes in all: checks they run, measures nothing
 	$(PY) benchmarks/bench_pt.py --device cpu --configs small --steps 1 --repeats 1 --warmup 1 --batch 4

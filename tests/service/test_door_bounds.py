@@ -31,6 +31,8 @@ def _tiny(name: str, seq_len: int, batch: int) -> dict:
 
 def test_long_contexts_are_answered_without_the_api_process_growing(server):
     api = server.client()
+    warm = api.post("/plans", params={"probe": "false"}, json=_tiny("warm", 32, 16))  # the door's imports, once
+    assert warm.status_code == 200, warm.text
     before = _memory(server.proc.pid)
     for seq_len in (8192, 65536):
         refused = api.post("/studies", json=_tiny(f"ctx{seq_len}", seq_len, 16))
@@ -43,5 +45,6 @@ def test_long_contexts_are_answered_without_the_api_process_growing(server):
     names = {s["name"] for s in api.get("/studies", params={"limit": 500}).json()["items"]}
     assert not names & {"ctx8192", "ctx65536"}  # nothing stored
     after = _memory(server.proc.pid)
+    print(f"API process before: {before} MiB; after the 8192 and 65536 specs: {after} MiB")
     # the check of 8192 tokens in process took the API from 0.6 to 21.7 GB; the child's cap is 2 GiB
-    assert after["VmHWM"] <= max(before["VmHWM"], before["VmRSS"] + 300), (before, after)
+    assert after["VmHWM"] <= max(before["VmHWM"], before["VmRSS"] + 100), (before, after)
