@@ -76,7 +76,7 @@ class LocalBackend:
                     bar.update(tasks[phase], completed=bar.tasks[tasks[phase]].total, note="done")
                 elif kind == "phase_skipped":
                     self.console.print(f"{phase}: already done, skipped")
-                elif kind == "recovered":
+                elif kind in ("recovered", "note"):
                     self.console.print(f"[yellow]note:[/] {data['error']}", soft_wrap=True)
 
             return run_study(spec, study_id, on_event)
@@ -85,13 +85,18 @@ class LocalBackend:
         """The study's story in the terminal (`service.summary`), whichever phases it ran."""
         from service.summary import StudyView, print_summary
         from workers.folder import StudyFolder
-        from workers.mlflow_tracker import Tracker
+        from workers.tracker import mlflow_installed
 
-        tracker = Tracker(spec.experiment_name(), spec.resources.tracking.tracking_uri)
-        runs = {r.data.tags.get("trial_key"): r.info.run_id
-                for r in tracker.runs(state.study_id, "trial", state.instance)}
-        view = StudyView(spec=spec, state=state, folder=StudyFolder(state.study_id),
-                         runs=runs, runs_link=tracker.runs_link())
+        runs: dict[str, str] = {}
+        link = None
+        if mlflow_installed():  # the local runner runs without it
+            from workers.mlflow_tracker import Tracker
+
+            tracker = Tracker(spec.experiment_name(), spec.resources.tracking.tracking_uri)
+            runs = {r.data.tags.get("trial_key"): r.info.run_id
+                    for r in tracker.runs(state.study_id, "trial", state.instance)}
+            link = tracker.runs_link()
+        view = StudyView(spec=spec, state=state, folder=StudyFolder(state.study_id), runs=runs, runs_link=link)
         print_summary(self.console, view)
 
 

@@ -274,6 +274,7 @@ def _print_plan(spec: StudySpec) -> None:
                       "or shares of a target run to show")
         _print_horizon(spec)
         _print_batches(spec)
+        _print_runner(spec)
         return
     plan = plan_cost(spec)
     widest = max(plan.targets, default=None)
@@ -297,6 +298,7 @@ def _print_plan(spec: StudySpec) -> None:
         console.print("no transfer widths: no target run to compare with")
     _print_horizon(spec)
     _print_batches(spec)
+    _print_runner(spec)
 
 
 def _print_horizon(spec: StudySpec) -> None:
@@ -314,6 +316,17 @@ def _print_horizon(spec: StudySpec) -> None:
         console.print(f"[yellow]batch:[/] {escape(batch)}", soft_wrap=True)
     if line := forecast_plan_line(spec):
         console.print(f"forecast: {escape(line)}", soft_wrap=True)
+
+
+def _print_runner(spec: StudySpec) -> None:
+    """What the local runner does otherwise than Ray's (nothing is printed for Ray, the default)."""
+    from workers.tracker import mlflow_installed
+
+    if spec.resources.runner == "local":
+        asha = " (tune.asha is Ray Tune's: every tune trial trains its full budget)" if spec.tune.asha.enabled else ""
+        mlflow = "records the runs" if mlflow_installed() else "is not installed: no runs are recorded"
+        console.print(f"runner: local: the trials train in this process, one trial or batch at a time, no Ray; no "
+                      f"early stopping{asha}; MLflow {mlflow}", soft_wrap=True)
 
 
 def _print_batches(spec: StudySpec) -> None:
@@ -343,6 +356,8 @@ def _transfer_spec(args: argparse.Namespace) -> StudySpec:
                     **({"num_trials": args.trials} if args.trials is not None else {})}
     data["transfer"] = {**(data.get("transfer") or {}), "widths": sorted(args.to)}
     data["validate"] = None  # tune → transfer (→ verify) only; `ptctl study run` runs a spec's lr sweep
+    if args.runner is not None:
+        data["resources"] = {**(data.get("resources") or {}), "runner": args.runner}
     if not args.verify:
         data["verify"] = None
     elif data.get("verify") and data["verify"].get("width") not in (None, *args.to):
@@ -382,7 +397,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_study_run(args: argparse.Namespace) -> int:
-    return local().run(load_spec(args.file), args.study_id)
+    spec = load_spec(args.file)
+    if args.runner is not None:
+        spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"runner": args.runner})})
+    return local().run(spec, args.study_id)
 
 
 def cmd_study_plan(args: argparse.Namespace) -> int:
@@ -508,6 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--spec", default=str(Path(__file__).parents[1] / "studies" / "catalog" / "cpu_demo.yaml"),
                     help="study spec YAML (default: the CPU demo)")
     tr.add_argument("--trials", type=int, default=None, help="tune trials (default: the spec's)")
+    tr.add_argument("--runner", choices=["ray", "local"], default=None, help="ray: Ray Tune (the default); local: in "
+                    "this process, no Ray (resources.runner; default: the spec's)")
     tr.add_argument("--verify", action="store_true", help="run the local-optimality check at the widest target")
     tr.add_argument("--server", default=None, help="submit the study to this ptctl API and follow it live "
                     "(token: $PTCTL_TOKEN) instead of running it here")
@@ -522,6 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = st.add_parser("run", help="run (or resume) a study from a spec file")
     run.add_argument("file")
     run.add_argument("--study-id", default=None, help="resume this study id (default: name + spec hash)")
+    run.add_argument("--runner", choices=["ray", "local"], default=None, help="ray: Ray Tune; local: in this "
+                     "process, no Ray (resources.runner; default: the spec's)")
     run.set_defaults(func=cmd_study_run)
     pl = st.add_parser("plan", help="planned trials and FLOPs per phase, the proxy's cost share, and the wall time "
                        "from a few timed steps of each trial shape; trains nothing")

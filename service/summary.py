@@ -43,6 +43,8 @@ def print_summary(console: Console, view: StudyView) -> None:
     """Print every section the study's finished phases support."""
     state, spec = view.state, view.spec
     console.print(f"study [bold]{state.study_id}[/]: {state.status}")
+    if spec.resources.runner == "local":  # Ray, the default, goes unsaid
+        console.print("runner: local (this process, no Ray; no early stopping)")
     ctx = Context(spec, state, lambda name: _table(view, name))
     for name in sorted(phases_of(spec), key=lambda p: PHASES[p].told):
         PHASES[name].summary(ctx, state.result(name, PhaseResult), console, view.runs)

@@ -138,7 +138,9 @@ def phase_gpus(spec: StudySpec, phase: str, gpus: float) -> float:
 def lanes(spec: StudySpec, phase: str, cpus: int, gpus: float, memory: float | None = None) -> int:
     """Trials of `phase` running at once on `cpus` CPUs, `gpus` GPUs and `memory` bytes (None: not counted): Ray's
     slots (each trial holds cpus_per_trial CPUs and its GPUs), tune's capped at max_concurrent, and no more than
-    MEMORY_SHARE of the memory holds (`trial_bytes` each)."""
+    MEMORY_SHARE of the memory holds (`trial_bytes` each); the local runner: one."""
+    if spec.resources.runner == "local":  # workers.runner.InProcessRunner: one trial (or batch) after another
+        return 1
     slots = int(cpus // spec.resources.cpus_per_trial)
     per_gpu = phase_gpus(spec, phase, gpus)
     if per_gpu:

@@ -480,6 +480,10 @@ class ResourcesSpec(BaseModel):
         "auto", description="trials of a transfer, verify or validate phase trained together as one batched model "
         "(same width, steps and seed; each member its own lr and hparams, its own run): at most this many per "
         "batch; 1: each trial alone; 'auto': as many as a GPU's memory holds, 1 on CPU (studies.members)")
+    runner: Literal["ray", "local"] = Field(
+        "ray", description="'ray': the phases' trials on Ray Tune (Optuna TPE + ASHA); 'local': in this process, no "
+        "Ray (workers.runner.InProcessRunner: TPE asked and told here, batched on a GPU, one trial or batch at a "
+        "time, no early stopping, resumable from its journal; MLflow optional)")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="the MLflow target")
 
     @field_validator("storage")
@@ -527,8 +531,8 @@ class StudySpec(BaseModel):
         None, validate_default=True, description="the search space: PT's 7 hparams, BERT's/UT's 4, TauGPT's 4")
     tune: TuneSpec = Field(description="the tune phase (compare: the study's model at its proxy width)")
     transfer: TransferSpec | None = Field(None, description="the transfer phase; null: a tune-only study")
-    verify: VerifySpec | None = Field(default_factory=VerifySpec, description="verify phase; null skips it. It needs "
-                                      "a width: verify.width, or the largest of transfer.widths")
+    verify: VerifySpec | None = Field(default_factory=VerifySpec, description="verify phase, at verify.width or else "
+                                      "the largest of transfer.widths (one is needed); null skips it")
     validate_: ValidateSpec | None = Field(
         None, alias="validate", description="the optional lr-drift phase (attribute `validate_`)")
     compare: CompareSpec | None = Field(
@@ -700,12 +704,12 @@ class StudySpec(BaseModel):
     def content_hash(self) -> str:
         """sha256 of the canonical JSON (sorted keys, defaults filled in): equal specs hash equal.
 
-        `resources.max_retries`, `checkpoint_every_s`, `storage` and `batch_members` are left out: they change how
-        a study copes with faults, where it keeps its checkpoints and how its trials are packed into processes, not
-        what each trial computes, so a study keeps its id when they do.
+        `resources.max_retries`, `checkpoint_every_s`, `storage`, `batch_members` and `runner` are left out: they
+        change how a study copes with faults, where it keeps its checkpoints and how and where its trials are packed
+        into processes, not what each trial computes, so a study keeps its id when they do.
         """
         data = self.as_dict()
-        for key in ("max_retries", "checkpoint_every_s", "storage", "batch_members"):
+        for key in ("max_retries", "checkpoint_every_s", "storage", "batch_members", "runner"):
             data["resources"].pop(key, None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()

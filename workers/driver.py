@@ -54,7 +54,7 @@ from workers.model_check import check_memory, check_study
 from workers.paths import redact_uri
 from workers.report import TrialReport
 from workers.runner import PhaseJob, Runner, TrialRecorder, experiment_name
-from workers.tracker import RunTracker
+from workers.tracker import NullTracker, RunTracker, mlflow_installed
 from workers.train import load_data
 from workers.verdicts import provenance_tags, study_verdict, verdict_columns
 
@@ -129,6 +129,10 @@ class StudyDriver:
 
     @property
     def runner(self) -> Runner:
+        if self._runner is None and self.spec.resources.runner == "local":
+            from workers.runner import InProcessRunner
+
+            self._runner = InProcessRunner()
         if self._runner is None:
             from workers.ray.experiment import RayRunner  # only here: the driver runs without Ray when given a runner
 
@@ -138,6 +142,10 @@ class StudyDriver:
     @property
     def tracker(self) -> RunTracker:
         """The tracker; MLflow's when none was given, connected on first use (an unreachable store fails the study)."""
+        if self._tracker is None and self.spec.resources.runner == "local" and not mlflow_installed():
+            self.emit("note", {"error": "MLflow is not installed: this study records no MLflow runs (its folder has "
+                                        "every result: the trial tables, the report, the certificate)"})
+            self._tracker = NullTracker()  # type: ignore[abstract]  # its Protocol bodies are its behaviour
         if self._tracker is None:
             from workers.mlflow_tracker import Tracker, default_tracking_uri  # only here: MLflow is optional
 

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -85,9 +87,7 @@ class Machine:
         """The Ray cluster at `RAY_ADDRESS` (joined), or the one this process is connected to, as one machine of
         its CPUs, GPUs and memory, a GPU's free memory taken as this machine's (`self`); this machine without
         either (and why, when `RAY_ADDRESS` cannot be reached)."""
-        from workers.ray import ray
-
-        if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+        if not os.environ.get("RAY_ADDRESS") and _connected_ray() is None:
             return self, None
         from workers.errors import InfrastructureLost
         from workers.ray.cluster import ensure_ray, ray_memory, resources
@@ -99,6 +99,13 @@ class Machine:
         found = resources()
         return Machine(int(found.get("CPU", 0)) or self.cpus, int(found.get("GPU", 0)), self.gpu_memory,
                        "the Ray cluster", ray_memory(found) or self.memory), None
+
+
+def _connected_ray() -> Any:
+    """Ray, when this process imported it and is connected (None otherwise: nothing here imports it, so the local
+    runner needs no Ray installed)."""
+    ray = sys.modules.get("ray")
+    return ray if ray is not None and ray.is_initialized() else None
 
 
 def _mem_total() -> float | None:
@@ -121,11 +128,11 @@ def free_memory(device: str) -> float | None:
 def trial_memory() -> tuple[float, str, bool]:
     """The memory one CPU trial may have at most, where it was read and whether trials may get a GPU: the Ray
     cluster's largest node (`ray_memory`) when this process is connected to one, else this machine's MemTotal."""
-    from workers.ray import ray
-    from workers.ray.cluster import ray_memory
+    ray = _connected_ray()
+    if ray is not None:
+        from workers.ray.cluster import ray_memory
 
-    if ray.is_initialized():
-        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
         largest = max((ray_memory(r) or 0.0 for r in nodes), default=0.0)
         if largest:
             return largest, "the Ray cluster's largest node", any(r.get("GPU", 0) > 0 for r in nodes)

@@ -86,3 +86,13 @@ class NullTracker(RunTracker):
     """Records nothing (module docstring): the driver's seam for studies and tests that need no MLflow."""
 
     uri = "none"
+
+
+def mlflow_installed() -> bool:
+    """Whether MLflow can be imported here (the local runner runs without it: `NullTracker`)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("mlflow") is not None
+    except ImportError:  # a finder that refuses it
+        return False

@@ -74,11 +74,12 @@ def best_hparams(spec: StudySpec, table: pd.DataFrame) -> dict[str, float]:
 
 
 def asha_rungs(spec: StudySpec) -> list[float]:
-    """The steps ASHA may judge a tune trial at: grace·η^k up to the budget (Ray's rungs are among them)."""
+    """The steps ASHA may judge a tune trial at: grace·η^k up to the budget (Ray's rungs are among them); none for
+    the local runner, which stops no trial early (ASHA is Ray Tune's scheduler)."""
     t, max_t = spec.tune, spec.steps_for("tune")
     rungs: list[float] = []
     rung: float = t.asha.grace_steps
-    while t.asha.enabled and rung <= max_t:
+    while t.asha.enabled and spec.resources.runner == "ray" and rung <= max_t:
         rungs.append(rung)
         rung *= t.asha.reduction_factor
     return rungs

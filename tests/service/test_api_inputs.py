@@ -347,6 +347,6 @@ def test_the_schema_states_the_cross_field_rules_it_cannot_express(api):
     assert "max_len" in schemas["DataSpec"]["properties"]["seq_len"]["description"]
     assert "head_dim · kv_group" in schemas["TuneSpec"]["properties"]["base_width"]["description"]
     verify = schemas["StudySpec"]["oneOf"][0]["properties"]["verify"]["description"]
-    assert "needs a width" in verify, verify
+    assert "one is needed" in verify, verify
     cpus = schemas["ResourcesSpec"]["properties"]["cpus_per_trial"]
     assert cpus["minimum"] == 0.25, cpus

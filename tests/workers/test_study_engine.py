@@ -39,6 +39,31 @@ def tiny_study(data_dir):
     return spec, state, data_dir / "studies" / "e2e"
 
 
+def test_the_local_runner_trains_the_ray_paths_trials_to_the_same_losses(tiny_study, data_dir):
+    """`resources.runner: local` (no Ray) on the same spec: its tune and transfer phases are the Ray study's (the
+    same phase keys: reused), and its verify phase trains in this process the same planned trials, to the same
+    losses, under the same certificate logic."""
+    from workers.driver import run_study
+    from workers.folder import StudyFolder
+
+    spec, ray_state, _ = tiny_study
+    local = spec.model_copy(update={"resources": spec.resources.model_copy(update={"runner": "local"})})
+    assert local.content_hash() == spec.content_hash()  # how trials are run is not what they compute
+    state = run_study(local, "e2e-local")
+    assert state.status == "succeeded" and state.phases["tune"].reused_from == "e2e"
+    ray_verify = pd.read_csv(StudyFolder("e2e").trials("verify")).set_index("trial_id").sort_index()
+    local_verify = pd.read_csv(StudyFolder("e2e-local").trials("verify")).set_index("trial_id").sort_index()
+    assert list(local_verify.index) == list(ray_verify.index)  # the same planned trials
+    assert local_verify.eval_loss.to_numpy() == pytest.approx(ray_verify.eval_loss.to_numpy(), rel=1e-4)
+    mine, theirs = state.phases["verify"].certificate, ray_state.phases["verify"].certificate
+    assert (mine.n_samples, mine.n_better, mine.centre_rank, mine.certified) == \
+        (theirs.n_samples, theirs.n_better, theirs.centre_rank, theirs.certified)
+    assert mine.upper_bound == pytest.approx(theirs.upper_bound) and \
+        mine.centre_loss == pytest.approx(theirs.centre_loss, rel=1e-4)
+    journal = data_dir / "studies" / "e2e-local" / "ray" / "e2e-local.verify" / "trials.jsonl"
+    assert len(journal.read_text().splitlines()) == sum(~local_verify.message.fillna("").str.startswith("reused"))
+
+
 def test_all_phases_finish_with_artifacts(tiny_study):
     spec, state, folder = tiny_study
     assert state.status == "succeeded"
