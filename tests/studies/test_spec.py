@@ -123,8 +123,18 @@ def test_content_hash_is_sha256_of_the_sorted_compact_json():
     data["resources"].pop("checkpoint_every_s")
     data["resources"].pop("storage")
     data["resources"].pop("batch_members")  # how trials are packed into processes
+    data["resources"].pop("runner")  # and where (Ray, or this process)
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     assert spec.content_hash() == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_the_runner_keeps_the_study_id_and_takes_ray_or_local():
+    spec = StudySpec.model_validate(MINIMAL)
+    assert spec.resources.runner == "ray"
+    local = StudySpec.model_validate({**MINIMAL, "resources": {"runner": "local"}})
+    assert local.resources.runner == "local" and local.content_hash() == spec.content_hash()
+    with pytest.raises(ValidationError, match="'ray' or 'local'"):
+        StudySpec.model_validate({**MINIMAL, "resources": {"runner": "slurm"}})
 
 
 def test_batch_members_keeps_the_study_id_and_takes_auto_or_a_positive_integer():
