@@ -11,6 +11,7 @@ the OpenAPI document lists exactly the ones each operation can answer (docs/cont
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -28,6 +29,7 @@ from service.control import Control, DriverRunning, ExecutionUnavailable, Execut
 from service.field_errors import as_json, field_problems
 from service.intake import Parser
 from service.progress import MlflowView, redact_uri
+from service.ray_head import head_env
 from service.schemas import Error
 from service.settings import Settings
 from service.store import IdempotencyConflict, IllegalTransition, NotFound, Store
@@ -162,7 +164,8 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     store = Store(settings.db_url)
     control = Control(store, executor, MlflowView(settings.tracking_uri), settings.data_dir)
     parser = Parser(settings.limits)
-    door = Door(settings.door_memory_mb * 2**20, settings.door_timeout_s)
+    # the model check's child sees what Ray's workers see: not the API's tokens or database URL
+    door = Door(settings.door_memory_mb * 2**20, settings.door_timeout_s, head_env(os.environ))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -44,8 +45,10 @@ class DoorUnavailable(RuntimeError):
 class Door:
     """The parent's side: one child at a time, started on the first check and again after one was killed."""
 
-    def __init__(self, memory_bytes: int, timeout_s: float) -> None:
+    def __init__(self, memory_bytes: int, timeout_s: float, env: Mapping[str, str] | None = None) -> None:
+        """`env`: the child's environment (None: this process's); the API passes its own less its secrets."""
         self.memory_bytes, self.timeout_s = memory_bytes, timeout_s
+        self.env = dict(os.environ if env is None else env)
         self._child: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
         self._answers: OrderedDict[str, Refusal | None] = OrderedDict()
@@ -91,7 +94,7 @@ class Door:
     def _started(self) -> subprocess.Popen[str]:
         if self._child is not None and self._child.poll() is None:
             return self._child
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": "1"}
+        env = {**self.env, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": "1"}
         child = subprocess.Popen([sys.executable, "-m", "workers.door", str(self.memory_bytes)], env=env, text=True,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         ready = _read_line(child, START_S)

@@ -275,7 +275,7 @@ def test_schema_valid_bodies_never_get_a_5xx(api):
     bodies = pairs.flatmap(lambda fn: from_schema(variants[fn[0]][fn[1]]).map(lambda value: _body(*fn, value)))
     sent: list[int] = []
 
-    @settings(max_examples=int(os.environ.get("PTCTL_FUZZ_EXAMPLES", "150")), deadline=None,
+    @settings(max_examples=int(os.environ.get("PTCTL_FUZZ_EXAMPLES", "60")), deadline=None,
               suppress_health_check=list(HealthCheck), database=None)
     @given(bodies)
     def check(body):
