@@ -122,11 +122,13 @@ def memory_problem(spec: StudySpec, memory_bytes: float, where: str, gpu: bool) 
     field, width = max(widths, key=lambda fw: fw[1])
     batch = max([spec.batch_for("tune"), spec.train.batch_size, *((v.batch_sizes or []) if v is not None else [])])
     parts = _member_parts(spec, width)
-    if parts is None or parts[0] + batch * parts[1] <= memory_bytes:
+    if parts is None:
         return None
-    need = parts[0] + batch * parts[1]
-    value = width
-    if batch * parts[1] > parts[0]:  # the activations dominate
+    weights, activations = parts[0], batch * parts[1]
+    need, value = weights + activations, width
+    if need <= memory_bytes:
+        return None
+    if activations > weights:  # the activations dominate
         field, value = "data.seq_len", spec.data.seq_len
     gib = 2.0**30
     return field, (f"{field}={value}: a trial at width {width} on {batch} sequences of {spec.data.seq_len} tokens "

@@ -55,7 +55,10 @@ class Door:
 
     def check(self, spec: StudySpec) -> Refusal | None:
         """Why the study's model fails the check (None: it passes)."""
-        key = _shape(spec)
+        try:
+            key = _shape(spec)
+        except ValueError as exc:  # a width the arch cannot build: the spec's, said as the child would
+            return Refusal("spec", str(exc))
         with self._lock:
             if key in self._answers:
                 self._answers.move_to_end(key)
@@ -113,11 +116,10 @@ class Door:
 
 
 def _shape(spec: StudySpec) -> str:
-    """What the check's answer depends on: the family, the arch, the parametrizations, the base width and the data
-    objective and context (the rest of a spec changes nothing the check builds or runs)."""
-    params = sorted({spec.model.parametrization, *(spec.validate_.parametrizations if spec.validate_ else ())})
-    return json.dumps([spec.model.family, spec.model.arch.model_dump(mode="json"), params, spec.tune.base_width,
-                       spec.data.objective, min(spec.data.seq_len, 16)], sort_keys=True, default=str)
+    """What the check's answer depends on: the shapes it builds and runs (`workers.model_check.door_shapes`)."""
+    from workers.model_check import door_shapes  # torch: only once a check is asked for
+
+    return json.dumps(door_shapes(spec))
 
 
 def _read_line(child: subprocess.Popen[str], timeout_s: float) -> str | None:

@@ -130,11 +130,17 @@ def check_study(spec: StudySpec) -> None:
     spec's sizes: `door_width` (and twice it under μP) on `DOOR_SEQ` tokens (fewer if data.seq_len is shorter), once
     per process for each (family, arch, parametrization). What the small shape cannot show is arithmetic: the
     context length is the spec's check against the arch's `context_field`, a trial's memory `studies.members`'."""
+    for shape in door_shapes(spec):
+        _checked(*shape)
+
+
+def door_shapes(spec: StudySpec) -> list[tuple[str, str, int]]:
+    """What `check_study` checks, per parametrization the study trains: (family, model config as JSON, tokens);
+    also the key of `workers.door.Door`'s answers."""
     params = {spec.model.parametrization, *(spec.validate_.parametrizations if spec.validate_ else ())}
     width, seq_len = door_width(spec), min(spec.data.seq_len, DOOR_SEQ)
-    for param in sorted(params):
-        hp = spec.model_hp(width, {}, param)
-        _checked(spec.model.family, json.dumps(hp, sort_keys=True, default=str), seq_len)
+    return [(spec.model.family, json.dumps(spec.model_hp(width, {}, p), sort_keys=True, default=str), seq_len)
+            for p in sorted(params)]
 
 
 def check_memory(spec: StudySpec) -> None:

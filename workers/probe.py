@@ -81,7 +81,7 @@ class Machine:
         found = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         memory = float(torch.cuda.mem_get_info(0)[0]) if gpus else None
-        return cls(cpus or found, gpus, memory, memory=_mem_total())
+        return cls(cpus or found, gpus, memory, memory=_meminfo("MemTotal"))
 
     def of_ray(self) -> tuple[Machine, str | None]:
         """The Ray cluster at `RAY_ADDRESS` (joined), or the one this process is connected to, as one machine of
@@ -108,9 +108,10 @@ def _connected_ray() -> Any:
     return ray if ray is not None and ray.is_initialized() else None
 
 
-def _mem_total() -> float | None:
+def _meminfo(key: str) -> float | None:
+    """/proc/meminfo's `key` (MemTotal, MemAvailable) in bytes; None where it cannot be read."""
     with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/meminfo", encoding="ascii") as info:
-        return float(next(x for x in info if x.startswith("MemTotal:")).split()[1]) * 1024
+        return float(next(x for x in info if x.startswith(f"{key}:")).split()[1]) * 1024
     return None
 
 
@@ -118,11 +119,7 @@ def free_memory(device: str) -> float | None:
     """Bytes free on `device` now (the CPU: /proc/meminfo's MemAvailable); None where unknown."""
     if device == "cuda":
         return float(torch.cuda.mem_get_info(0)[0])
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/meminfo", encoding="ascii") as info:
-            line = next(x for x in info if x.startswith("MemAvailable:"))
-        return float(line.split()[1]) * 1024
-    return None
+    return _meminfo("MemAvailable")
 
 
 def trial_memory() -> tuple[float, str, bool]:
@@ -136,7 +133,7 @@ def trial_memory() -> tuple[float, str, bool]:
         largest = max((ray_memory(r) or 0.0 for r in nodes), default=0.0)
         if largest:
             return largest, "the Ray cluster's largest node", any(r.get("GPU", 0) > 0 for r in nodes)
-    return _mem_total() or float("inf"), "this machine", torch.cuda.is_available()
+    return _meminfo("MemTotal") or float("inf"), "this machine", torch.cuda.is_available()
 
 
 def random_batch(spec: StudySpec, generator: torch.Generator, batch_size: int | None = None) -> Batch:

@@ -93,14 +93,15 @@ def run_phase(spec: StudySpec, phase: str, storage: Path, callback: MlflowTrials
     root = storage_root(spec, storage)
     res = spec.resources
     gpus = _phase_gpus(spec, phase)
-    check_gpus(phase, gpus, resources().get("GPU", 0))
+    found = resources()
+    check_gpus(phase, gpus, found.get("GPU", 0))
     finished = callback.use_ledger(FinishedTrials(storage / f"{experiment}.finished.jsonl"))
     trainable = study_trainable(spec, phase, experiment, gpus, finished)
     faults: dict[str, Any] = {
         "callbacks": [callback, NodeWatch(phase, res.cpus_per_trial, gpus)],  # no node for the trials: interrupted
         "failure_config": tune.FailureConfig(max_failures=res.max_retries),
         "checkpoint_config": tune.CheckpointConfig(num_to_keep=1)}  # the latest one is all a restart needs
-    at_once = lanes(spec, phase, int(resources().get("CPU", 1)), resources().get("GPU", 0), ray_memory(resources()))
+    at_once = lanes(spec, phase, int(found.get("CPU", 1)), found.get("GPU", 0), ray_memory(found))
     squeezed = False
     try:
         while True:
