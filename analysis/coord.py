@@ -114,6 +114,9 @@ class CoordVerdict(BaseModel):
     axis: str = "width"  # what the slopes are against: width, or depth (per doubling of either)
 
 
+ATTENTION = "attn_logits."  # the traced attention logits' prefix (`workers.attention`, the built-ins' traces)
+
+
 def coord_verdict(
     slopes: pd.DataFrame,
     *,
@@ -199,6 +202,12 @@ def coord_verdict(
             f"at steps {step_list} ({how}); "
             f"worst {worst.name} at step {worst.step}: slope {shown} (rule {worst.rule})"
         )
+        grown = [o for o in offending if o.name.startswith(ATTENTION) and (o.slope or 0) > 0]
+        if grown:
+            top = max(grown, key=lambda o: o.slope or 0)
+            verdict += (f"; the attention logits grow with width at {top.name.removeprefix(ATTENTION)} (step "
+                        f"{top.step}: slope {top.slope:+.3f}): under μP scale them attn_mult · q·k / head_dim, "
+                        "not q·k / √head_dim")
     elif len(weak):
         status = "inconclusive"
         w = weak.loc[half[weak.index].idxmax()]

@@ -49,6 +49,12 @@ class Arch(BaseModel):
     # data.seq_len by the spec (`context_length`); None: the model declares none, and nothing checks its context
     context_field: ClassVar[str | None] = None
 
+    def context(self) -> tuple[str, int] | None:
+        """The declared context: (where the spec keeps it, under model.arch; its value), or None (none declared).
+        The default reads `context_field`; an arch that keeps it elsewhere (`hf`: in its config) overrides this."""
+        value = getattr(self, self.context_field, None) if self.context_field else None
+        return (self.context_field, value) if self.context_field and isinstance(value, int) else None
+
     def width_steps(self, base_width: int) -> dict[str, int]:
         """`{size: step}`: the widths this arch builds at are the multiples of each step (none: any width)."""
         return {}
@@ -172,7 +178,9 @@ def width_error(arch: BaseModel, base_width: int, width: int, where: str) -> str
 
 
 def context_length(arch: BaseModel) -> tuple[str, int] | None:
-    """The arch's declared context (`Arch.context_field`) and its value; None where it declares none."""
+    """The arch's declared context (`Arch.context`) and its value; None where it declares none."""
+    if isinstance(arch, Arch):
+        return arch.context()
     name = getattr(type(arch), "context_field", None)
     value = getattr(arch, name, None) if name else None
     return (name, value) if name and isinstance(value, int) else None

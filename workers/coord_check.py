@@ -22,6 +22,7 @@ import torch
 from analysis.coord import CoordVerdict, coord_slopes, coord_verdict
 from studies.family import family_names
 from studies.spec import DataSpec, TrialConfig
+from workers.attention import traced_attention
 from workers.errors import ConfigError
 from workers.model_check import check_model
 from workers.models import build_model, family
@@ -112,7 +113,8 @@ def coord_data(
                 batch = next(batches)
                 net.before_step(batch, step)  # TauGPT: τ from the first batch, as in training
                 trace: dict[str, torch.Tensor] = {}
-                logits = net(batch.input_ids, batch.attention_mask, trace=trace)
+                with traced_attention(net, trace):  # SDPA's logits too (`workers.attention`)
+                    logits = net(batch.input_ids, batch.attention_mask, trace=trace)
                 for name, act in trace.items():
                     shown = name if depth is None else _by_position(name, depth)
                     if shown is not None:

@@ -27,6 +27,7 @@ from studies.arch import width_step
 from studies.family import PLUGINS, Family
 from studies.members import memory_problem
 from studies.spec import StudySpec
+from workers.attention import traced_attention
 from workers.errors import ConfigError, PtctlError, one_line
 from workers.models import build_model, family
 from workers.models.contract import LanguageModel
@@ -198,12 +199,40 @@ def _check_forward(name: str, model: LanguageModel, seq_len: int) -> Findings:
                      f"its forward runs on {short} tokens and fails on {seq_len}",
                      "raise the arch's context length (e.g. block_size) or lower data.seq_len") from None
     _check_output(name, out, (BATCH, seq_len, VOCAB))
-    _check_batch(name, model, ids, out)
-    if family(name).objective == "clm":
-        _check_causal(name, model, ids, out)
-    _check_select(name, model, ids, out)
+    with _varying(model):  # what the checks below compare must vary: a zero-initialised readout hides nothing
+        varied = _run(name, model, ids)
+        _check_varies(name, varied)
+        _check_batch(name, model, ids, varied)
+        if family(name).objective == "clm":
+            _check_causal(name, model, ids, varied)
+        _check_select(name, model, ids, varied)
     _check_trace(name, model, ids)
     return Findings(log_probs=log_probs(out))
+
+
+@contextmanager
+def _varying(model: LanguageModel) -> Iterator[None]:
+    """The model with its all-zero matrices (μP's zero readout, a zero query) drawn at random, restored after:
+    with them at zero the logits are constants, and every comparison of them would pass."""
+    zeros = [p for p in model.parameters() if p.dim() >= 2 and not p.detach().any()]
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in zeros:
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) / math.sqrt(p.shape[-1]))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p in zeros:
+                p.zero_()
+
+
+def _check_varies(name: str, out: torch.Tensor) -> None:
+    flat = out.reshape(-1, out.shape[-1])
+    if bool((flat - flat[0]).abs().max() <= TOL * (1 + flat.abs().max())):
+        raise _error(name, "ignores its input", "logits that depend on the tokens (with its all-zero matrices "
+                     "drawn at random, as the door draws them)", "the same logits at every position of every "
+                     "sequence", "check that the forward uses input_ids")
 
 
 def _check_output(name: str, out: Any, shape: tuple[int, int, int]) -> None:
@@ -261,7 +290,8 @@ def _check_select(name: str, model: LanguageModel, ids: torch.Tensor, out: torch
 
 def _check_trace(name: str, model: LanguageModel, ids: torch.Tensor) -> None:
     trace: dict[str, torch.Tensor] = {}
-    _run(name, model, ids, trace=trace)
+    with traced_attention(model, trace):  # SDPA's logits too, as the coordinate check sees them
+        _run(name, model, ids, trace=trace)
     readout = family(name).readout
     if readout not in trace:
         raise _error(name, "records no readout in its trace", f"the logits under Family.readout={readout!r}",

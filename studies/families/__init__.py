@@ -10,6 +10,7 @@ from studies.families import pt
 from studies.families import bert
 from studies.families import ut
 from studies.families import tauformer
+from studies.families import hf
 # isort: on
 
-__all__ = ["bert", "pt", "tauformer", "ut"]
+__all__ = ["bert", "hf", "pt", "tauformer", "ut"]

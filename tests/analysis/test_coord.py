@@ -194,3 +194,13 @@ def test_the_verdict_does_not_flip_on_seed_noise(true_slope, status):
     assert verdicts == {status}
     if abs(true_slope) < 0.2:
         assert point == {"pass", "fail"}  # what this replaces: a pass or a fail by chance
+
+
+def test_growing_attention_logits_name_the_layer_and_the_fix():
+    exponents = mup_like() | {("mup", "attn_logits.lm.model.layers.1.self_attn"): 0.5}
+    verdict = coord_verdict(coord_slopes(coord_table(exponents)))
+    assert not verdict.passed
+    assert ("the attention logits grow with width at lm.model.layers.1.self_attn (step 1: slope +0.500): under μP "
+            "scale them attn_mult · q·k / head_dim, not q·k / √head_dim") in verdict.verdict
+    shrinking = coord_verdict(coord_slopes(coord_table(mup_like() | {("mup", "attn_logits.x"): -0.5})))
+    assert not shrinking.passed and "attention logits grow" not in shrinking.verdict

@@ -35,6 +35,7 @@ SIZES = {"pt": {"width": 16, "base_width": 8, "n_channels": 2, "rank": 4, "n_ite
          "bert": {"width": 32, "base_width": 16, "head_dim": 16, "n_layers": 1, "max_len": 16},
          "ut": {"width": 32, "base_width": 16, "head_dim": 16, "n_steps": 2, "max_len": 16, "act": True},
          "tauformer": {"width": 32, "base_width": 16, "head_dim": 8, "n_layers": 1, "max_len": 16},
+         "hf": {"width": 32, "base_width": 16, "head_dim": 8, "kv_group": 2, "config": {"max_position_embeddings": 16}},
          "scaled": {"width": 32}, "silent": {"width": 32}}
 
 
@@ -121,13 +122,13 @@ def _members(family: str, **kw) -> list[TrialConfig]:
     other = {h: v * 1.25 if h in batchable else v for h, v in defaults.items()}
     base = {"model": family, "data": CLM if get_family(family).objective == "clm" else MLM, "steps": 20,
             "batch_size": 8, "eval_every": 10, "eval_batches": 2, "warmup_steps": 3, "device": "cpu", **kw}
-    size = {**SIZES.get(family, {}), **({"parametrization": "mup"} if family in ("pt", "bert", "ut", "tauformer")
+    size = {**SIZES.get(family, {}), **({"parametrization": "mup"} if family in ("pt", "bert", "ut", "tauformer", "hf")
                                         else {})}
     return [TrialConfig(**base, lr=hp["lr"], model_hp={**size, **{h: v for h, v in hp.items() if h != "lr"}})
             for hp in (defaults, other)]
 
 
-@pytest.mark.parametrize("family", ["pt", "bert", "ut", "tauformer", "scaled"])
+@pytest.mark.parametrize("family", ["pt", "bert", "ut", "tauformer", "hf", "scaled"])
 def test_members_differing_in_every_batchable_hparam_equal_their_solo_trials(plugins, family):
     with float64_default():
         cfgs = _members(family)
