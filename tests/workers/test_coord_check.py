@@ -1,12 +1,16 @@
 """The coordinate check separates μP from the standard parametrization (issue: foundation)."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from analysis.coord import coord_slopes, coord_verdict
+from studies.family import FAMILIES, get_family, register
 from workers.coord_check import check_lr, coord_check, coord_data
 from workers.models import family
+from workers.models.hf import HFModel
 
 WIDTHS = (32, 64, 128, 256)
 LR = 1e-2  # one base learning rate for every case
@@ -93,3 +97,29 @@ def test_seeds_are_added_while_the_verdict_is_inconclusive(monkeypatch):
 def test_coord_check_arguments_name_the_fix(kwargs, field):
     with pytest.raises(ValueError, match=field):
         coord_check(widths=WIDTHS, **kwargs)
+
+
+class _RootScale(HFModel):
+    """The `hf` model with HF's own 1/√head_dim attention scale kept under μP: the case a check that cannot see
+    attention passes (with the heads fixed, head_dim grows with width and so do the logits after updates)."""
+
+    def _set_attention_scale(self) -> None:
+        for module, scale in dict(self._calls()).items():
+            module.ptctl_scale = self.cfg.attn_mult * scale
+
+
+@pytest.mark.slow  # two coordinate checks of a 2-layer Llama at widths 32–256 (≈ 1 min each)
+def test_the_check_sees_attention_a_wrong_scale_fails_and_the_right_one_passes():
+    hf = get_family("hf")
+    register(dataclasses.replace(hf, name="hf_root_scale", model=_RootScale))
+    fixed_heads = {"head_dim": None, "n_heads": 2}
+    try:
+        *_, wrong, _ = coord_check(model="hf_root_scale", parametrization="mup", model_hp=fixed_heads)
+    finally:
+        del FAMILIES["hf_root_scale"]
+    assert wrong.status == "fail", wrong.verdict
+    assert "the attention logits grow with width at lm.model.layers." in wrong.verdict
+    assert "under μP scale them attn_mult · q·k / head_dim" in wrong.verdict
+    *_, right, _ = coord_check(model="hf", parametrization="mup", model_hp=fixed_heads)
+    assert right.status == "pass", right.verdict
+    assert "attn_logits. judged one-sidedly" in right.verdict

@@ -96,6 +96,23 @@ class SeqFirst(HandMup):  # takes (seq, batch): its running mean runs over the b
         return x.cumsum(0) / torch.arange(1, x.shape[0] + 1)[:, None, None]
 
 
+class ZeroReadout(HandMup):
+    """μP's recommended init: the readout at zero, so every logit is 0 at initialisation."""
+
+    def __init__(self, cfg: DoorConfig) -> None:
+        super().__init__(cfg)
+        nn.init.zeros_(self.readout.weight)
+
+
+class ZeroSeqFirst(ZeroReadout, SeqFirst):  # microsoft/mup's example Transformer without its batch-first wrapper
+    pass
+
+
+class Deaf(HandMup):  # its logits do not depend on the tokens
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+
 class Peeking(HandMup):  # a causal LM that averages the whole sequence
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         return x.mean(1, keepdim=True).expand_as(x)
@@ -184,7 +201,8 @@ def make_asking(width: int, vocab_size: int, out_mult: float, base_width: int, p
 
 HAND = {"handmup": HandMup, "tupleout": TupleOut, "seqfirst": SeqFirst, "peeking": Peeking, "constlr": ConstLr,
         "noselect": NoSelect, "notrace": NoTrace, "badsig": BadSignature, "ungrouped": Ungrouped,
-        "failslater": FailsLater}
+        "failslater": FailsLater, "zeroreadout": ZeroReadout, "zeroseqfirst": ZeroSeqFirst,
+        "zeropeeking": type("ZeroPeeking", (ZeroReadout, Peeking), {}), "deaf": Deaf}
 MUP = {"tiny": "make_tiny", "stuck": "make_stuck", "logprobs": "make_logprobs", "asking": "make_asking"}
 
 
@@ -212,13 +230,13 @@ def refused(name: str, seq_len: int = 16, **kw: Any) -> str:
     return text
 
 
-@pytest.mark.parametrize("name", ["handmup", "tiny", "logprobs", "asking"])
+@pytest.mark.parametrize("name", ["handmup", "tiny", "logprobs", "asking", "zeroreadout"])
 @pytest.mark.parametrize("parametrization", ["mup", "standard"])
 def test_a_model_that_keeps_the_contract_passes(name, parametrization):
     check_model(name, hp(parametrization), 16)
 
 
-@pytest.mark.parametrize("name", ["pt", "bert", "ut", "tauformer", "nanogpt"])
+@pytest.mark.parametrize("name", ["pt", "bert", "ut", "tauformer", "hf", "nanogpt"])
 @pytest.mark.parametrize("parametrization", ["mup", "standard"])
 def test_every_builtin_family_and_the_example_plugin_keep_the_contract(name, parametrization):
     door, _ = _setup(name, (32, 64), None, DEFAULT_DATA)
@@ -233,6 +251,10 @@ def test_every_builtin_family_and_the_example_plugin_keep_the_contract(name, par
                   "(seq, batch)"]),
     ("peeking", ["sees the future", "changing tokens after position 8 changed the logits up to it",
                  "mask attention causally"]),
+    # a zero readout makes every logit a constant at initialisation: the door draws it at random to compare
+    ("zeroseqfirst", ["mixes the sequences of a batch", "(seq, batch)"]),
+    ("zeropeeking", ["sees the future"]),
+    ("deaf", ["ignores its input", "the same logits at every position of every sequence"]),
     ("constlr", ["keeps its learning rates as width grows", "base_width/width"]),
     ("noselect", ["ignores `select`", "return logits[select]"]),
     ("notrace", ["records no readout in its trace", "Family.readout='logits'"]),
