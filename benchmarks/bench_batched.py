@@ -1,9 +1,10 @@
 """Trials per minute: K trials trained one by one, one per process, and as one batched model (`train`, K members).
 
-K PT trial configs (μP, cpu_demo's arch: 2 channels, rank 8, 3 iterations, γ 2, base width 32; the built-in
-Shakespeare corpus at 60k words, |V| 2000, seq 64; batch 16, eval every 25 steps on 2 batches) share width, steps
-and seed and differ, as a verify phase's samples do, in lr (1e-2 · 2^u) and w_H (1 − 0.6·u), u spread over
-(−0.5, 0.5). For each width, every repeat runs these modes in this order (paired in time):
+K trial configs of a catalog spec (`--spec`, default cpu_demo: μP PT, 2 channels, rank 8, 3 iterations, γ 2, base
+width 32; the built-in Shakespeare corpus at 60k words, |V| 2000, seq 64; batch 16, eval every 25 steps on 2
+batches) share width, steps and seed and differ, as a verify phase's samples do, u spread over (−0.5, 0.5): PT in
+lr (1e-2 · 2^u) and w_H (1 − 0.6·u); any other family in lr (its default · 2^u) and every other hparam of its
+space (its default · 2^(u/2)). For each width, every repeat runs these modes in this order (paired in time):
 
 - alone-in-process: `train_trial` on `--solo-trials` configs in turn, in this process (data prepared once);
 - one-per-process: `--process-trials` configs, each in a fresh `python -c` (interpreter start, torch import, data
@@ -11,6 +12,9 @@ and seed and differ, as a verify phase's samples do, in lr (1e-2 · 2^u) and w_H
 - concurrent (`--concurrent P`, off by default): P fresh processes at once sharing the device, each training
   `--process-trials` configs in turn — what P trial workers with a 1/P device fraction each do;
 - batched: `train` on K configs, for each K in `--members`.
+
+`--check` also trains the first two members of each K's batch alone, once, and reports the largest relative
+difference of their final eval losses from the batched members' (float32: rounding, not a different trial).
 
 A solo mode's seconds per trial do not depend on K (the trials are alike), so each is measured once per width and
 repeat and every K row of that width is compared with it. The tables give medians over `--repeats`: seconds per
@@ -23,6 +27,7 @@ as such and the larger K of that width are skipped.
     python benchmarks/bench_batched.py --widths 64 --members 16 --repeats 5 --out /tmp/bench_batched.json
     python benchmarks/bench_batched.py --device cuda --widths 128 256 512 1024 --concurrent 4 --peak-tflops 989
     python benchmarks/bench_batched.py --quick               # width 32, K 1 and 4, 5 steps, 1 repeat: a smoke run
+    python benchmarks/bench_batched.py --spec hf_llama_cpu --widths 64 --members 1 8 --check  # a Hugging Face Llama
 """
 
 from __future__ import annotations
@@ -50,24 +55,33 @@ DATA = {"max_tokens": 60_000, "seq_len": 64, "vocab_size": 2000}
 BATCH = 16
 
 
+SPEC = "cpu_demo"  # `--spec`
+
+
 @functools.cache
 def demo_spec():
-    """cpu_demo's study spec with this benchmark's data (`DATA`)."""
+    """The catalog spec `SPEC` with this benchmark's data (`DATA`; the family's objective)."""
     from studies import load_catalog
     from studies.spec import DataSpec
 
-    spec = load_catalog("cpu_demo")
-    return spec.model_copy(update={"data": DataSpec(**DATA)})
+    spec = load_catalog(SPEC)
+    return spec.model_copy(update={"data": DataSpec(**DATA, objective=spec.data.objective)})
+
+
+def varied(defaults: dict[str, float], u: float) -> dict[str, float]:
+    """The hparams of the member at u (module docstring)."""
+    if demo_spec().model.family == "pt":
+        return {**defaults, "lr": 1e-2 * 2**u, "w_H": 1 - 0.6 * u}
+    return {h: v * 2 ** (u if h == "lr" else u / 2) for h, v in defaults.items()}
 
 
 def configs(width: int, k: int, steps: int, device: str) -> list[dict]:
-    """K trial configs at `width` that differ in lr and w_H only."""
+    """K trial configs at `width` that differ in their hparams only (`varied`)."""
     spec = demo_spec()
     data = spec.data.model_dump(mode="json")
     out = []
     for i in range(k):
-        u = (i + 0.5) / k - 0.5
-        cfg = spec.trial_config(width, {**spec.space.defaults(), "lr": 1e-2 * 2**u, "w_H": 1 - 0.6 * u}, 0, steps)
+        cfg = spec.trial_config(width, varied(spec.space.defaults(), (i + 0.5) / k - 0.5), 0, steps)
         cfg.update(data=data, batch_size=BATCH, eval_every=25, eval_batches=2, device=device)
         out.append(cfg)
     return out
@@ -78,6 +92,14 @@ def trial_flops(width: int, steps: int) -> float:
     from studies.cost import sequence_flops
 
     return sequence_flops(demo_spec(), width) * BATCH * steps
+
+
+def solo_difference(cfgs: list[dict], results: list) -> float:
+    """The largest relative difference of the first two members' final eval losses, batched and alone."""
+    from workers.train import train_trial
+
+    return max(abs(r.eval_loss - a.eval_loss) / abs(a.eval_loss)
+               for r, a in zip(results, (train_trial(cfg) for cfg in cfgs[:2]), strict=False))
 
 
 def sync(device: str) -> None:
@@ -113,9 +135,9 @@ def processes(groups: list[list[dict]], threads: int) -> float:
     return wall / sum(len(g) for g in groups)
 
 
-def batched(cfgs: list[dict]) -> tuple[float, int, int | None]:
-    """Seconds per trial of one `train` over the configs, how many members did not complete, and on CUDA the
-    peak memory allocated (bytes)."""
+def batched(cfgs: list[dict]) -> tuple[float, int, int | None, list]:
+    """Seconds per trial of one `train` over the configs, how many members did not complete, on CUDA the peak
+    memory allocated (bytes), and the members' results."""
     import torch
 
     from workers.train import train
@@ -129,7 +151,8 @@ def batched(cfgs: list[dict]) -> tuple[float, int, int | None]:
     results = train(cfgs)
     sync(cfgs[0]["device"])
     seconds = (time.perf_counter() - start) / len(cfgs)
-    return seconds, sum(r.status != "completed" for r in results), torch.cuda.max_memory_allocated() if cuda else None
+    peak = torch.cuda.max_memory_allocated() if cuda else None
+    return seconds, sum(r.status != "completed" for r in results), peak, results
 
 
 def width_rows(width: int, args: argparse.Namespace) -> tuple[dict, list[dict]]:
@@ -153,11 +176,13 @@ def width_rows(width: int, args: argparse.Namespace) -> tuple[dict, list[dict]]:
             if per_k[k]["oom"]:
                 continue
             try:
-                s, bad, mem = batched(batch_cfgs[k])
+                s, bad, mem, results = batched(batch_cfgs[k])
             except torch.OutOfMemoryError:
                 for kk in args.members[args.members.index(k):]:
                     per_k[kk]["oom"] = True
                 continue
+            if args.check and "solo_diff" not in per_k[k]:
+                per_k[k]["solo_diff"] = solo_difference(batch_cfgs[k], results)
             per_k[k]["s"].append(s)
             per_k[k]["mem"].append(mem)
             per_k[k]["not_completed"] += bad
@@ -175,13 +200,14 @@ def width_rows(width: int, args: argparse.Namespace) -> tuple[dict, list[dict]]:
         rows.append({"width": width, "k": k, "s_per_trial": s, "runs": r["s"], "not_completed": r["not_completed"],
                      "vs": {mode: v / s for mode, v in solo.items()}, "tflops": tflops,
                      "mfu": tflops / args.peak_tflops if args.peak_tflops else None,
-                     "peak_mem_gib": max(r["mem"]) / 2**30 if r["mem"][0] is not None else None})
+                     "peak_mem_gib": max(r["mem"]) / 2**30 if r["mem"][0] is not None else None,
+                     "solo_diff": r.get("solo_diff")})
     return solo_row, rows
 
 
 def report(solos: list[dict], rows: list[dict], args: argparse.Namespace, load: float) -> None:
-    print(f"\n{args.device}, {args.steps} steps per trial, {args.threads} torch threads per process, median of "
-          f"{args.repeats} repeats; load average {load:.2f} before, {os.getloadavg()[0]:.2f} after. Alone: "
+    print(f"\n{args.spec} on {args.device}, {args.steps} steps per trial, {args.threads} torch threads per process, "
+          f"median of {args.repeats} repeats; load average {load:.2f} before, {os.getloadavg()[0]:.2f} after. Alone: "
           f"{args.solo_trials} trials per repeat; one per process: {args.process_trials}"
           + (f"; concurrent: {args.concurrent} processes × {args.process_trials} trials" if args.concurrent else "")
           + ".\n")
@@ -203,11 +229,15 @@ def report(solos: list[dict], rows: list[dict], args: argparse.Namespace, load: 
         mem = f"{r['peak_mem_gib']:.2f}" if r["peak_mem_gib"] is not None else "—"
         print(f"| {r['width']} | {r['k']} | {r['s_per_trial']:.3f} | {3600 / r['s_per_trial']:,.0f} | "
               + " | ".join(f"{r['vs'][m]:.2f}×" for m in modes) + f" | {r['tflops']:.2f} | {mfu} | {mem} |")
+    diffs = [f"K {r['k']} {r['solo_diff']:.1e}" for r in rows if r.get("solo_diff") is not None]
+    if diffs:
+        print("\nbatched vs alone, largest relative difference of the final eval loss: " + ", ".join(diffs))
     if any(r.get("not_completed") for r in solos + rows):
         print("\nsome trials did not complete (diverged): see not_completed in the JSON")
 
 
 def main() -> None:
+    global SPEC
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128])
@@ -222,7 +252,10 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, for MFU")
     parser.add_argument("--quick", action="store_true", help="width 32, K 1 and 4, 5 steps, 1 repeat")
     parser.add_argument("--out", "--json", dest="out", default=None, help="write the rows as JSON here")
+    parser.add_argument("--spec", default=SPEC, help="the catalog spec whose model, arch and space are trained")
+    parser.add_argument("--check", action="store_true", help="batched members against the same trials alone")
     args = parser.parse_args()
+    SPEC = args.spec
     if args.quick:
         args.widths, args.members, args.steps, args.repeats = [32], [1, 4], 5, 1
         args.solo_trials = args.process_trials = 2
