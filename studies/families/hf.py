@@ -50,6 +50,7 @@ class Rules:
     defaults: tuple[tuple[str, Any], ...] = ()  # ptctl's defaults over HF's (module docstring)
 
 
+RESERVED = frozenset({"attn_implementation", "dtype", "torch_dtype"})  # config keys ptctl sets (and any "_..." key)
 _NO_IDS = (("bos_token_id", None), ("eos_token_id", None), ("pad_token_id", None))
 RULES: dict[str, Rules] = {
     "gpt2": Rules("n_embd", "n_head", "n_inner", "n_layer", "n_positions", 1024, learned_positions=True,
@@ -118,6 +119,10 @@ class HFArch(Arch):
         if given is not None and given != self.model_type:
             raise ValueError(f"model.arch.config has model_type {given!r} but model.arch.model_type is "
                              f"{self.model_type!r}: set model.arch.model_type: {given}")
+        reserved = sorted(k for k in self.config if k in RESERVED or k.startswith("_"))
+        if reserved:
+            raise ValueError(f"model.arch.config.{reserved[0]} is ptctl's to set (the attention runs through its "
+                             "μP scale, the dtype is the trial's): remove it from model.arch.config")
         if (self.head_dim is None) == (self.n_heads is None):
             raise ValueError("model.arch.head_dim and model.arch.n_heads: give exactly one (a fixed head size, "
                              "heads ∝ width; or a fixed number of heads, head size ∝ width), the other null")

@@ -270,7 +270,7 @@ def test_schema_valid_bodies_never_get_a_5xx(api):
     family with one section replaced by any value that family's schema admits, sent to POST /studies and POST
     /plans. Every answer is a 2xx or a 4xx; a 422 names its field."""
     variants = _variants(api.get("/openapi.json").json())
-    assert {"pt", "tauformer", "nanogpt"} <= set(variants)
+    assert {"pt", "tauformer", "hf", "nanogpt"} <= set(variants)
     pairs = st.sampled_from([(f, name) for f, sections in sorted(variants.items()) for name in sorted(sections)])
     bodies = pairs.flatmap(lambda fn: from_schema(variants[fn[0]][fn[1]]).map(lambda value: _body(*fn, value)))
     sent: list[int] = []
@@ -290,6 +290,19 @@ def test_schema_valid_bodies_never_get_a_5xx(api):
     codes = {code: sent.count(code) for code in sorted(set(sent))}
     print(f"schema fuzz: {len(sent)} requests; status counts {codes}")
     assert any(code < 300 for code in sent), codes  # the draws reach past validation, into the model check
+
+
+def test_a_hugging_face_spec_is_accepted_and_its_config_must_be_a_mapping(api):
+    arch = {"model_type": "gpt2", "config": {"n_positions": 64, "layer_norm_epsilon": 1e-6}}
+    body = _body("hf", "model", {"family": "hf", "parametrization": "mup", "arch": arch})
+    created = _post(api, json.dumps(body))
+    assert created.status_code == 201, created.text
+    body["model"]["arch"]["config"] = "/etc/passwd"
+    [error] = _post(api, json.dumps(body)).json()["detail"]
+    assert error["loc"][:4] == ["body", "model", "arch", "config"] and "does not read on its host" in error["msg"]
+    body["model"]["arch"]["config"] = {"n_positions": 64, "activation_function": "no_such"}
+    refused = _post(api, json.dumps(body))
+    assert refused.status_code == 422 and "transformers cannot build a gpt2" in refused.text, refused.text
 
 
 # ---------------------------------------------------------------------------------- the smaller answers

@@ -145,3 +145,12 @@ def test_width_keys_follow_the_declared_rules():
         HFConfig(model_type="llama", kv_group=2, width=48, vocab_size=VOCAB)
     with pytest.raises(ValidationError, match="no grouped-query attention"):
         HFArch(model_type="gpt2", kv_group=2)
+
+
+def test_a_config_transformers_refuses_is_an_error_naming_the_config():
+    from workers.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.arch.config: transformers cannot build a llama model from it \("):
+        _build({"model_type": "llama", "config": {"hidden_act": "no_such_activation"}})
+    with pytest.raises(ValidationError, match=r"model.arch.config.attn_implementation is ptctl's to set"):
+        HFArch(config={"attn_implementation": "eager"})

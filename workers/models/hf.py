@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from studies.families.hf import HFConfig
-from workers.errors import ConfigError
+from workers.errors import ConfigError, one_line
 from workers.models.common import parameter
 from workers.models.contract import LanguageModel
 
@@ -61,9 +61,13 @@ class HFModel(LanguageModel):
     def __init__(self, cfg: HFConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        hf = AutoConfig.for_model(cfg.model_type, **cfg.hf_kwargs())
-        hf._attn_implementation = IMPLEMENTATION
-        self.lm = AutoModelForCausalLM.from_config(hf)  # type: ignore[no-untyped-call]
+        try:
+            hf = AutoConfig.for_model(cfg.model_type, **cfg.hf_kwargs())
+            hf._attn_implementation = IMPLEMENTATION
+            self.lm = AutoModelForCausalLM.from_config(hf)  # type: ignore[no-untyped-call]
+        except Exception as exc:  # the user's config: transformers' own complaint, named
+            raise ConfigError(f"model.arch.config: transformers cannot build a {cfg.model_type} model from it "
+                              f"({one_line(exc)}): fix or remove the key it names") from exc
         self.n_layers = cfg.n_layers
         embeddings = [parameter(m.weight) for m in self.lm.modules() if isinstance(m, nn.Embedding)]
         readout = self.lm.get_output_embeddings()
