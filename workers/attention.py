@@ -23,8 +23,10 @@ from analysis.coord import ATTENTION
 
 
 @contextmanager
-def traced_attention(model: nn.Module, trace: dict[str, torch.Tensor]) -> Iterator[None]:
-    """Record the attention logits of `model`'s SDPA calls into `trace` (module docstring)."""
+def traced_attention(model: nn.Module, trace: dict[str, torch.Tensor],
+                     head_dims: dict[str, int] | None = None) -> Iterator[None]:
+    """Record the attention logits of `model`'s SDPA calls into `trace` (module docstring), and each call's head
+    size into `head_dims` when given."""
     names = {id(m): name for name, m in model.named_modules()}
     running: list[nn.Module] = []
     sdpa = F.scaled_dot_product_attention
@@ -33,8 +35,10 @@ def traced_attention(model: nn.Module, trace: dict[str, torch.Tensor]) -> Iterat
                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                   enable_gqa: bool = False, **kw: Any) -> torch.Tensor:
         where = next((names[id(m)] for m in reversed(running) if id(m) in names), "")
-        trace[f"{ATTENTION}{where}" if where else ATTENTION.rstrip(".")] = _logits(query, key, attn_mask, is_causal,
-                                                                             scale, enable_gqa)
+        name = f"{ATTENTION}{where}" if where else ATTENTION.rstrip(".")
+        trace[name] = _logits(query, key, attn_mask, is_causal, scale, enable_gqa)
+        if head_dims is not None:
+            head_dims[name] = query.shape[-1]
         return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                     enable_gqa=enable_gqa, **kw)
 

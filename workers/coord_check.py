@@ -156,6 +156,20 @@ def built(model: str, parametrization: str, widths: tuple[int, ...],
     return out
 
 
+def growing_heads(model: str, parametrization: str, widths: tuple[int, ...],
+                  model_hp: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """The traced SDPA attention logits (`workers.attention`) whose head size grows from the narrowest width to the
+    widest: μP's q·k/head_dim shrinks their random initial part as head_dim^-1/2, so they are judged one-sidedly."""
+    dims: dict[int, dict[str, int]] = {}
+    for width, net in built(model, parametrization, (min(widths), max(widths)), model_hp).items():
+        dims[width] = {}
+        ids = torch.zeros(1, 4, dtype=torch.long)
+        with torch.no_grad(), traced_attention(net.eval(), {}, dims[width]):
+            net(ids, torch.ones_like(ids, dtype=torch.bool), trace={})
+    narrow, wide = dims[min(widths)], dims[max(widths)]
+    return tuple(name for name, d in wide.items() if d > narrow.get(name, d))
+
+
 def check_lr(base_width: int) -> float:
     """The check's default learning rate at base width d0: lr·d0 = CHECK_LR_TIMES_BASE."""
     return CHECK_LR_TIMES_BASE / base_width
@@ -195,6 +209,8 @@ def coord_check(
     check_model(model, {**door, "width": min(widths), "parametrization": parametrization}, DEFAULT_DATA.seq_len)
     lr = check_lr(hp.get("base_width", min(widths))) if lr is None else lr
     may_vanish = entry.coord_may_vanish({**entry.coord_hp, **hp})  # what μP lets shrink in the family's model
+    if depths is None:
+        may_vanish = (*may_vanish, *growing_heads(model, parametrization, widths, hp))
     if depths is not None:
         may_vanish = (*may_vanish, *DEPTH_MAY_VANISH)
     frames: list[pd.DataFrame] = []

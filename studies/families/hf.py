@@ -229,14 +229,8 @@ def hf_flops(arch: HFArch, width: int, vocab_size: int, seq_len: int, n_decoded:
             "decoder": 2 * n_decoded * d * vocab_size}
 
 
-def _may_vanish(hp: dict[str, Any]) -> tuple[str, ...]:
-    """With a fixed number of heads the head size grows with width, and μP's q·k/head_dim shrinks the logits'
-    random initial part as head_dim^-1/2: judged one-sidedly."""
-    return ("attn_logits.",) if hp.get("n_heads") is not None else ()
-
-
 FAMILY = register(Family("hf", HFArch, HFConfig, HFSpace, "workers.models.hf:HFModel", objective="clm",
                          readout="logits", coord_hp={"model_type": "llama", "n_layers": 2, "head_dim": 16,
                                                      "config": {"max_position_embeddings": 64}},
-                         coord_may_vanish=_may_vanish, param_count=hf_params, forward_flops=hf_flops,
+                         param_count=hf_params, forward_flops=hf_flops,
                          batchable=HFSpace.HPARAMS))

@@ -111,7 +111,7 @@ class _RootScale(HFModel):
 @pytest.mark.slow  # two coordinate checks of a 2-layer Llama at widths 32–256 (≈ 1 min each)
 def test_the_check_sees_attention_a_wrong_scale_fails_and_the_right_one_passes():
     hf = get_family("hf")
-    register(dataclasses.replace(hf, name="hf_root_scale", model=_RootScale))
+    register(dataclasses.replace(hf, name="hf_root_scale", model=_RootScale))  # growing_heads: one-sided too
     fixed_heads = {"head_dim": None, "n_heads": 2}
     try:
         *_, wrong, _ = coord_check(model="hf_root_scale", parametrization="mup", model_hp=fixed_heads)
@@ -122,4 +122,15 @@ def test_the_check_sees_attention_a_wrong_scale_fails_and_the_right_one_passes()
     assert "under μP scale them attn_mult · q·k / head_dim" in wrong.verdict
     *_, right, _ = coord_check(model="hf", parametrization="mup", model_hp=fixed_heads)
     assert right.status == "pass", right.verdict
-    assert "attn_logits. judged one-sidedly" in right.verdict
+    assert "attn_logits.lm.model.layers.1.self_attn judged one-sidedly" in right.verdict
+
+
+def test_attention_whose_head_size_grows_is_judged_one_sidedly():
+    from workers.coord_check import growing_heads
+
+    fixed_heads = growing_heads("hf", "mup", (32, 256), {"head_dim": None, "n_heads": 2})
+    assert fixed_heads == ("attn_logits.lm.model.layers.0.self_attn", "attn_logits.lm.model.layers.1.self_attn")
+    assert growing_heads("hf", "mup", (32, 256)) == ()  # heads of 16 at every width
+    if "nanogpt" in FAMILIES:  # the example plugin: 4 heads whose size grows, through SDPA
+        assert growing_heads("nanogpt", "mup", (32, 256)) == ("attn_logits.net.blocks.0.attn",
+                                                                 "attn_logits.net.blocks.1.attn")
