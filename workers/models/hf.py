@@ -68,7 +68,6 @@ class HFModel(LanguageModel):
         except Exception as exc:  # the user's config: transformers' own complaint, named
             raise ConfigError(f"model.arch.config: transformers cannot build a {cfg.model_type} model from it "
                               f"({one_line(exc)}): fix or remove the key it names") from exc
-        self.n_layers = cfg.n_layers
         embeddings = [parameter(m.weight) for m in self.lm.modules() if isinstance(m, nn.Embedding)]
         readout = self.lm.get_output_embeddings()
         assert readout is not None, f"{cfg.model_type}: a causal LM without an output embedding"
@@ -116,9 +115,9 @@ class HFModel(LanguageModel):
         """Each attention module's scale: attn_mult × HF's own (standard), or attn_mult / head_dim (μP), once a
         forward has shown that every layer's attention runs through `_attention` (where the scale takes effect)."""
         calls = dict(self._calls())  # module -> the scale HF passes it
-        if len(calls) != self.n_layers:
+        if len(calls) != self.cfg.n_layers:
             raise ConfigError(f"model.arch.model_type={self.cfg.model_type!r}: {len(calls)} of its "
-                              f"{self.n_layers} layers' attention ran through transformers' attention interface, so "
+                              f"{self.cfg.n_layers} layers' attention ran through transformers' attention interface, so "
                               "ptctl cannot set the attention scale of the others: choose a model_type ptctl "
                               "supports (studies/families/hf.py RULES)")
         head_dim = self.cfg.heads_at(self.cfg.width)[2]
