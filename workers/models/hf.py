@@ -116,10 +116,10 @@ class HFModel(LanguageModel):
         forward has shown that every layer's attention runs through `_attention` (where the scale takes effect)."""
         calls = dict(self._calls())  # module -> the scale HF passes it
         if len(calls) != self.cfg.n_layers:
-            raise ConfigError(f"model.arch.model_type={self.cfg.model_type!r}: {len(calls)} of its "
-                              f"{self.cfg.n_layers} layers' attention ran through transformers' attention interface, so "
-                              "ptctl cannot set the attention scale of the others: choose a model_type ptctl "
-                              "supports (studies/families/hf.py RULES)")
+            raise ConfigError(f"model.arch.model_type={self.cfg.model_type!r}: {len(calls)} of its {self.cfg.n_layers} "
+                              "layers' attention ran through transformers' attention interface, so ptctl cannot set "
+                              "the attention scale of the others: choose a model_type ptctl supports "
+                              "(studies/families/hf.py RULES)")
         head_dim = self.cfg.heads_at(self.cfg.width)[2]
         for module, hf_scale in calls.items():
             scale = self.cfg.attn_mult * (1.0 / math.sqrt(head_dim) if hf_scale is None else float(hf_scale))
