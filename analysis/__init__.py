@@ -48,7 +48,7 @@ and ``rms`` its root-mean-square at that step (rows repeated over seeds are aver
 
 Modules: ``certificate`` (the verify phase's local-optimality certificate), ``distance``
 (relative distance from the centre), ``neighbours`` (where an uncertified centre's better neighbours
-lie), ``transfer`` (per-width summary, lr drift), ``regret`` (what transfer
+lie), ``transfer`` (per-width summary, width trend, lr drift), ``regret`` (what transfer
 cost against the validate sweep's optimum), ``batch`` (the batch sweep: its rows, the drift beside the √B and linear
 rules, the regret of carrying the base batch's lr), ``forecast`` (the target's optimal lr fitted over the sweeps'
 widths, horizons and batch sizes, scored on a held-out point beside Step Law), ``coord``
@@ -80,8 +80,8 @@ _HOME = {
                      "plot_tune_history", "plot_verify"), "plots"),
     **dict.fromkeys(("markdown_table", "render_report", "report_html"), "report"),
     **dict.fromkeys(("Regret", "regret_line", "transfer_regret"), "regret"),
-    **dict.fromkeys(("LRDrift", "LROptimum", "depth_sweep", "lr_curves", "lr_drift", "lr_optima", "transfer_table",
-                     "without_depth_sweep"), "transfer"),
+    **dict.fromkeys(("LRDrift", "LROptimum", "WidthTrend", "depth_sweep", "lr_curves", "lr_drift", "lr_optima",
+                     "transfer_table", "tuned_base", "width_trends", "without_depth_sweep"), "transfer"),
 }
 
 if TYPE_CHECKING:
@@ -107,11 +107,14 @@ if TYPE_CHECKING:
     from analysis.transfer import (
         LRDrift,
         LROptimum,
+        WidthTrend,
         depth_sweep,
         lr_curves,
         lr_drift,
         lr_optima,
         transfer_table,
+        tuned_base,
+        width_trends,
         without_depth_sweep,
     )
 
@@ -140,6 +143,7 @@ __all__ = [
     "LROptimum",
     "NeighbourAdvice",
     "Regret",
+    "WidthTrend",
     "batch_regret",
     "batch_regret_line",
     "batch_sweep",
@@ -175,8 +179,10 @@ __all__ = [
     "step_law_lr",
     "transfer_regret",
     "transfer_table",
+    "tuned_base",
     "upper_bound",
     "verify_losses",
+    "width_trends",
     "without_batch_sweep",
     "without_depth_sweep",
 ]

@@ -25,7 +25,7 @@ from analysis.batch import RULES, batch_sweep
 from analysis.certificate import verify_losses
 from analysis.distance import relative_distance
 from analysis.table import TrialStatus, judged_loss, phase_rows
-from analysis.transfer import LROptimum, column, depth_sweep, lr_curves, lr_optima, transfer_table
+from analysis.transfer import LROptimum, column, depth_sweep, lr_curves, lr_optima, transfer_table, tuned_base
 
 Limits = list[tuple[float, float] | None]
 
@@ -78,13 +78,7 @@ def plot_verify(
 def plot_transfer(table: pd.DataFrame, path: str | Path) -> Limits:
     """Eval loss against width (log2 axis): the tuned base width (the best completed tune trial, when the table
     has tune rows) and the transfer widths; seed-std error bars only when a width has more than one seed."""
-    summary = transfer_table(table)
-    base = None
-    if "tune" in set(table["phase"]):
-        tune = phase_rows(table, "tune")
-        done = tune[(tune["status"] == TrialStatus.COMPLETED) & np.isfinite(tune["eval_loss"].astype(float))]
-        if not done.empty:
-            base = done.loc[done["eval_loss"].astype(float).idxmin()]
+    summary, base = transfer_table(table), tuned_base(table)
     seeds = bool((summary["n_seeds"] > 1).any())
     losses = [*summary["eval_loss_mean"], *([base["eval_loss"]] if base is not None else [])]
     limits = loss_limits(losses)

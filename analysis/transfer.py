@@ -1,4 +1,5 @@
-"""The transfer phase's per-width summary and the validate phase's lr-drift verdict (μTransfer evidence)."""
+"""The transfer phase's per-width summary and width trend, and the validate phase's lr-drift verdict (μTransfer
+evidence)."""
 
 from __future__ import annotations
 
@@ -199,14 +200,16 @@ def lr_optima(curves: pd.DataFrame, hparam: str = "lr", axis: str = "width", wid
     return optima
 
 
-def drift_interval(points: pd.DataFrame, level: float = 0.95, x: str = "log2_width") -> tuple[float, float] | None:
-    """The `level` interval of the slope of `log2_opt` on `x` (log2 of the width, or of the steps) over per-seed
-    optima (OLS, Student t with n − 2 degrees of freedom); None with fewer than 3 points or fewer than 2 x values."""
+def drift_interval(points: pd.DataFrame, level: float = 0.95, x: str = "log2_width", y: str = "log2_opt"
+                   ) -> tuple[float, float] | None:
+    """The `level` interval of the slope of `y` on `x` (log2 of the width, or of the steps): `y` per-seed optima
+    (`log2_opt`) or `width_trends`' losses; OLS, Student t with n − 2 degrees of freedom; None with fewer than 3
+    points or fewer than 2 x values."""
     if len(points) < 3 or points[x].nunique() < 2:
         return None
     from scipy import stats  # here: SciPy's import is a second of every trial actor's start
 
-    fit = stats.linregress(points[x], points["log2_opt"])
+    fit = stats.linregress(points[x], points[y])
     half = float(stats.t.ppf(0.5 + level / 2, len(points) - 2) * fit.stderr)
     return (float(fit.slope) - half, float(fit.slope) + half)
 
@@ -288,3 +291,89 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
         passed=passed,
         verdict=verdict,
     )
+
+
+# μP: with the same hparams, wider is better. The transferred hparams' eval loss per width, fitted against
+# log2(width) over every finished run (seeds as replicates), judged by the slope's interval.
+BETTER, WORSE, NOISE, UNJUDGED = "wider is better", "wider is worse", "within noise", "not judged"
+CAUSE = "usually a parameter group's lr or init not scaled with width (check docs/mup.md's rules for this family)"
+
+
+class WidthTrend(BaseModel):
+    """Does the transferred hparams' eval loss fall with width under one parametrization? (`width_trends`)"""
+
+    parametrization: str
+    widths: list[int]  # the widths with a finished run, narrowest first
+    losses: list[float]  # the mean eval loss of the finished runs at each
+    n_runs: int  # the finished runs fitted
+    slope: float | None  # eval loss per doubling of width, least squares over the runs (None: under 2 widths)
+    ci: tuple[float, float] | None  # its 95 % t-interval from the fit's residuals (None: too few runs)
+    verdict: str  # BETTER (the interval below 0), WORSE (above 0), NOISE (across 0) or UNJUDGED (no interval)
+    diverged: list[int] = []  # the widths where a run diverged (left out of the fit)
+    line: str  # the verdict in words: the widths, the losses, the slope and, on a warning, what usually causes it
+
+    @property
+    def warning(self) -> bool:
+        """The judged parametrization (`JUDGED`: mup) got worse with width: μP's own diagnostic failed."""
+        return self.verdict == WORSE and self.parametrization == JUDGED["width"][0]
+
+
+def tuned_base(table: pd.DataFrame) -> pd.Series | None:
+    """The tune phase's best completed trial (the tuned base width's run), None when the table has none."""
+    if "tune" not in set(table["phase"]):
+        return None
+    tune = phase_rows(table, "tune")
+    done = tune[(tune["status"] == TrialStatus.COMPLETED) & np.isfinite(tune["eval_loss"].astype(float))]
+    return None if done.empty else done.loc[done["eval_loss"].astype(float).idxmin()]
+
+
+def width_trends(table: pd.DataFrame, phase: str = "transfer") -> list[WidthTrend]:
+    """Per parametrization, whether the eval loss of `phase`'s runs falls with width beyond the seeds' noise.
+
+    Every finished run's final eval loss is fitted against log2(width) by least squares; `ci` is the slope's 95 %
+    t-interval with n − 2 degrees of freedom from the residuals (the seeds' spread and any curvature), judged with
+    3 runs at 2 widths or more, else `not judged`. Verdict: `wider is better` when the interval lies below 0, `wider
+    is worse` when it lies above 0, `within noise` otherwise. Diverged runs are left out and named, failed runs
+    ignored. A table with tune rows adds `tuned_base`'s run at its width: pass them only when it trained as `phase`'s
+    runs do. The judged parametrization (`JUDGED`: mup) comes first.
+    """
+    rows = phase_rows(table, phase)
+    base = tuned_base(table)
+    if base is not None:
+        rows = pd.concat([rows, base.to_frame().T], ignore_index=True)
+    require_columns(rows, ["width", "parametrization", "status", "eval_loss"], "width_trends")
+    loss = judged_loss(rows)
+    kept = rows.loc[loss.index]
+    trends = [_trend(str(param), group["width"].astype(int), loss[group.index])
+              for param, group in kept.groupby("parametrization")]
+    return sorted(trends, key=lambda t: (t.parametrization != JUDGED["width"][0], t.parametrization))
+
+
+def _trend(param: str, widths: pd.Series, loss: pd.Series) -> WidthTrend:
+    """One parametrization's `WidthTrend` from its runs' widths and judged losses (+inf: diverged)."""
+    finite = np.isfinite(loss)
+    points = pd.DataFrame({"log2_width": np.log2(widths[finite].astype(float)), "eval_loss": loss[finite]})
+    means = loss[finite].groupby(widths[finite]).mean()
+    slope = float(np.polyfit(points["log2_width"], points["eval_loss"], 1)[0]) if len(means) > 1 else None
+    ci = drift_interval(points, y="eval_loss")
+    verdict = UNJUDGED if ci is None else BETTER if ci[1] < 0 else WORSE if ci[0] > 0 else NOISE
+    trend = WidthTrend(parametrization=param, widths=[int(w) for w in means.index], losses=means.tolist(),
+                       n_runs=len(points), slope=slope, ci=ci, verdict=verdict,
+                       diverged=sorted({int(w) for w in widths[~finite]}), line="")
+    trend.line = _said(trend)
+    return trend
+
+
+def _said(t: WidthTrend) -> str:
+    """"wider is worse under mup: eval loss 5.010 → 5.160 → 5.330 at widths 32, 64, 128 (+0.160 per doubling,
+    95 % interval [+0.087, +0.233]); usually ..." (module-level `CAUSE` on a warning)."""
+    losses = " → ".join(f"{v:.3f}" for v in t.losses)
+    at = f"eval loss {losses} at width{'s' * (len(t.widths) > 1)} {', '.join(map(str, t.widths))}" if t.widths \
+        else "no run finished"
+    fit = (f" ({t.slope:+.3f} per doubling, 95 % interval [{t.ci[0]:+.3f}, {t.ci[1]:+.3f}])"
+           if t.ci is not None and t.slope is not None else
+           f" ({t.n_runs} finished run{'s' * (t.n_runs != 1)}: judging needs 3 or more runs over 2 or more widths; "
+           "add a transfer width or seeds)")
+    diverged = (f"; runs diverged at width{'s' * (len(t.diverged) > 1)} {', '.join(map(str, t.diverged))} "
+                "(left out)") if t.diverged else ""
+    return f"{t.verdict} under {t.parametrization}: {at}{fit}{diverged}" + (f"; {CAUSE}" if t.warning else "")

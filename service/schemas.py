@@ -56,10 +56,25 @@ class TransferPoint(BaseModel):
     eval_loss: float | None = Field(description="its mean eval loss over seeds (None: every seed diverged)")
 
 
+class WidthTrendVerdict(BaseModel):
+    """Whether the transferred hparams' eval loss falls with width under one parametrization
+    (`analysis.width_trends`)."""
+
+    parametrization: str = Field(description="mup (the judged one) or standard (told beside it)")
+    verdict: str = Field(description="wider is better, wider is worse, within noise or not judged (too few runs)")
+    slope: float | None = Field(description="eval loss per doubling of width (None: fewer than two widths)")
+    ci95: Interval | None = Field(description="the slope's 95 % interval from the fit's residuals (None: too few "
+                                              "runs to judge)")
+    warning: bool = Field(description="mup got worse with width: usually a group's lr or init not scaled")
+    line: str = Field(description="the verdict with the widths, the losses and the slope")
+
+
 class TransferVerdict(BaseModel):
-    """The transfer phase's zero-shot eval loss per width."""
+    """The transfer phase's zero-shot eval loss per width, and whether it falls with width."""
 
     widths: list[TransferPoint] = Field(description="one point per transfer width, narrowest first")
+    trends: list[WidthTrendVerdict] = Field([], description="per parametrization, mup first: the eval loss against "
+                                                            "width (empty: a study judged before the check)")
 
 
 class VerifyVerdict(BaseModel):

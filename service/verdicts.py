@@ -24,6 +24,7 @@ from service.schemas import (
     VerdictBrief,
     Verdicts,
     VerifyVerdict,
+    WidthTrendVerdict,
 )
 
 if TYPE_CHECKING:
@@ -44,7 +45,9 @@ def tune_verdict(result: TuneResult) -> TuneVerdict:
 
 def transfer_verdict(result: TransferResult) -> TransferVerdict:
     points = [TransferPoint(width=int(r["width"]), eval_loss=_num(r.get("eval_loss_mean"))) for r in result.widths]
-    return TransferVerdict(widths=sorted(points, key=lambda p: p.width))
+    trends = [WidthTrendVerdict(parametrization=t.parametrization, verdict=t.verdict, slope=_num(t.slope), ci95=t.ci,
+                                warning=t.warning, line=t.line) for t in result.trends]
+    return TransferVerdict(widths=sorted(points, key=lambda p: p.width), trends=trends)
 
 
 def verify_verdict(cert: Certificate) -> VerifyVerdict:
@@ -135,10 +138,11 @@ def certificate_text(v: VerifyVerdict) -> str:
 
 
 def brief(verdicts: Verdicts) -> VerdictBrief | None:
-    """The verdicts in one line: the certificate, the drifts, compare's ranks; the tune winner's loss when none of
-    them finished. None when no phase did."""
+    """The verdicts in one line: a width-trend warning, the certificate, the drifts, compare's ranks; the tune
+    winner's loss when none of them finished. None when no phase did."""
     verify, validate, compare, tune = verdicts.verify, verdicts.validate_, verdicts.compare, verdicts.tune
-    parts = []
+    parts = [f"{t.verdict} under {t.parametrization}" for t in (verdicts.transfer.trends if verdicts.transfer else [])
+             if t.warning]
     if verify is not None:
         parts.append(certificate_text(verify))
     if validate is not None:
@@ -186,8 +190,8 @@ def forecast_text(f: ForecastVerdict) -> str:
 
 
 def verdict_lines(verdicts: Verdicts) -> list[str]:
-    """One line per finished phase's verdict in phase order; indented under it, the certificate's sentence and
-    validate's drifts and regrets."""
+    """One line per finished phase's verdict in phase order; indented under it, transfer's width trends, the
+    certificate's sentence and validate's drifts and regrets."""
     lines = []
     if (tune := verdicts.tune) is not None:
         loss = f"{tune.best_eval_loss:.4f}" if tune.best_eval_loss is not None else "—"
@@ -195,6 +199,7 @@ def verdict_lines(verdicts: Verdicts) -> list[str]:
     if (transfer := verdicts.transfer) is not None:
         lines.append("transfer: eval loss " + ", ".join(
             f"{p.width}: {'—' if p.eval_loss is None else f'{p.eval_loss:.4f}'}" for p in transfer.widths))
+        lines += [f"  {'warning: ' if t.warning else ''}{t.line}" for t in transfer.trends]
     if (verify := verdicts.verify) is not None:
         lines.append(f"verify: {certificate_text(verify)}, {verify.n_better} of {verify.n_samples} samples better, "
                      f"centre rank {verify.centre_rank} (alpha {verify.alpha:g})")

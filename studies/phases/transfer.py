@@ -1,5 +1,7 @@
 """transfer: the tune phase's winner, unchanged, trains at every transfer width and seed (μP makes it zero-shot);
-the result is the eval loss per width.
+the result is the eval loss per width, and whether it falls with width beyond the seeds' noise
+(`analysis.width_trends`: μP's own diagnostic; under mup, wider is worse is a warning). The tune winner joins that
+fit at the base width when it trained as the transfer trials do (`base_joins`).
 
 AdamW's λ is carried by `transfer.weight_decay`: 'constant', unchanged; 'timescale' (Wang & Aitchison's rule),
 scaled so that its timescale τ = 1/(ηλ) stays the same fraction of the run when the target trains a different
@@ -9,6 +11,7 @@ number of iterations than the tune trials, λ_target = λ_proxy · T_proxy / T_t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -16,18 +19,34 @@ import pandas as pd
 from rich.markup import escape
 
 import analysis
-from analysis import transfer_table
+from analysis import WidthTrend, transfer_table, width_trends
 from analysis.report import markdown_table
+from analysis.transfer import BETTER
 from analysis.weight_decay import decay_timescale, timescale_line, timescale_weight_decay
-from studies.phases.base import LOSSES, SETUP, Artifacts, Context, Out, Phase, PhaseResult, Verdict, required
+from studies.phases.base import (
+    DRIFTS,
+    LOSSES,
+    PASS,
+    SETUP,
+    Artifacts,
+    Context,
+    Out,
+    Phase,
+    PhaseResult,
+    Verdict,
+    required,
+)
 from studies.plan import PlannedTrial
 from studies.space import WEIGHT_DECAY
 from studies.spec import StudySpec
+
+log = logging.getLogger(__name__)
 
 
 class TransferResult(PhaseResult):
     widths: list[dict[str, Any]] = []  # `analysis.transfer_table`'s rows: width, eval_loss_mean, ...
     reused_from: str | None = None
+    trends: list[WidthTrend] = []  # per parametrization, mup first: does the loss fall with width? ([]: older records)
 
 
 def weight_decay_of(spec: StudySpec, hparams: Mapping[str, float]) -> float:
@@ -51,6 +70,28 @@ def transfer_trials(spec: StudySpec, hparams: dict[str, float]) -> list[PlannedT
     carried = carried_hparams(spec, hparams)
     return [PlannedTrial(f"transfer-w{w}-s{s}", "transfer", w, s, dict(carried)) for w in t.widths
             for s in range(t.seeds)]
+
+
+def base_joins(spec: StudySpec) -> bool:
+    """Whether tune's winner trained as the transfer trials do (the same steps and batch, so the same λ under either
+    `transfer.weight_decay`): its run is then the transferred hparams' at the base width."""
+    return spec.steps_for("tune") == spec.steps_for("transfer") and spec.batch_for("tune") == spec.batch_for("transfer")
+
+
+def trend_metrics(trends: list[WidthTrend]) -> dict[str, float]:
+    """Each trend's slope per doubling (`width_slope.<parametrization>`) and its interval's ends (`_lo`, `_hi`)."""
+    metrics = {}
+    for t in trends:
+        if t.slope is not None:
+            metrics[f"width_slope.{t.parametrization}"] = t.slope
+        if t.ci is not None:
+            metrics[f"width_slope_lo.{t.parametrization}"], metrics[f"width_slope_hi.{t.parametrization}"] = t.ci
+    return metrics
+
+
+def trend_text(t: WidthTrend) -> str:
+    """A width trend as the report and the summary tell it, its warning marked."""
+    return f"{'warning: ' if t.warning else ''}{t.line}"
 
 
 def tune_timescale_line(spec: StudySpec, centre: Mapping[str, float]) -> str | None:
@@ -91,10 +132,15 @@ class Transfer(Phase):
         return transfer_trials(spec, spec.space.defaults())
 
     def judge(self, ctx: Context, table: pd.DataFrame, out: Artifacts) -> TransferResult:
-        summary = transfer_table(table)
-        analysis.plot_transfer(pd.concat([ctx.tables("tune"), table], ignore_index=True), out.figure("transfer"))
+        summary, tune = transfer_table(table), ctx.tables("tune")
+        analysis.plot_transfer(pd.concat([tune, table], ignore_index=True), out.figure("transfer"))
         summary.to_csv(out.artifact("transfer_summary.csv"), index=False)
-        return TransferResult(widths=summary.to_dict(orient="records"))
+        base = tune if base_joins(ctx.spec) else None
+        trends = width_trends(pd.concat([base, table], ignore_index=True))
+        for trend in trends:
+            if trend.warning:
+                log.warning("%s", trend.line)
+        return TransferResult(widths=summary.to_dict(orient="records"), trends=trends)
 
     def figures(self, result: PhaseResult) -> dict[str, str]:
         return {"transfer": "transfer"}
@@ -104,20 +150,29 @@ class Transfer(Phase):
         t = required(spec.transfer, Transfer)
         widths = [r for r in result.widths if r.get("eval_loss_mean") == r.get("eval_loss_mean")]
         losses = ", ".join(f"{r['width']}: {r['eval_loss_mean']:.4f}" for r in widths)
+        slopes = trend_metrics(result.trends)
+        trends = "".join(f" {tr.line[0].upper()}{tr.line[1:]}." for tr in result.trends)
         return Verdict({"base_width": spec.tune.base_width, "target_widths": ",".join(str(w) for w in t.widths)},
-                       [{"step": int(r["width"]), "eval_loss": r["eval_loss_mean"]} for r in widths],
-                       sentence=f"Zero-shot eval loss per width: {losses}.")
+                       [{"step": int(r["width"]), "eval_loss": r["eval_loss_mean"]} for r in widths]
+                       + ([{"step": 0, **slopes}] if slopes else []),
+                       {f"width_trend.{tr.parametrization}": tr.verdict for tr in result.trends},
+                       sentence=f"Zero-shot eval loss per width: {losses}.{trends}")
 
     def columns(self, spec: StudySpec, verdict: Verdict) -> list[tuple[int, str]]:
-        return [*verdict.shown(LOSSES, "metrics", "eval_loss"),
+        return [*verdict.shown(PASS, "tags", r"width_trend\..+"), *verdict.shown(LOSSES, "metrics", "eval_loss"),
+                *verdict.shown(DRIFTS, "metrics", r"width_slope\..+"),
                 *verdict.shown(SETUP, "params", "base_width|target_widths")]
 
     def section(self, ctx: Context, result: PhaseResult, tables: Mapping[str, pd.DataFrame]) -> list[str]:
+        assert isinstance(result, TransferResult)
         decay = target_timescale_line(ctx.spec, ctx.state.centre()) if ctx.state.done("tune") else None
         return ([markdown_table(transfer_table(tables["transfer"]))] if "transfer" in tables else []) + \
-            ([decay] if decay else [])
+            [f"**width trend:** {trend_text(t)}" for t in result.trends] + ([decay] if decay else [])
 
     def summary(self, ctx: Context, result: PhaseResult | None, out: Out, runs: Mapping[str, str]) -> None:
+        for t in result.trends if isinstance(result, TransferResult) else ():
+            colour = "yellow" if t.warning else "green" if t.verdict == BETTER else "cyan"
+            out.print(f"[{colour}]width trend:[/] {escape(trend_text(t))}", soft_wrap=True)
         line = target_timescale_line(ctx.spec, ctx.state.centre()) if ctx.state.done("tune") else None
         if line:
             out.print(f"[cyan]weight decay:[/] {escape(line)}", soft_wrap=True)

@@ -8,18 +8,24 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from analysis import certify, lr_drift, transfer_regret
+from analysis import certify, lr_drift, transfer_regret, width_trends
 from service.app import create_app
 from service.schemas import StudyDetail, StudyPage, Verdicts
 from service.settings import Settings
 from service.verdicts import brief, study_verdicts, verdict_lines
 from studies import load_catalog
 from studies.phases import StudyState
-from tests.analysis._tables import paper_like_optimum, sweep_table, verify_table
+from tests.analysis._tables import paper_like_optimum, sweep_table, trials, verify_table
 from tests.service.conftest import FakeExecutor
 from workers.folder import StudyFolder, write_json
 
 SPEC = {**(tiny := load_catalog("tiny").as_dict()), "validate": {"widths": [16, 32], "lrs": [1e-3, 1e-2, 1e-1]}}
+
+
+def trends(losses: dict[int, float]) -> list[dict]:
+    """`analysis.width_trends` of one transfer run per width, as state.json keeps them."""
+    table = trials([{"width": w, "eval_loss": loss} for w, loss in losses.items()], phase="transfer")
+    return [t.model_dump() for t in width_trends(table)]
 
 
 def finished_state(study_id: str = "s") -> StudyState:
@@ -31,7 +37,8 @@ def finished_state(study_id: str = "s") -> StudyState:
         "tune": {"status": "done", "best_hparams": {"lr": 2.0**-9}, "best_eval_loss": 5.8, "n_trials": 6,
                  "n_diverged": 1},
         "transfer": {"status": "done", "widths": [{"width": 64, "eval_loss_mean": 5.7},
-                                                  {"width": 32, "eval_loss_mean": float("nan")}]},
+                                                  {"width": 32, "eval_loss_mean": float("nan")}],
+                     "trends": trends({32: 5.9, 64: 5.7, 128: 5.5})},
         "verify": {"status": "done", "certificate": cert.model_dump()},
         "validate": {"status": "done", "lr_drift": lr_drift(sweep).model_dump(),
                      "regret": [r.model_dump() for r in transfer_regret(sweep, {"lr": 2.0**-8.5}, [128],
@@ -55,6 +62,9 @@ def test_the_phase_results_become_the_verdicts():
         ("mup", 128, 0.0125), ("standard", 128, 0.05)}
     assert verdicts.tune.n_diverged == 1 and verdicts.compare is None
     assert [(p.width, p.eval_loss) for p in verdicts.transfer.widths] == [(32, None), (64, 5.7)]  # NaN: no loss
+    [trend] = verdicts.transfer.trends
+    assert (trend.parametrization, trend.verdict, trend.warning) == ("mup", "wider is better", False)
+    assert trend.slope == pytest.approx(-0.2) and trend.ci95[1] < 0
     assert study_verdicts(None) == Verdicts() and brief(Verdicts()) is None
 
 
@@ -92,12 +102,25 @@ def test_the_verdicts_in_one_line_and_in_lines():
     assert brief(study_verdicts(only_tune)).line == "tuned (eval loss 5.8000)"
 
 
+def test_wider_is_worse_leads_the_brief_and_is_indented_under_transfer():
+    state = finished_state()
+    state.phases["transfer"] = type(state.phases["transfer"]).model_validate(
+        {"status": "done", "widths": [], "trends": trends({32: 5.01, 64: 5.16, 128: 5.33})})
+    verdicts = study_verdicts(state)
+    [trend] = verdicts.transfer.trends
+    assert trend.warning and trend.line.startswith("wider is worse under mup: eval loss 5.010 → 5.160 → 5.330")
+    assert brief(verdicts).line.startswith("wider is worse under mup; certified (bound ")
+    lines = verdict_lines(verdicts)
+    assert lines[lines.index("transfer: eval loss ") + 1] == f"  warning: {trend.line}"
+
+
 def test_the_verdicts_are_documented_and_round_trip_by_their_json_names():
     verdicts = study_verdicts(finished_state())
     data = json.loads(verdicts.model_dump_json())
     assert set(data) == {"tune", "transfer", "verify", "validate", "compare"}  # `validate`, not `validate_`
     assert Verdicts.model_validate(data) == verdicts
-    for model in (Verdicts, type(verdicts.verify), type(verdicts.validate_.drifts[0])):
+    for model in (Verdicts, type(verdicts.verify), type(verdicts.validate_.drifts[0]), type(verdicts.transfer),
+                  type(verdicts.transfer.trends[0])):
         undocumented = [n for n, f in model.model_fields.items() if not f.description]
         assert not undocumented, f"{model.__name__}: {undocumented} have no description for the OpenAPI document"
 
