@@ -232,8 +232,8 @@ def hf_flops(arch: HFArch, width: int, vocab_size: int, seq_len: int, n_decoded:
 # The coordinate check's model: a 2-layer Llama with heads of 16 at widths from 32, init_std 0.1 (HF's 0.02 is set for
 # widths near 768: 0.02·√(768/32) ≈ 0.1 is the same fan-in-relative std at 32; with 0.02 the first updates' attention
 # logits shrink with width under μP, slopes to −0.3, as BERT's do, `studies/families/encoder.py: COORD_HP`)
+COORD_HP = {"model_type": "llama", "n_layers": 2, "head_dim": 16, "init_std": 0.1,
+            "config": {"max_position_embeddings": 64}}
 FAMILY = register(Family("hf", HFArch, HFConfig, HFSpace, "workers.models.hf:HFModel", objective="clm",
-                         readout="logits", coord_hp={"model_type": "llama", "n_layers": 2, "head_dim": 16, "init_std": 0.1,
-                                                     "config": {"max_position_embeddings": 64}},
-                         param_count=hf_params, forward_flops=hf_flops,
+                         readout="logits", coord_hp=COORD_HP, param_count=hf_params, forward_flops=hf_flops,
                          batchable=HFSpace.HPARAMS))
