@@ -119,7 +119,9 @@ class TrainSpec(BaseModel):
 
     steps: PosInt = Field(200, description="optimizer steps (tune/verify/validate may override)")
     batch_size: PosInt = Field(32, description="sequences per step")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay (not on biases)")
+    weight_decay: float = Field(
+        0.0, ge=0, description="AdamW weight decay, in every parameter group but bias and block_bias, where every "
+        "built-in and from_mup family keeps its biases and norm gains (train.weight_decay_groups overrides a group)")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
     adam_eps: float | None = Field(
         None, gt=0, lt=1, description="Adam's ε (a depth parametrization's blocks scale it); null: the family's "
@@ -131,7 +133,7 @@ class TrainSpec(BaseModel):
     weight_decay_groups: dict[str, Annotated[float, Field(ge=0)]] | None = Field(
         None, max_length=16, description="weight decay per parameter group, overriding weight_decay "
         "(and the undecayed bias groups) for the groups named, e.g. {hidden: 0.1, input: 0} (a from_mup family: "
-        "vector, matrix); null: weight_decay")
+        "matrix, vector, bias); null: weight_decay")
     weight_decay_form: Literal["coupled", "independent"] = Field(
         "coupled", description="'coupled': torch's AdamW, a group's decay per step is its own lr × λ (μP's hidden "
         "groups, at lr/width_mult, decay less as width grows); 'independent': each group's λ is scaled so that its "
