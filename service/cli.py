@@ -272,9 +272,7 @@ def _print_plan(spec: StudySpec) -> None:
         console.print(table)
         console.print(f"{spec.model.family} registers no FLOP counts (studies.family.Family.forward_flops): no FLOPs "
                       "or shares of a target run to show")
-        _print_horizon(spec)
-        _print_batches(spec)
-        _print_runner(spec)
+        _print_notes(spec)
         return
     plan = plan_cost(spec)
     widest = max(plan.targets, default=None)
@@ -296,7 +294,16 @@ def _print_plan(spec: StudySpec) -> None:
                       f"({target:.3g} FLOPs); {checks} = {100 * plan.share(w):.1f} %")
     if not plan.targets:
         console.print("no transfer widths: no target run to compare with")
+    _print_notes(spec)
+
+
+def _print_notes(spec: StudySpec) -> None:
+    """What the plan says below its table: the horizon, the context, the batches, the runner."""
+    from studies.arch import context_line
+
     _print_horizon(spec)
+    console.print(f"context: {escape(context_line(spec.model.arch, spec.data.seq_len, spec.model.family))}",
+                  soft_wrap=True)
     _print_batches(spec)
     _print_runner(spec)
 

@@ -39,7 +39,7 @@ from studies.arch import (
     DepthArch,
     DepthParametrization,
     Parametrization,
-    context_length,
+    context_error,
     mup_error,
     nested,
     width_error,
@@ -662,9 +662,7 @@ class StudySpec(BaseModel):
         models = [("model", self.model)]
         models += [(f"compare.baselines[{i}].model", b.model) for i, b in enumerate(self.compare.baselines)] \
             if self.compare is not None else []
-        contexts = [(where, context_length(m.arch)) for where, m in models]  # the arch's declared context, if any
-        problems = [f"{where}.arch.{c[0]}={c[1]} is below data.seq_len={self.data.seq_len}: set {c[0]} "
-                    f"to {self.data.seq_len}" for where, c in contexts if c is not None and c[1] < self.data.seq_len]
+        problems = [e for where, m in models if (e := context_error(m.arch, self.data.seq_len, where))]
         if self.train.weight_decay_form != "coupled" and get_family(self.model.family).mup is not None:
             problems.append(f"train.weight_decay_form={self.train.weight_decay_form!r}: model.family "
                             f"{self.model.family!r} trains with mup's MuAdamW, which already decays every group by "
