@@ -52,8 +52,9 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
 
 
 class _Families:
-    """The registered model families as argparse `choices`, read when a choice is checked or help is printed (so
-    building the parser imports no `studies`): the built-ins and the installed plugins' (`studies.family`)."""
+    """The registered model families as argparse `choices` for `--model`'s help, read when it is printed (so building
+    the parser imports no `studies`): the built-ins and the installed plugins' (`studies.family`). Every name passes
+    argparse: the command's own look-up refuses an unknown one with the nearest name and a plugin's install hint."""
 
     def __iter__(self) -> Iterator[str]:
         from studies.family import family_names
@@ -61,7 +62,7 @@ class _Families:
         return iter(family_names())
 
     def __contains__(self, name: object) -> bool:
-        return name in list(self)
+        return True
 
 
 def _widths(text: str, flag: str = "--widths", least: int = 2, example: str = "32,64,128,256") -> tuple[int, ...]:
@@ -84,9 +85,14 @@ TRAIN_FLAGS = {"model": "--model", "steps": "--steps", "lr": "--lr", "batch_size
 
 
 def _model_flags(args: argparse.Namespace) -> dict[str, str]:
-    """The flag that set each field of `ptctl train`'s model config (base_width: --width unless given)."""
-    return {"width": "--width", "base_width": "--base-width" if args.base_width else "--width",
-            "parametrization": "--parametrization", **{k: f"--set {k}=" for k in _parse_set(args.set)}}
+    """The flag that set each field of `ptctl train`'s model config (base_width: --width unless given), also as a
+    spec's words name it (tune.base_width, model.arch.rank)."""
+    from workers.models import family
+
+    base = "--base-width" if args.base_width else "--width"
+    arch = {f"model.arch.{k}": f"--set {k}=" for k in family(args.model).arch.model_fields}
+    return {"width": "--width", "base_width": base, "tune.base_width": base, "parametrization": "--parametrization",
+            **{k: f"--set {k}=" for k in _parse_set(args.set)}, **arch}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,7 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train one model directly (no Ray, no MLflow)")
-    t.add_argument("--model", default="pt", help="pt | bert | ut | tauformer")
+    t.add_argument("--model", default="pt", choices=_Families(), metavar="FAMILY",
+                   help="the model family: one of %(choices)s (installed plugins' included)")
     t.add_argument("--width", type=int, default=64)
     t.add_argument("--base-width", type=int, default=None, help="μP base width (default: --width)")
     t.add_argument("--parametrization", choices=["mup", "standard"], default="mup")

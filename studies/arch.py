@@ -239,7 +239,8 @@ class ModelSize(BaseModel):
     @model_validator(mode="after")
     def _buildable(self) -> ModelSize:
         arch: Any = self  # a config is its arch too (`PTConfig(PTArch, ModelSize, ...)`)
-        errors = [width_error(arch, self.base_width, getattr(self, n), n) for n in ("width", "base_width")]
+        sizes = ("width", "base_width") if self.base_width != self.width else ("width",)  # one value: said once
+        errors = [width_error(arch, self.base_width, getattr(self, n), n) for n in sizes]
         errors.append(mup_error(arch, self.parametrization))
         found = [e for e in errors if e]
         if found:
