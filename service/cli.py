@@ -347,9 +347,9 @@ def _print_batches(spec: StudySpec) -> None:
     from studies.cost import planned_trials
     from studies.members import batches, solo_note
 
-    k, note = spec.resources.batch_members, solo_note(spec.model.family)
-    if note and k != 1:
-        console.print(f"batches: {note}")
+    k, note = spec.resources.batch_members, solo_note(spec)
+    if note:
+        console.print(f"batches: {note}", soft_wrap=True)
         return
     if k == "auto":
         console.print("batches: resources.batch_members is auto: each trial alone on CPU; on GPUs as many members "

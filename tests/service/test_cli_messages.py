@@ -1,6 +1,7 @@
 """What `ptctl` says, in fresh interpreters: `ptctl train --help` lists every installed family; a `ptctl train` error
 names the flags typed (`--base-width`, not tune.base_width), once; `--set`'s valid keys are the arch's fields and the
-hparams; no message the CLI or the API prints links pydantic's docs."""
+hparams; no message the CLI or the API prints links pydantic's docs; `ptctl study run` says once, at its start, that
+a family trains each trial alone, and why."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from service.app import create_app
 from service.settings import Settings
 from studies import load_catalog
 from studies.family import FAMILIES, family_names, from_mup
+from tests.service._cli import data_dir, ptctl
 from tests.service.conftest import FakeExecutor
 from tests.service.test_cli_plan import _ptctl
 from workers.model_check import ContractError, check_model
@@ -106,3 +108,18 @@ def test_no_api_error_links_pydantics_docs(tmp_path, migrated):
                 assert answer.status_code == 422 and PYDANTIC_LINK not in answer.text, answer.text
         answer = client.get("/studies", params={"limit": "lots"})
         assert answer.status_code == 422 and PYDANTIC_LINK not in answer.text, answer.text
+
+
+def test_study_run_says_once_at_its_start_that_a_mup_family_trains_each_trial_alone(tmp_path):
+    """The study stops at its first MLflow call (nothing listens on port 9): the line came before it."""
+    spec = tmp_path / "nanogpt.yaml"
+    data = load_catalog("nanogpt_mup").as_dict()
+    data["tune"] = {**data["tune"], "num_trials": 1}
+    spec.write_text(json.dumps(data))
+    done = ptctl(["study", "run", str(spec), "--runner", "local"], data_dir(tmp_path, "data"),
+                 tracking_uri="http://127.0.0.1:9", timeout=300)
+    out = done.stdout + done.stderr
+    line = ("family 'nanogpt' trains each trial alone: its model brings its own optimiser (mup's MuAdamW), which a "
+            "batch cannot stack")
+    assert out.count("trains each trial alone") == 1 and line in " ".join(out.split()), out
+    assert out.index("trains each trial alone") < out.index("error:"), out
