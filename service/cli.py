@@ -52,8 +52,9 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
 
 
 class _Families:
-    """The registered model families as argparse `choices`, read when a choice is checked or help is printed (so
-    building the parser imports no `studies`): the built-ins and the installed plugins' (`studies.family`)."""
+    """The registered model families as argparse `choices` for `--model`'s help, read when it is printed (so building
+    the parser imports no `studies`): the built-ins and the installed plugins' (`studies.family`). Every name passes
+    argparse: the command's own look-up refuses an unknown one with the nearest name and a plugin's install hint."""
 
     def __iter__(self) -> Iterator[str]:
         from studies.family import family_names
@@ -61,7 +62,7 @@ class _Families:
         return iter(family_names())
 
     def __contains__(self, name: object) -> bool:
-        return name in list(self)
+        return True
 
 
 def _widths(text: str, flag: str = "--widths", least: int = 2, example: str = "32,64,128,256") -> tuple[int, ...]:
@@ -84,9 +85,14 @@ TRAIN_FLAGS = {"model": "--model", "steps": "--steps", "lr": "--lr", "batch_size
 
 
 def _model_flags(args: argparse.Namespace) -> dict[str, str]:
-    """The flag that set each field of `ptctl train`'s model config (base_width: --width unless given)."""
-    return {"width": "--width", "base_width": "--base-width" if args.base_width else "--width",
-            "parametrization": "--parametrization", **{k: f"--set {k}=" for k in _parse_set(args.set)}}
+    """The flag that set each field of `ptctl train`'s model config (base_width: --width unless given), also as a
+    spec's words name it (tune.base_width, model.arch.rank)."""
+    from workers.models import family
+
+    base = "--base-width" if args.base_width else "--width"
+    arch = {f"model.arch.{k}": f"--set {k}=" for k in family(args.model).arch.model_fields}
+    return {"width": "--width", "base_width": base, "tune.base_width": base, "parametrization": "--parametrization",
+            **{k: f"--set {k}=" for k in _parse_set(args.set)}, **arch}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,9 +278,7 @@ def _print_plan(spec: StudySpec) -> None:
         console.print(table)
         console.print(f"{spec.model.family} registers no FLOP counts (studies.family.Family.forward_flops): no FLOPs "
                       "or shares of a target run to show")
-        _print_horizon(spec)
-        _print_batches(spec)
-        _print_runner(spec)
+        _print_notes(spec)
         return
     plan = plan_cost(spec)
     widest = max(plan.targets, default=None)
@@ -296,7 +300,16 @@ def _print_plan(spec: StudySpec) -> None:
                       f"({target:.3g} FLOPs); {checks} = {100 * plan.share(w):.1f} %")
     if not plan.targets:
         console.print("no transfer widths: no target run to compare with")
+    _print_notes(spec)
+
+
+def _print_notes(spec: StudySpec) -> None:
+    """What the plan says below its table: the horizon, the context, the batches, the runner."""
+    from studies.arch import context_line
+
     _print_horizon(spec)
+    console.print(f"context: {escape(context_line(spec.model.arch, spec.data.seq_len, spec.model.family))}",
+                  soft_wrap=True)
     _print_batches(spec)
     _print_runner(spec)
 
@@ -334,9 +347,9 @@ def _print_batches(spec: StudySpec) -> None:
     from studies.cost import planned_trials
     from studies.members import batches, solo_note
 
-    k, note = spec.resources.batch_members, solo_note(spec.model.family)
-    if note and k != 1:
-        console.print(f"batches: {note}")
+    k, note = spec.resources.batch_members, solo_note(spec)
+    if note:
+        console.print(f"batches: {note}", soft_wrap=True)
         return
     if k == "auto":
         console.print("batches: resources.batch_members is auto: each trial alone on CPU; on GPUs as many members "
@@ -460,7 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train one model directly (no Ray, no MLflow)")
-    t.add_argument("--model", default="pt", help="pt | bert | ut | tauformer")
+    t.add_argument("--model", default="pt", choices=_Families(), metavar="FAMILY",
+                   help="the model family: one of %(choices)s (installed plugins' included)")
     t.add_argument("--width", type=int, default=64)
     t.add_argument("--base-width", type=int, default=None, help="μP base width (default: --width)")
     t.add_argument("--parametrization", choices=["mup", "standard"], default="mup")

@@ -216,16 +216,21 @@ def _with_value(flag: str, value: str | None) -> str:
 
 def _in_flags(msg: str, flags: Mapping[str, str]) -> str:
     """`msg` with each field it names as `path=value`, `path[i]=value` or a dotted path said as its flag
-    (transfer.widths[0]=64 → --to 64); a bare word (width) is left alone: it may be prose."""
-    for key in sorted(flags, key=len, reverse=True):
-        bare = "" if "." in key else "(?==)"
-        pattern = rf"(?<![\w.-]){re.escape(key)}(?:\[\d+\])?{bare}(?:=([^\s,;:)]+))?(?!\w)"
-        msg = re.sub(pattern, _said_as(flags[key]), msg)
-    return msg
+    (transfer.widths[0]=64 → --to 64), in one pass (a flag put in is not read again); a bare word (width) is left
+    alone: it may be prose."""
+    if not flags:
+        return msg
+    keys = sorted(flags, key=len, reverse=True)  # the longest first: tune.base_width before base_width
+    names = "|".join(rf"(?P<k{i}>{re.escape(k)})(?:\[\d+\])?{'' if '.' in k else '(?==)'}" for i, k in enumerate(keys))
+    pattern = rf"(?<![\w.-])(?:{names})(?:=(?P<value>[^\s,;:)]+))?(?!\w)"
+    return re.sub(pattern, _said_as(keys, flags), msg)
 
 
-def _said_as(flag: str) -> Callable[[re.Match[str]], str]:
-    return lambda match: _with_value(flag, match.group(1)).rstrip("=")
+def _said_as(keys: Sequence[str], flags: Mapping[str, str]) -> Callable[[re.Match[str]], str]:
+    def said(match: re.Match[str]) -> str:
+        key = next(k for i, k in enumerate(keys) if match.group(f"k{i}") is not None)
+        return _with_value(flags[key], match.group("value")).rstrip("=")
+    return said
 
 
 def as_lines(problems: Iterable[FieldProblem], flags: Mapping[str, str] | None = None) -> list[str]:

@@ -34,7 +34,7 @@ def estimate(spec: StudySpec, cpus: int | None = None) -> Estimate:
 
 
 def print_estimate(out: Console, spec: StudySpec) -> None:
-    """The estimate's line, and what it assumes on the next one."""
+    """The estimate's line, what it assumes on the next one, and a line for each trial shape it could not time."""
     if spec.compare is not None:
         out.print(f"estimate: {COMPARE_NOTE}", soft_wrap=True)
         return
@@ -42,6 +42,8 @@ def print_estimate(out: Console, spec: StudySpec) -> None:
         made = estimate(spec)
     out.print(made.line(), soft_wrap=True)
     out.print(f"assumes: {escape(made.assumptions)}", soft_wrap=True)
+    for line in made.unprobed:
+        out.print(f"not probed: {escape(line)}", soft_wrap=True)
 
 
 def study_plan(spec: StudySpec, probe: bool = True, cpus: int | None = None) -> StudyPlan:
@@ -70,4 +72,5 @@ def study_plan(spec: StudySpec, probe: bool = True, cpus: int | None = None) -> 
             phases[timed.phase] = phases[timed.phase].model_copy(update={"lanes": timed.lanes,
                                                                          "seconds": timed.seconds})
     return plan.model_copy(update={"phases": phases, "total_s": made.total_s, "uncertainty": made.uncertainty,
-                                   "assumptions": made.assumptions, "line": made.line()})
+                                   "assumptions": made.assumptions, "unprobed": made.unprobed,
+                                   "line": made.line()})

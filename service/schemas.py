@@ -270,6 +270,8 @@ class StudyPlan(BaseModel):
     uncertainty: float | None = Field(None, description="the estimate's relative band: 0.25 for ±25 %")
     assumptions: str = Field("", description="what the estimate assumes, in one line (the probe, the trials at a "
                                              "time, ASHA, the load)")
+    unprobed: list[str] = Field(default_factory=list, description="each trial shape the probe could not time, as "
+                                                                  "'label: why' (its phase then has no estimate)")
     line: str = Field("", description='the estimate as the CLI prints it, e.g. "estimate: tune 40 s · ... · '
                                       'total ≈ 5 min (±25 %)"')
 

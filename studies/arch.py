@@ -36,6 +36,9 @@ DEPTH_ALPHA: dict[str, float] = {"completep": 1.0}
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
+ANY_LENGTH = "any length"
+"""The `Arch.context_field` of a model that takes sequences of any length (PT: clipped distance buckets, no
+positions)."""
 
 
 class Arch(BaseModel):
@@ -45,15 +48,17 @@ class Arch(BaseModel):
 
     model_config = _STRICT
     finer_steps: ClassVar[str] = ""  # how to get a finer width step, added to the budget solver's error
-    # the arch field holding the longest sequence the model takes (learned or RoPE positions), checked against
-    # data.seq_len by the spec (`context_length`); None: the model declares none, and nothing checks its context
+    # the arch field holding the longest sequence the model takes (learned or RoPE positions: max_len, n_positions,
+    # block_size), checked against data.seq_len by the spec (`context_error`); ANY_LENGTH: the model takes any;
+    # None: not declared (every built-in declares it), and nothing checks the context before a trial runs it
     context_field: ClassVar[str | None] = None
 
     def context(self) -> tuple[str, int] | None:
         """The declared context: (where the spec keeps it, under model.arch; its value), or None (none declared).
         The default reads `context_field`; an arch that keeps it elsewhere (`hf`: in its config) overrides this."""
-        value = getattr(self, self.context_field, None) if self.context_field else None
-        return (self.context_field, value) if self.context_field and isinstance(value, int) else None
+        name = self.context_field
+        value = getattr(self, name, None) if name not in (None, ANY_LENGTH) else None
+        return (name, value) if name and isinstance(value, int) else None
 
     def width_steps(self, base_width: int) -> dict[str, int]:
         """`{size: step}`: the widths this arch builds at are the multiples of each step (none: any width)."""
@@ -178,12 +183,34 @@ def width_error(arch: BaseModel, base_width: int, width: int, where: str) -> str
 
 
 def context_length(arch: BaseModel) -> tuple[str, int] | None:
-    """The arch's declared context (`Arch.context`) and its value; None where it declares none."""
+    """The arch's declared context (`Arch.context`) and its value; None where it declares none or any length."""
     if isinstance(arch, Arch):
         return arch.context()
     name = getattr(type(arch), "context_field", None)
-    value = getattr(arch, name, None) if name else None
+    value = getattr(arch, name, None) if name not in (None, ANY_LENGTH) else None
     return (name, value) if name and isinstance(value, int) else None
+
+
+def context_error(arch: BaseModel, seq_len: int, where: str = "model") -> str | None:
+    """Why sequences of `seq_len` tokens do not fit `arch` (`where`.arch: `model`, a compare baseline's) and the fix;
+    None when they fit or nothing is declared to check them against."""
+    found = context_length(arch)
+    if found is None or found[1] >= seq_len:
+        return None
+    field = f"{where}.arch.{found[0]}"
+    return (f"data.seq_len {seq_len} exceeds {field} {found[1]}, the longest sequence the model takes: set {field} "
+            f"to at least {seq_len}, or lower data.seq_len")
+
+
+def context_line(arch: BaseModel, seq_len: int, family: str) -> str:
+    """What the plan says of the context: the declared field against data.seq_len, any length, or not declared."""
+    found = context_length(arch)
+    if found is not None:
+        return f"data.seq_len {seq_len} within model.arch.{found[0]} {found[1]}"
+    if getattr(type(arch), "context_field", None) == ANY_LENGTH:
+        return f"data.seq_len {seq_len}; model family {family!r} takes sequences of any length"
+    return (f"not declared: model family {family!r} names no arch field holding its longest sequence "
+            f"(Arch.context_field), so data.seq_len {seq_len} is unchecked until its first trial runs it")
 
 
 def rebase(arch: BaseModel, base_width: int, new_base: int) -> BaseModel:
@@ -221,7 +248,8 @@ class ModelSize(BaseModel):
     @model_validator(mode="after")
     def _buildable(self) -> ModelSize:
         arch: Any = self  # a config is its arch too (`PTConfig(PTArch, ModelSize, ...)`)
-        errors = [width_error(arch, self.base_width, getattr(self, n), n) for n in ("width", "base_width")]
+        sizes = ("width", "base_width") if self.base_width != self.width else ("width",)  # one value: said once
+        errors = [width_error(arch, self.base_width, getattr(self, n), n) for n in sizes]
         errors.append(mup_error(arch, self.parametrization))
         found = [e for e in errors if e]
         if found:

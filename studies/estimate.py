@@ -95,6 +95,7 @@ class PhaseTime:
 class Estimate:
     phases: list[PhaseTime]
     assumptions: str  # one line: what the figures assume (the probe, the lanes, ASHA, Ray's fixed costs)
+    unprobed: list[str] = field(default_factory=list)  # `label: why` of each trial shape the probe could not time
     uncertainty: float = UNCERTAINTY
     start_s: float = STUDY_START_S  # the study's start at this machine's load
 
@@ -275,9 +276,11 @@ def schedule(durations: Iterable[float], lanes: int) -> float:
 
 
 def estimate(spec: StudySpec, jobs: Mapping[str, list[Job]], times: Mapping[Shape, ShapeTime], cpus: int,
-             gpus: float, assumptions: str, busy: float = 1.0, memory: float | None = None) -> Estimate:
+             gpus: float, assumptions: str, busy: float = 1.0, memory: float | None = None,
+             unprobed: Iterable[str] = ()) -> Estimate:
     """The wall time of each phase of `jobs` on `cpus` CPUs and `gpus` GPUs from the shapes' `times` (module
-    docstring), the starts `busy` times their idle cost; a phase with a shape missing from `times` has none."""
+    docstring), the starts `busy` times their idle cost; a phase with a shape missing from `times` has none
+    (`unprobed`: the shapes not probed, and why)."""
     phases = []
     for phase, phase_jobs in jobs.items():
         n = lanes(spec, phase, cpus, gpus, memory)
@@ -286,7 +289,7 @@ def estimate(spec: StudySpec, jobs: Mapping[str, list[Job]], times: Mapping[Shap
             seconds = PHASE_START_S * busy + schedule((job.seconds(times[job.shape]) for job in phase_jobs), n)
         phases.append(PhaseTime(phase, sum(job.trials for job in phase_jobs), min(n, max(len(phase_jobs), 1)),
                                 seconds))
-    return Estimate(phases, assumptions, start_s=STUDY_START_S * busy)
+    return Estimate(phases, assumptions, list(unprobed), start_s=STUDY_START_S * busy)
 
 
 def lanes_text(spec: StudySpec, jobs: Mapping[str, list[Job]], cpus: int, gpus: float,

@@ -24,7 +24,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, create_model
 
-from studies.arch import ModelSize
+from studies.arch import ANY_LENGTH, ModelSize
 from studies.space import Space
 
 Objective = Literal["mlm", "clm"]
@@ -222,6 +222,10 @@ def _malformed(family: Family) -> str | None:
         return "Family.space must be a studies.space.Space subclass (its HPARAMS and a Range per hparam)"
     if not (isinstance(family.model, type) or (isinstance(family.model, str) and ":" in family.model)):
         return "Family.model must be the nn.Module's \"module:Class\" path (or the class itself)"
+    context, fields = getattr(family.arch, "context_field", None), list(family.arch.model_fields)
+    if context not in (None, ANY_LENGTH, *fields):
+        return (f"Arch.context_field names {context!r}, which is not a field of its arch {fields}: name the field "
+                "holding the longest sequence its model takes, or set it to studies.arch.ANY_LENGTH")
     if family.batchable is not None and not set(family.batchable) <= set(family.space.HPARAMS):
         unknown = sorted(set(family.batchable) - set(family.space.HPARAMS))
         return f"Family.batchable names {unknown}, which are not hparams of its space {list(family.space.HPARAMS)}"

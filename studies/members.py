@@ -36,19 +36,25 @@ def member_key(config: dict[str, Any]) -> str:
     return repr(sorted({**rest, "model_hp": sorted(model_hp.items())}.items()))
 
 
-def solo_note(family: str) -> str | None:
-    """Why a family's trials are never batched (None: they may be), one line for the plan and the report."""
-    if get_family(family).batchable is not None:
+def solo_note(spec: StudySpec) -> str | None:
+    """That the study's family trains each trial alone though `resources.batch_members` would batch them, and why;
+    one line for the plan, the start of `ptctl study run` and the report (None: it batches, or K is 1)."""
+    family = get_family(spec.model.family)
+    if family.batchable is not None or spec.resources.batch_members == 1:
         return None
-    return (f"family {family!r} declares no batchable hparams (Family.batchable): each of its trials trains alone, "
-            "one at a time")
+    if family.mup is not None:
+        optimiser = "MuSGD" if family.mup.optimizer == "sgd" else "MuAdamW"
+        why = f"its model brings its own optimiser (mup's {optimiser}), which a batch cannot stack"
+    else:
+        why = "it declares no batchable hparams (Family.batchable)"
+    return f"family {family.name!r} trains each trial alone: {why}"
 
 
 def batches(spec: StudySpec, trials: Sequence[PlannedTrial], k: int) -> list[list[PlannedTrial]]:
     """The planned trials as batches of at most `k` members each (module docstring); `k` = 1: one per trial, as
     always for a family that declares no batchable hparams (`solo_note`; a `from_mup` family: mup reads a width from
     each parameter, which a stacked one does not carry)."""
-    if solo_note(spec.model.family):
+    if get_family(spec.model.family).batchable is None:
         k = 1
     groups: dict[str, list[PlannedTrial]] = {}
     for trial in trials:

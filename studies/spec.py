@@ -39,7 +39,7 @@ from studies.arch import (
     DepthArch,
     DepthParametrization,
     Parametrization,
-    context_length,
+    context_error,
     mup_error,
     nested,
     width_error,
@@ -119,7 +119,9 @@ class TrainSpec(BaseModel):
 
     steps: PosInt = Field(200, description="optimizer steps (tune/verify/validate may override)")
     batch_size: PosInt = Field(32, description="sequences per step")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay (not on biases)")
+    weight_decay: float = Field(
+        0.0, ge=0, description="AdamW weight decay, in every parameter group but bias and block_bias, where every "
+        "built-in and from_mup family keeps its biases and norm gains (train.weight_decay_groups overrides a group)")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
     adam_eps: float | None = Field(
         None, gt=0, lt=1, description="Adam's ε (a depth parametrization's blocks scale it); null: the family's "
@@ -131,7 +133,7 @@ class TrainSpec(BaseModel):
     weight_decay_groups: dict[str, Annotated[float, Field(ge=0)]] | None = Field(
         None, max_length=16, description="weight decay per parameter group, overriding weight_decay "
         "(and the undecayed bias groups) for the groups named, e.g. {hidden: 0.1, input: 0} (a from_mup family: "
-        "vector, matrix); null: weight_decay")
+        "matrix, vector, bias); null: weight_decay")
     weight_decay_form: Literal["coupled", "independent"] = Field(
         "coupled", description="'coupled': torch's AdamW, a group's decay per step is its own lr × λ (μP's hidden "
         "groups, at lr/width_mult, decay less as width grows); 'independent': each group's λ is scaled so that its "
@@ -660,9 +662,7 @@ class StudySpec(BaseModel):
         models = [("model", self.model)]
         models += [(f"compare.baselines[{i}].model", b.model) for i, b in enumerate(self.compare.baselines)] \
             if self.compare is not None else []
-        contexts = [(where, context_length(m.arch)) for where, m in models]  # the arch's declared context, if any
-        problems = [f"{where}.arch.{c[0]}={c[1]} is below data.seq_len={self.data.seq_len}: set {c[0]} "
-                    f"to {self.data.seq_len}" for where, c in contexts if c is not None and c[1] < self.data.seq_len]
+        problems = [e for where, m in models if (e := context_error(m.arch, self.data.seq_len, where))]
         if self.train.weight_decay_form != "coupled" and get_family(self.model.family).mup is not None:
             problems.append(f"train.weight_decay_form={self.train.weight_decay_form!r}: model.family "
                             f"{self.model.family!r} trains with mup's MuAdamW, which already decays every group by "

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from studies.spec import StudySpec
+from workers.errors import ConfigError, message
 
 log = logging.getLogger(__name__)
 CACHED = 256  # model shapes whose answer is kept
@@ -58,7 +59,7 @@ class Door:
         try:
             key = _shape(spec)
         except ValueError as exc:  # a width the arch cannot build: the spec's, said as the child would
-            return Refusal("spec", str(exc))
+            return Refusal("spec", message(exc))
         with self._lock:
             if key in self._answers:
                 self._answers.move_to_end(key)
@@ -133,7 +134,6 @@ def _read_line(child: subprocess.Popen[str], timeout_s: float) -> str | None:
 
 # ---------------------------------------------------------------------- the child's side
 def _answer(spec_json: str) -> dict[str, Any]:
-    from workers.errors import ConfigError
     from workers.model_check import check_study
 
     try:
@@ -147,7 +147,7 @@ def _answer(spec_json: str) -> dict[str, Any]:
                 f"more than {int(sys.argv[1]) / 2**20:.0f} MiB (PTCTL_DOOR_MEMORY_MB): lower the model's sizes "
                 "in model.arch, or raise PTCTL_DOOR_MEMORY_MB"}
     except ValueError as exc:
-        return {"kind": "spec", "message": str(exc)}
+        return {"kind": "spec", "message": message(exc)}
     return {"ok": True}
 
 

@@ -284,6 +284,8 @@ class StudyDriver:
     def run(self) -> StudyState:
         """Run the remaining phases; any failure is recorded, then raised as a `workers.errors.StudyError`."""
         phase = None
+        if (note := solo_note(self.spec)) and not all(self.state.done(p) for p in phases_of(self.spec)):
+            self.emit("note", {"error": note})  # once, first: what the plan said of the batches
         try:
             self._check_store()
             self._recover()
@@ -411,7 +413,7 @@ class StudyDriver:
         folder.write_artifact(folder.cost.name, cost)
         if cost["metrics"]:
             self.tracker.log_metrics(state.runs["study"], [{"step": 0, **cost["metrics"]}])
-        note = solo_note(spec.model.family) if spec.resources.batch_members != 1 else None
+        note = solo_note(spec)
         text = render_report(study=study, phases=list(PHASES), plots=plots, tables=tables, cost=cost,
                              sections={p.name: p.section(ctx, state.phases[p.name], tables) for p in done},
                              headline={k: v for p in done for k, v in p.headline.items()},

@@ -14,10 +14,22 @@ from studies.status import StudyStatus
 MAX_CAUSE = 500  # characters of a one-line cause
 
 
+def message(exc: BaseException) -> str:
+    """`str(exc)`, but a pydantic `ValidationError` as `Model: field: message; ...`, without pydantic's links to its
+    docs (errors.pydantic.dev), which name no fix of ours."""
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
+                for e in exc.errors(include_url=False)]
+    return f"{exc.title}: {'; '.join(problems)}"
+
+
 def one_line(exc: BaseException) -> str:
-    """`Type: the message` on one line, at most MAX_CAUSE characters; ptctl's own errors, which name their fix,
-    keep their text whole."""
-    text = " ".join(str(exc).split()) or "(no message)"
+    """`Type: the message` on one line (`message`), at most MAX_CAUSE characters; ptctl's own errors, which name
+    their fix, keep their text whole."""
+    text = " ".join(message(exc).split()) or "(no message)"
     if isinstance(exc, PtctlError):
         return text
     line = f"{type(exc).__name__}: {text}"

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 
-from studies.arch import width_step
+from studies.arch import context_error, width_step
 from studies.family import PLUGINS, Family
 from studies.members import memory_problem
 from studies.spec import StudySpec
@@ -107,6 +108,9 @@ def check_model(name: str, model_hp: dict[str, Any], seq_len: int) -> Findings:
     with torch.random.fork_rng(devices=[]), quiet(data_dir() / "logs" / "model_check.log"):  # the model's prints
         torch.manual_seed(0)
         model = _build(name, model_hp)
+        cfg = getattr(model, "cfg", None)  # its declared context, before a forward longer than it
+        if isinstance(cfg, BaseModel) and (problem := context_error(cfg, seq_len)):
+            raise ConfigError(problem)
         problems = _mup_problems({model_hp["width"]: model})  # set_base_shapes forgotten: mup's layers cannot run
         if problems:
             raise ContractError(f"model family {name!r} ({provider(name)}) is not μP as built: " + "; ".join(problems))

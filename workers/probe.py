@@ -62,7 +62,8 @@ MEMORY_SHARE = 0.5  # of the free memory a probed shape may need (`studies.membe
 class Probe:
     times: dict[Shape, ShapeTime]  # the shapes probed
     seconds: float  # the probe's own wall time
-    notes: list[str] = field(default_factory=list)  # shapes left unprobed, and why
+    notes: list[str] = field(default_factory=list)  # shapes timed otherwise than their phases will run them
+    unprobed: list[str] = field(default_factory=list)  # `label: why` of each shape left unprobed, one line each
 
 
 @dataclass(frozen=True)
@@ -234,13 +235,12 @@ def probe_shape(spec: StudySpec, shape: Shape, n_threads: int, steps: int = TIME
 def _unprobed(spec: StudySpec, shape: Shape, k: int, spent: float, budget_s: float) -> str:
     """Why `shape` is not probed ('' if it is): no CUDA here, the budget spent, or too little free memory for `k`."""
     if shape.device == "cuda" and not torch.cuda.is_available():
-        return f"{shape.label()}: not probed, this machine has no CUDA device"
+        return "this machine has no CUDA device"
     if spent > budget_s:
-        return f"{shape.label()}: not probed, the probe's {budget_s:g} s were spent"
+        return f"the probe's {budget_s:g} s were spent"
     need, free = member_bytes(spec, shape.width, shape.batch_size), free_memory(shape.device)
     if need is not None and free is not None and k * shape.members * need > MEMORY_SHARE * free:
-        return (f"{shape.label()}: not probed, {k} at a time need ≈ {k * shape.members * need / 2**30:.1f} GiB of "
-                f"the {free / 2**30:.1f} GiB free")
+        return f"{k} at a time need ≈ {k * shape.members * need / 2**30:.1f} GiB of the {free / 2**30:.1f} GiB free"
     return ""
 
 
@@ -253,6 +253,7 @@ def probe(spec: StudySpec, shapes: Sequence[Shape], n_threads: int, budget_s: fl
     at_once = {shape: (beside or {}).get(shape, 1) for shape in shapes}
     times: dict[Shape, ShapeTime] = {}
     notes: list[str] = []
+    unprobed: list[str] = []
     start = time.perf_counter()
     company = Companions(spec, max(at_once.values(), default=1) - 1, n_threads, rig) if max(
         at_once.values(), default=1) > 1 else None
@@ -260,7 +261,7 @@ def probe(spec: StudySpec, shapes: Sequence[Shape], n_threads: int, budget_s: fl
         for shape in shapes:
             why = _unprobed(spec, shape, at_once[shape], time.perf_counter() - start, budget_s)
             if why:
-                notes.append(why)
+                unprobed.append(f"{shape.label()}: {why}")
                 continue
             try:
                 with company.beside(shape, at_once[shape]) if company else contextlib.nullcontext(0) as training:
@@ -268,11 +269,11 @@ def probe(spec: StudySpec, shapes: Sequence[Shape], n_threads: int, budget_s: fl
                 if training + 1 < at_once[shape]:
                     notes.append(f"{shape.label()}: timed beside {training} other trial(s), not {at_once[shape] - 1}")
             except Exception as exc:  # a shape that cannot train here: the estimate says so instead of failing
-                notes.append(f"{shape.label()}: not probed ({one_line(exc)})")
+                unprobed.append(f"{shape.label()}: {one_line(exc)}")
     finally:
         if company is not None:
             company.close()
-    return Probe(times, time.perf_counter() - start, notes)
+    return Probe(times, time.perf_counter() - start, notes, unprobed)
 
 
 def estimate_here(spec: StudySpec, cpus: int | None = None, budget_s: float = PROBE_BUDGET_S) -> Estimate:
@@ -289,20 +290,24 @@ def estimate_here(spec: StudySpec, cpus: int | None = None, budget_s: float = PR
     busy = 1 + load / (os.cpu_count() or 1)
     said = assumptions(spec, jobs, here, found, times, n_threads, load)
     return estimate(spec, jobs, times, here.cpus, here.gpus, f"{said}; {unreached}" if unreached else said, busy,
-                    here.memory)
+                    here.memory, found.unprobed)
 
 
 def assumptions(spec: StudySpec, jobs: dict[str, list[Job]], here: Machine, found: Probe,
                 times: dict[Shape, ShapeTime], n_threads: int, load: float) -> str:
-    """The estimate's assumptions in one line: the probe, the lanes, ASHA, Ray's fixed costs and the load now."""
-    devices = sorted({s.device.upper() if s.device == "cpu" else "GPU" for s in found.times}) or ["no device"]
-    steps = ", ".join(f"{s.label()} {1000 * t.step_s:.0f} ms" for s, t in times.items() if s in found.times)
-    most = max(at_once(spec, jobs, here.cpus, here.gpus, here.memory).values(), default=1)
-    beside = f", up to {most} at a time as the phases run them" if most > 1 else ""
-    parts = [f"probe: {TIMED_STEPS} steps per shape on this machine's {' and '.join(devices)} ({steps} per step"
-             f"{beside}; {found.seconds:.1f} s), {n_threads} thread{'s' if n_threads > 1 else ''} per trial, "
-             "random tokens",
-             lanes_text(spec, jobs, here.cpus, here.gpus, here.memory)]
+    """The estimate's assumptions in one line: the probe, the lanes, ASHA, Ray's fixed costs and the load now (the
+    shapes left unprobed are the estimate's own lines, `Probe.unprobed`)."""
+    threads = f"{n_threads} thread{'s' if n_threads > 1 else ''} per trial, random tokens"
+    if found.times:
+        devices = sorted({s.device.upper() if s.device == "cpu" else "GPU" for s in found.times})
+        steps = ", ".join(f"{s.label()} {1000 * t.step_s:.0f} ms" for s, t in times.items() if s in found.times)
+        most = max(at_once(spec, jobs, here.cpus, here.gpus, here.memory).values(), default=1)
+        beside = f", up to {most} at a time as the phases run them" if most > 1 else ""
+        probed = (f"probe: {TIMED_STEPS} steps per shape on this machine's {' and '.join(devices)} ({steps} per "
+                  f"step{beside}; {found.seconds:.1f} s), {threads}")
+    else:
+        probed = f"probe: no trial shape could be timed here ({found.seconds:.1f} s)"
+    parts = [probed, lanes_text(spec, jobs, here.cpus, here.gpus, here.memory)]
     if spec.tune.asha.enabled:
         parts.append("tune: ASHA's stops as synchronous halving makes them (1/η of the trials pass each rung; Ray's "
                      "asynchronous ASHA runs a few more)")

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from studies.arch import Arch, ModelSize, NonNegInt, PosInt, width_error
+from studies.arch import ANY_LENGTH, Arch, ModelSize, NonNegInt, PosInt, width_error
 from studies.family import Family, register
 from studies.space import Range, Searched, searched_range, space_model
 
@@ -23,6 +23,7 @@ class PTArch(Arch):
     `base_width` (from the phase and `tune`), `parametrization` (from `model`) and the six
     information weights (hparams, from `space`). Sizes are given at `tune.base_width`."""
 
+    context_field = ANY_LENGTH  # no positions: a head's distance to its dependent is clipped to γ buckets
     n_channels: PosInt = Field(4, description="h at base_width (h ∝ d when paradigm is 'channels')")
     rank: PosInt = Field(16, description="r at base_width (r ∝ d when paradigm is 'rank')")
     n_iter: PosInt = Field(3, description="T, the MFVI iterations (parameters shared across them)")

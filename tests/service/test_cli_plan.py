@@ -159,3 +159,14 @@ def test_the_plan_of_a_horizon_sweep_counts_every_length_and_flags_the_short_pro
     assert "horizon: tune trains 150 steps, the target 600 (train.steps; 2 doublings longer)" in out
     rc, out, _ = plans["cpu_demo"]
     assert rc == 0 and "horizon:" not in out  # tune trains train.steps: nothing to flag
+
+
+def test_the_plan_says_each_built_ins_context_against_the_data(plans):
+    """PT takes sequences of any length; TauGPT's declared context is its max_len (`studies.arch.context_line`)."""
+    demo, tau = load_catalog("cpu_demo"), load_catalog("tau_cpu")
+    rc, out, _ = plans["cpu_demo"]
+    assert rc == 0 and f"context: data.seq_len {demo.data.seq_len}; model family 'pt' takes sequences of any " \
+                       "length" in out, out
+    rc, out, _ = plans["tau"]
+    max_len = tau.model.arch.max_len  # type: ignore[attr-defined]
+    assert rc == 0 and f"context: data.seq_len {tau.data.seq_len} within model.arch.max_len {max_len}" in out, out

@@ -60,7 +60,7 @@ def test_bert_trial_config_carries_its_own_hparams():
         ({"model.family": "bert", "model.arch.n_iter": 3}, ["model.arch.n_iter", "Extra inputs"]),
         ({"model.family": "ut", "model.arch.timing": "rotary"}, ["model.arch.timing", "sinusoidal"]),
         ({"model.family": "bert", "space.w_H": {"low": 0.5, "high": 2}}, ["w_H", "init_std", "attn_mult"]),
-        ({"model.family": "bert", "model.arch.max_len": 32}, ["max_len=32 is below data.seq_len=64"]),
+        ({"model.family": "bert", "model.arch.max_len": 32}, ["data.seq_len 64 exceeds model.arch.max_len 32"]),
         ({"transfer": None}, ["verify needs a width"]),
     ],
 )

@@ -162,9 +162,13 @@ def test_a_family_that_declares_no_batchable_hparams_trains_alone_and_the_plan_s
     spec = _spec(family)
     for trials in planned_trials(spec).values():
         assert all(len(group) == 1 for group in batches(spec, trials, 8))
-    assert f"family {family!r} declares no batchable hparams" in (solo_note(family) or "")
+    why = {"nanogpt": "its model brings its own optimiser (mup's MuAdamW), which a batch cannot stack",
+           "silent": "it declares no batchable hparams (Family.batchable)"}[family]
+    assert solo_note(spec) == f"family {family!r} trains each trial alone: {why}"
+    assert solo_note(spec.model_copy(update={"resources": spec.resources.model_copy(update={"batch_members": 1})})) \
+        is None  # K = 1: every family's trials train alone, nothing to say
     _print_batches(spec)
-    assert f"batches: family {family!r} declares no batchable hparams" in " ".join(capsys.readouterr().out.split())
+    assert f"batches: family {family!r} trains each trial alone: {why}" in " ".join(capsys.readouterr().out.split())
     if family == "silent":
         with pytest.raises(BatchingError, match="declares no batchable hparams"):
             train(_members(family, steps=2))

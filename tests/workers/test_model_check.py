@@ -23,6 +23,7 @@ from studies.family import FAMILIES, Family, from_mup, register
 from studies.space import Range, Space
 from studies.spec import DataSpec, StudySpec, TrialConfig
 from workers.coord_check import DEFAULT_DATA, _setup
+from workers.errors import ConfigError
 from workers.model_check import ContractError, check_model, check_study, plugin_errors
 from workers.models import build_model
 from workers.models.contract import LanguageModel
@@ -272,6 +273,17 @@ def test_each_broken_contract_is_one_line_naming_what_was_expected_and_the_fix(n
 def test_a_context_shorter_than_the_data_is_named_with_both_lengths():
     text = refused("handmup", seq_len=32, block_size=16)
     assert "does not fit the data" in text and "data.seq_len=32" in text and "block_size" in text, text
+
+
+@pytest.mark.parametrize("name", ["bert", "nanogpt"])
+def test_a_declared_context_shorter_than_the_data_is_refused_before_the_forward_runs(name):
+    """A built-in's forward raises its own ValueError on too long a sequence (`ptctl train --seq-len 1024` once
+    ended in that traceback): the declared context says it first, naming both fields."""
+    door, _ = _setup(name, (32, 64), None, DEFAULT_DATA)
+    expected = (r"^data.seq_len 48 exceeds model.arch.max_len 32, the longest sequence the model takes: set "
+                r"model.arch.max_len to at least 48, or lower data.seq_len$")
+    with pytest.raises(ConfigError, match=expected):
+        check_model(name, {**door, "max_len": 32, "width": 32, "parametrization": "mup"}, 48)
 
 
 def test_an_arch_the_model_cannot_build_names_the_models_own_error():

@@ -50,9 +50,11 @@ def test_mup_sets_the_shapes_and_the_learning_rates_are_mups_own():
     opt = make_optimizer(net, cfg)
     assert isinstance(opt, torch.optim.AdamW)
     reference = mup.MuAdamW(net.net.parameters(), lr=1e-2, weight_decay=0.1)  # what mup gives the same model
-    expect = {id(p): (g["lr"], g["weight_decay"]) for g in reference.param_groups for p in g["params"]}
+    undecayed = {id(p) for p in net.net.parameters() if p.dim() < 2}  # its biases and LayerNorm gains
+    expect = {id(p): (g["lr"], 0.0 if id(p) in undecayed else g["weight_decay"]) for g in reference.param_groups
+              for p in g["params"]}
     assert {id(p): (g["lr"], g["weight_decay"]) for g in opt.param_groups for p in g["params"]} == expect
-    assert {g["name"]: g["lr"] for g in opt.param_groups} == {"matrix": 1e-2 / 4, "vector": 1e-2}
+    assert {g["name"]: g["lr"] for g in opt.param_groups} == {"matrix": 1e-2 / 4, "vector": 1e-2, "bias": 1e-2}
     # the standard parametrization is mup's: every width multiplier 1, so every lr the base lr
     assert {g["lr"] for g in make_optimizer(_model(128, "standard"), cfg).param_groups} == {1e-2}
 
@@ -64,7 +66,7 @@ def test_a_trial_reports_its_infshapes_and_mups_group_multipliers():
                                 "n_heads": 4, "max_len": 16})
     result = train_trial(cfg)
     assert result.status == "completed", result.message
-    assert result.lr_multipliers == {"matrix": 0.5, "vector": 1.0}
+    assert result.lr_multipliers == {"matrix": 0.5, "vector": 1.0, "bias": 1.0}
     assert result.run_params["infshape.blocks.0.mlp.0.weight"] == "256 (base 128) × 64 (base 32)"
     assert set(result.run_params) == {f"infshape.{n}" for n, _ in _model(64).net.named_parameters()}
     assert {"lr_matrix", "lr_vector"} <= set(result.rows[-1])

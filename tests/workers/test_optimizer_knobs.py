@@ -124,6 +124,7 @@ def test_the_batched_engine_refuses_unknown_group_names():
 
 
 # ----------------------------------------------------------------------------- a from_mup family (MuAdamW)
+MUP_GROUPS = ("matrix", "vector", "bias")  # mup's matrix-like and vector-like groups, and the undecayed ones
 def test_the_example_plugin_is_installed():
     assert "nanogpt" in family_names(), "install the example plugin: pip install -e examples/nanogpt_mup"
 
@@ -132,34 +133,80 @@ def test_a_mup_familys_default_eps_and_adam_eps_reach_muadamw(monkeypatch):
     net = _net("nanogpt", width=128, base=32)
     assert {g["eps"] for g in _groups(net, model="nanogpt").values()} == {ADAM_EPS}
     monkeypatch.setitem(FAMILIES, "nanogpt", dataclasses.replace(FAMILIES["nanogpt"], adam_eps=1e-12))
-    assert {n: g["eps"] for n, g in _groups(net, model="nanogpt").items()} == {"matrix": 1e-12, "vector": 1e-12}
+    assert {n: g["eps"] for n, g in _groups(net, model="nanogpt").items()} == dict.fromkeys(MUP_GROUPS, 1e-12)
     assert {g["eps"] for g in _groups(net, model="nanogpt", adam_eps=1e-6).values()} == {1e-6}
 
 
 def test_a_mup_familys_width_scaling_divides_the_matrix_groups_eps_only():
     net = _net("nanogpt", width=128, base=32)
     groups = _groups(net, model="nanogpt", adam_eps=1e-6, adam_eps_scaling="width")
-    assert {n: g["eps"] for n, g in groups.items()} == {"matrix": 1e-6 * 32 / 128, "vector": 1e-6}
-    assert {n: g["lr"] for n, g in groups.items()} == {"matrix": 1e-2 / 4, "vector": 1e-2}  # mup's lrs untouched
+    assert {n: g["eps"] for n, g in groups.items()} == {"matrix": 1e-6 * 32 / 128, "vector": 1e-6, "bias": 1e-6}
+    assert {n: g["lr"] for n, g in groups.items()} == {"matrix": 1e-2 / 4, "vector": 1e-2, "bias": 1e-2}  # mup's
 
 
 def test_a_mup_familys_per_group_decay_is_scaled_as_mup_scales_weight_decay():
     net = _net("nanogpt", width=128, base=32)
     unset = _groups(net, model="nanogpt", weight_decay=0.1)
     reference = mup.MuAdamW(net.net.parameters(), lr=1e-2, weight_decay=0.1)  # mup: matrix decay × width_mult
-    assert sorted(g["weight_decay"] for g in unset.values()) == sorted(g["weight_decay"] for g in
-                                                                        reference.param_groups if g["params"])
+    assert sorted(g["weight_decay"] for n, g in unset.items() if n != "bias") == sorted(
+        g["weight_decay"] for g in reference.param_groups if g["params"])
+    assert unset["bias"]["weight_decay"] == 0.0  # biases and norm gains: not decayed
     groups = _groups(net, model="nanogpt", weight_decay=0.1, weight_decay_groups={"vector": 0.3})
-    assert {n: g["weight_decay"] for n, g in groups.items()} == {"matrix": 0.1 * 4, "vector": 0.3}
-    groups = _groups(net, model="nanogpt", weight_decay=0.1, weight_decay_groups={"matrix": 0.05})
-    assert {n: g["weight_decay"] for n, g in groups.items()} == {"matrix": 0.05 * 4, "vector": 0.1}
+    assert {n: g["weight_decay"] for n, g in groups.items()} == {"matrix": 0.1 * 4, "vector": 0.3, "bias": 0.0}
+    groups = _groups(net, model="nanogpt", weight_decay=0.1, weight_decay_groups={"matrix": 0.05, "bias": 0.2})
+    assert {n: g["weight_decay"] for n, g in groups.items()} == {"matrix": 0.05 * 4, "vector": 0.1, "bias": 0.2}
 
 
 def test_a_mup_family_refuses_unknown_group_names_with_mups_group_names():
     with pytest.raises(ConfigError) as err:
         _groups(_net("nanogpt", width=128, base=32), model="nanogpt", weight_decay_groups={"hidden": 0.1})
     text = str(err.value)
-    assert "'nanogpt'" in text and "['hidden']" in text and "['matrix', 'vector']" in text
+    assert "'nanogpt'" in text and "['hidden']" in text and f"{sorted(MUP_GROUPS)}" in text
+
+
+# ----------------------------------------------------------------------------- what weight decay leaves alone
+def _biases_and_norm_gains(net: torch.nn.Module) -> set[str]:
+    """What `train.weight_decay` must not decay (HF's Trainer and nanoGPT's rule): every parameter with fewer than
+    2 dimensions, and every parameter of a normalisation layer."""
+    norms = {f"{m}.{n}".lstrip(".") for m, mod in net.named_modules() if "Norm" in type(mod).__name__
+             for n, _ in mod.named_parameters(recurse=False)}
+    return {n for n, p in net.named_parameters() if p.dim() < 2} | norms
+
+
+@pytest.mark.parametrize(("name", "hp"), [
+    ("bert", {}), ("bert", {"depth_parametrization": "completep", "base_depth": 1}), ("pt", {}),
+    ("ut", {}), ("tauformer", {}), ("nanogpt", {})])
+def test_every_family_leaves_its_biases_and_norm_gains_undecayed(name, hp):
+    torch.manual_seed(0)
+    arch = {"bert": BERT, "pt": PT, "nanogpt": GPT}.get(name, {})
+    net = build_model(name, vocab_size=V, width=64, base_width=32, parametrization="mup", **{**arch, **hp})
+    names = {id(p): n for n, p in net.named_parameters()}
+    groups = _groups(net, model=name, weight_decay=0.1)
+    undecayed = {names[id(p)] for g in groups.values() if g["weight_decay"] == 0 for p in g["params"]}
+    assert undecayed == _biases_and_norm_gains(net), name
+    assert all(g["weight_decay"] > 0 for g in groups.values() if g["weight_decay"] != 0)
+
+
+def normed_lm(width: int, vocab_size: int, **_: object) -> torch.nn.Module:
+    """A mup model whose norm layer has a weight of two dimensions, (3, width)."""
+    net = torch.nn.Module()
+    net.tokens, net.norm = torch.nn.Embedding(vocab_size, width), torch.nn.LayerNorm((3, width))
+    net.hidden, net.readout = torch.nn.Linear(width, width), mup.MuReadout(width, vocab_size)
+    return net
+
+
+def test_a_mup_familys_norm_weights_of_two_dimensions_are_not_decayed(monkeypatch):
+    from nanogpt_mup import GPTArch, GPTSpace
+
+    from studies.family import from_mup
+
+    monkeypatch.setitem(FAMILIES, "normed", from_mup("normed", f"{__name__}:normed_lm", GPTArch, GPTSpace))
+    net = build_model("normed", vocab_size=V, width=64, base_width=32, parametrization="mup")
+    groups = _groups(net, model="normed", weight_decay=0.1)
+    names = {id(p): n for n, p in net.named_parameters()}
+    assert {names[id(p)] for p in groups["bias"]["params"]} == {
+        "net.norm.weight", "net.norm.bias", "net.hidden.bias", "net.readout.bias"}
+    assert groups["bias"]["weight_decay"] == 0.0 and groups["matrix"]["weight_decay"] == 0.1 * 2
 
 
 # ----------------------------------------------------------------------------- the spec

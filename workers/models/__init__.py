@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from studies.arch import ModelSize
 from studies.family import BROKEN, ENTRY_POINT_GROUP, Family, get_family
 from workers.errors import ConfigError
 from workers.models.contract import LanguageModel
@@ -44,11 +45,12 @@ def model_class(name: str) -> type[LanguageModel]:
 
 
 def build_model(name: str, **hp: Any) -> LanguageModel:
-    """Build model `name` from keyword hyperparameters; unknown keys raise a ValueError listing valid ones."""
+    """Build model `name` from keyword hyperparameters; unknown keys raise a ValueError listing the valid ones a user
+    sets (`--set`, `model_hp`): the arch's fields and the hparams, not the sizes a trial adds (`ModelSize`)."""
     config_cls = family(name).config
     unknown = sorted(set(hp) - set(config_cls.model_fields))
     if unknown:
-        valid = sorted(config_cls.model_fields)
+        valid = sorted(set(config_cls.model_fields) - set(ModelSize.model_fields))
         raise ConfigError(f"unknown {name} hyperparameter(s) {unknown}: valid ones are {valid}")
     return model_class(name)(config_cls(**hp))
 

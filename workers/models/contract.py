@@ -24,7 +24,8 @@ from workers.errors import ConfigError
 from workers.models.common import token_loss
 
 ADAM_EPS = 1e-8  # Adam's ε (torch's default; `Family.adam_eps`), times a group's `eps_multipliers()` factor
-UNDECAYED = ("bias", "block_bias")  # the vector groups: no weight decay (unless `train.weight_decay_groups` names them)
+UNDECAYED = ("bias", "block_bias")  # biases and norm gains (`no_decay`): no weight decay unless
+# `train.weight_decay_groups` names them (the built-ins' groups; a from_mup family's `bias`)
 WIDTH_GROUPS = ("hidden", "block")  # the groups whose lr μP divides by width_mult (`width_groups()`; PT adds output)
 
 class LanguageModel(nn.Module):
@@ -97,6 +98,14 @@ class LanguageModel(nn.Module):
         """Extra metrics at an evaluation after `step` updates, on a fixed held-out `batch`; `past` holds the rows
         this hook returned at earlier evaluations (with their `step`)."""
         return {}
+
+
+def no_decay(module: nn.Module) -> set[int]:
+    """The ids of `module`'s biases and norm gains, which weight decay leaves alone by default (as HF's Trainer and
+    nanoGPT do): every parameter of fewer than 2 dimensions, and every parameter of a normalisation layer (a module
+    whose class name holds "Norm": LayerNorm, RMSNorm, GroupNorm, BatchNorm1d, a plugin's own)."""
+    norms = {id(p) for m in module.modules() if "Norm" in type(m).__name__ for p in m.parameters(recurse=False)}
+    return norms | {id(p) for p in module.parameters() if p.dim() < 2}
 
 
 def check_groups(family: str, given: Iterable[str], valid: Iterable[str]) -> None:

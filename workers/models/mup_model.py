@@ -3,9 +3,10 @@
 `MupModel(cfg)` calls the plugin's factory `make_model(width, vocab_size, **arch, **hparams)`; under μP it calls
 `mup.set_base_shapes` against the same model at the base width and twice it (meta device: shapes only), under
 standard `set_base_shapes(model, None)`; then the model's re-init method (`MupRecipe.init`, default `mup_init`),
-and it trains with `mup.MuAdamW` (or `MuSGD`), groups `vector` and `matrix`. `infshapes()` reports each
-parameter's infshape. `mup_problems` finds what mup's own check cannot see from one model: parameters without an
-infshape, and hidden weights whose init std does not scale as 1/√fan_in (`init_exponents`).
+and it trains with `mup.MuAdamW` (or `MuSGD`), groups `matrix` and `vector` (mup's) and `bias` (the biases and
+norm gains, not decayed). `infshapes()` reports each parameter's infshape. `mup_problems` finds what mup's own
+check cannot see from one model: parameters without an infshape, and hidden weights whose init std does not scale
+as 1/√fan_in (`init_exponents`).
 
 The forward maps token ids (B, T) to logits (B, T, V); a trace records every submodule's output by module path.
 Each trial trains alone: mup's layers read their width from a parameter's `infshape`, which the stacked tensors of
@@ -27,7 +28,7 @@ from torch import nn
 from studies.arch import ModelSize
 from studies.family import FAMILIES, MupRecipe
 from workers.errors import ConfigError
-from workers.models.contract import ADAM_EPS, LanguageModel, check_groups
+from workers.models.contract import ADAM_EPS, LanguageModel, check_groups, no_decay
 
 SIZE_FIELDS = tuple(ModelSize.model_fields)  # what ptctl passes itself (width, vocab_size) or keeps (base, param.)
 
@@ -77,29 +78,35 @@ class MupModel(LanguageModel):
     def make_optimizer(self, lr: float, weight_decay: float, betas: tuple[float, float], *, eps: float = ADAM_EPS,
                        width_eps: float = 1.0,
                        weight_decay_groups: Mapping[str, float] | None = None) -> torch.optim.Optimizer:
-        """mup's optimizer over the model's parameters, its groups named (module docstring). MuAdamW's ε is `eps`,
-        × `width_eps` in the matrix groups (those whose lr mup divides by width_mult; MuSGD has no ε);
+        """mup's optimizer over the model's parameters, its groups named (module docstring): `bias` holds the
+        biases and norm gains (`contract.no_decay`), undecayed unless `weight_decay_groups` names it. MuAdamW's ε
+        is `eps`, × `width_eps` in the matrix groups (those whose lr mup divides by width_mult; MuSGD has no ε);
         `weight_decay_groups` sets the decay of the named groups, which mup then scales as it scales
         `weight_decay` (MuAdamW: × width_mult in a matrix group)."""
         decays = dict(weight_decay_groups or {})
-        # with per-group decays, each group's "weight_decay" first holds mup's own factor on it (decay 1)
-        params = [{"params": list(self.net.parameters()), "weight_decay": 1.0 if decays else weight_decay}]
+        kept = no_decay(self.net)
+        # mup splits each group given into matrix-like and vector-like ones; with per-group decays, each group's
+        # "weight_decay" first holds mup's own factor on it (decay 1)
+        params = [{"params": [p for p in self.net.parameters() if (id(p) in kept) == held], "name": name,
+                   "weight_decay": 1.0 if decays else 0.0 if held else weight_decay}
+                  for name, held in (("", False), ("bias", True))]
         if self.recipe.optimizer == "sgd":
             opt: torch.optim.Optimizer = mup.MuSGD(params, lr=lr, momentum=betas[0])
         else:
             opt = mup.MuAdamW(params, lr=lr, betas=betas, eps=eps)
         opt.param_groups[:] = [g for g in opt.param_groups if g["params"]]
-        names: list[str] = []
+        defaults: dict[str, float] = {}  # each group's decay when weight_decay_groups does not name it
         for group in opt.param_groups:
             kind = "matrix" if max(p.infshape.ninf() for p in group["params"]) == 2 else "vector"
-            names.append(kind if kind not in names else f"{kind}_{sum(n.startswith(kind) for n in names) + 1}")
-            group["name"] = names[-1]
+            base = group["name"] or kind
+            group["name"] = base if base not in defaults else f"{base}_{sum(n.startswith(base) for n in defaults) + 1}"
+            defaults[group["name"]] = 0.0 if base == "bias" else weight_decay
             if kind == "matrix" and self.recipe.optimizer != "sgd":
                 group["eps"] = eps * width_eps
-        check_groups(self.family, decays, names)
+        check_groups(self.family, decays, defaults)
         if decays:
             for group in opt.param_groups:
-                group["weight_decay"] *= decays.get(group["name"], weight_decay)
+                group["weight_decay"] *= decays.get(group["name"], defaults[group["name"]])
         return opt
 
     def infshapes(self) -> dict[str, str]:
