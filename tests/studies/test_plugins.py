@@ -26,7 +26,7 @@ from studies import load_catalog
 from studies.family import ENTRY_POINT_GROUP
 
 REPO = Path(__file__).parents[2]
-BUILT_IN = ["pt", "bert", "ut", "tauformer"]
+BUILT_IN = ["pt", "bert", "ut", "tauformer", "hf"]
 INSTALLED = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))  # the example's (`make install`)
 WITH_TINY = BUILT_IN + sorted([*INSTALLED, "tinygpt"])  # plugins register in entry point name order
 
