@@ -8,6 +8,10 @@ from __future__ import annotations
 import math
 from enum import StrEnum
 
+ATTENTION = "attn_logits."
+"""The trace names' prefix of attention logits (`workers.attention`, the built-ins' own traces): the coordinate
+check names the layer and the fix when they grow with width."""
+
 
 class TrialStatus(StrEnum):
     """A trial's status, the table's `status` column (and the `status` tag of its MLflow run).

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from scipy import stats
 
 from analysis._figures import figure
+from analysis.constants import ATTENTION
 from analysis.table import require_columns
 
 
@@ -112,9 +113,6 @@ class CoordVerdict(BaseModel):
     passed: bool
     verdict: str
     axis: str = "width"  # what the slopes are against: width, or depth (per doubling of either)
-
-
-ATTENTION = "attn_logits."  # the traced attention logits' prefix (`workers.attention`, the built-ins' traces)
 
 
 def coord_verdict(

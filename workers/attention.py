@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-from analysis.coord import ATTENTION
+from analysis.constants import ATTENTION
 
 
 @contextmanager

@@ -266,10 +266,10 @@ def test_coordinate_check_passes_under_mup_and_fails_under_standard(parametrizat
         assert judged[judged.name.str.startswith("mlp_out")].slope.max() >= 0.8
 
 
-def test_every_built_in_family_has_a_model_class_and_only_taugpt_is_causal():
+def test_every_built_in_family_has_a_model_class_and_only_taugpt_and_hf_are_causal():
     built_in = [name for name in FAMILIES if name not in PLUGINS]  # installed plugins (the example) bring their own
     assert {name: objective_of(name) for name in built_in} == {"pt": "mlm", "bert": "mlm", "ut": "mlm",
-                                                               "tauformer": "clm"}
+                                                               "tauformer": "clm", "hf": "clm"}
     assert all(isinstance(model_class(name), type) for name in built_in)
     with pytest.raises(ValueError, match="choose one of"):
         objective_of("gpt5")
