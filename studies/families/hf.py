@@ -161,9 +161,6 @@ class HFArch(Arch):
     def tied(self) -> bool:
         return bool(self.config.get("tie_word_embeddings", self.rules.tie_default))
 
-    def mup_error(self, parametrization: str) -> str | None:
-        return None
-
 
 class HFHparams(BaseModel):
     """The hparams but lr. Each field's default, description and search bounds (`Searched`) are `HFSpace`'s too."""

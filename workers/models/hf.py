@@ -30,7 +30,7 @@ from torch import nn
 from studies.families.hf import HFConfig
 from workers.errors import ConfigError, one_line
 from workers.models.common import parameter
-from workers.models.contract import LanguageModel
+from workers.models.contract import LanguageModel, no_decay
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs are built in code: nothing to fetch, ever
 
@@ -73,10 +73,10 @@ class HFModel(LanguageModel):
         assert readout is not None, f"{cfg.model_type}: a causal LM without an output embedding"
         seen = {id(p) for p in embeddings}
         output = [] if id(readout.weight) in seen else [parameter(readout.weight)]
-        seen |= {id(p) for p in output}
-        self.groups = {"input": embeddings, "hidden": [p for p in self.lm.parameters() if p.dim() >= 2
-                                                       and id(p) not in seen],
-                       "output": output, "bias": [p for p in self.lm.parameters() if p.dim() < 2]}
+        kept = no_decay(self.lm)  # biases and norm gains
+        seen |= {id(p) for p in output} | kept
+        self.groups = {"input": embeddings, "hidden": [p for p in self.lm.parameters() if id(p) not in seen],
+                       "output": output, "bias": [p for p in self.lm.parameters() if id(p) in kept]}
         self._init()
         self._set_attention_scale()
         self.readout_scale = self.readout_mult()
