@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -76,7 +78,14 @@ def test_the_config_passes_through_and_the_width_keys_are_ptctls():
     assert (hf.intermediate_size, hf.num_hidden_layers, hf.vocab_size) == (512, 2, VOCAB)
     assert hf.rms_norm_eps == 1e-5 and hf.bos_token_id is None
     assert hf.rope_parameters["rope_theta"] == 5000.0
-    assert os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+def test_nothing_is_downloaded_a_model_builds_with_the_hub_offline():
+    code = ("from workers.models import build_model; "
+            "m = build_model('hf', vocab_size=61, width=32, model_type='qwen2'); print(type(m.lm).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": "/nonexistent"})
+    assert out.returncode == 0 and out.stdout.split()[-1] == "Qwen2ForCausalLM", out.stderr[-2000:]
 
 
 def test_mup_rules_as_built():

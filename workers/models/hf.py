@@ -1,8 +1,9 @@
 """A Hugging Face causal LM (`transformers`' own code, unchanged) as a ptctl model, standard or μP.
 
 `HFModel` builds `AutoModelForCausalLM.from_config` from `studies.families.hf.HFConfig.hf_kwargs` (nothing is
-downloaded: HF_HUB_OFFLINE) and owns the readout: the base model's last hidden state → output_mult · h Wᵀ, W the
-lm_head's (tied: the input embedding's), so `select` decodes only the scored positions. Attention runs through
+downloaded: it builds under HF_HUB_OFFLINE=1, `tests/workers/test_hf_family.py`) and owns the readout: the base
+model's last hidden state → output_mult · h Wᵀ, W the lm_head's (tied: the input embedding's), so `select` decodes
+only the scored positions. Attention runs through
 transformers' attention interface under the name "ptctl" (`_attention`): SDPA at this model's own scale, one float
 per attention module (`ptctl_scale`), so a batched member's attn_mult is stacked like any other attribute.
 
@@ -20,22 +21,18 @@ not decayed, as HF's Trainer and nanoGPT do). Rule by rule: docs/mup.md ("Huggin
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from studies.families.hf import HFConfig
 from workers.errors import ConfigError, one_line
 from workers.models.common import parameter
 from workers.models.contract import LanguageModel, no_decay
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs are built in code: nothing to fetch, ever
-
-from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM  # noqa: E402
-from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
 IMPLEMENTATION = "ptctl"  # the attention interface's name for `_attention`
 _seen: list[tuple[nn.Module, Any]] | None = None  # while `_calls` records: (module, scale) per attention call
