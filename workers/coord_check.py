@@ -211,7 +211,7 @@ def coord_check(
     may_vanish = entry.coord_may_vanish({**entry.coord_hp, **hp})  # what μP lets shrink in the family's model
     if depths is None:
         may_vanish = (*may_vanish, *growing_heads(model, parametrization, widths, hp))
-    if depths is not None:
+    else:
         may_vanish = (*may_vanish, *DEPTH_MAY_VANISH)
     frames: list[pd.DataFrame] = []
     ran = 0
