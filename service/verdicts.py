@@ -38,6 +38,11 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
+def _ci(ci: tuple[float, float] | None) -> tuple[float, float] | None:
+    """A finite interval, else None (a fit with no spread can leave NaN bounds)."""
+    return (float(ci[0]), float(ci[1])) if ci and all(_num(x) is not None for x in ci) else None
+
+
 def tune_verdict(result: TuneResult) -> TuneVerdict:
     return TuneVerdict(best_eval_loss=_num(result.best_eval_loss), n_trials=result.n_trials,
                        n_diverged=result.n_diverged)
@@ -45,7 +50,7 @@ def tune_verdict(result: TuneResult) -> TuneVerdict:
 
 def transfer_verdict(result: TransferResult) -> TransferVerdict:
     points = [TransferPoint(width=int(r["width"]), eval_loss=_num(r.get("eval_loss_mean"))) for r in result.widths]
-    trends = [WidthTrendVerdict(parametrization=t.parametrization, verdict=t.verdict, slope=_num(t.slope), ci95=t.ci,
+    trends = [WidthTrendVerdict(parametrization=t.parametrization, verdict=t.verdict, slope=_num(t.slope), ci95=_ci(t.ci),
                                 warning=t.warning, line=t.line) for t in result.trends]
     return TransferVerdict(widths=sorted(points, key=lambda p: p.width), trends=trends)
 
@@ -63,7 +68,7 @@ def drift_verdict(drift: LRDrift) -> DriftVerdict:
     ci = drift.drift_ci.get(judged)
     width = drift.optima[0].width if drift.axis != "width" and drift.optima else None
     return DriftVerdict(hparam=drift.hparam, axis=drift.axis, width=width, parametrization=judged,
-                        drift=_num(drift.mup_drift), ci95=(ci[0], ci[1]) if ci else None,
+                        drift=_num(drift.mup_drift), ci95=_ci(ci),
                         baseline=beside if beside in drift.drift else None,
                         baseline_drift=_num(drift.drift.get(beside)), threshold=drift.threshold,
                         passed=drift.passed, verdict=drift.verdict)
@@ -73,7 +78,7 @@ def regret_verdict(regret: Regret) -> RegretVerdict:
     ci = regret.ci
     return RegretVerdict(hparam=regret.hparam, parametrization=regret.parametrization, width=regret.width,
                          regret=_num(regret.regret), regret_pct=_num(regret.regret_pct),
-                         ci95=(ci[0], ci[1]) if ci else None, batch_size=regret.batch_size, note=regret.note)
+                         ci95=_ci(ci), batch_size=regret.batch_size, note=regret.note)
 
 
 def forecast_verdict(f: Forecast) -> ForecastVerdict:

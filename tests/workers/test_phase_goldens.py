@@ -46,8 +46,20 @@ def _loss(t: PlannedTrial) -> float:
     return 4.0 + math.log(t.hparams["lr"] / lr) ** 2 + 0.1 * math.log(t.hparams.get("w_H", 1.4) / 1.4) ** 2
 
 
+def _swept_loss(t: PlannedTrial) -> float:
+    """`_loss` with its best lr moving along every sweep axis: down with the training steps, up with the batch size
+    (√B), down with the context; the seed's own wobble gives the drifts' intervals."""
+    steps = t.horizon or 15
+    moved = (steps / 15) ** -0.3 * ((t.batch_size or 16) / 16) ** 0.5 * (1 + 0.05 * t.seed)
+    lr = 0.01 * moved * (16 / t.width if t.parametrization == "standard" else (16 / t.width) ** 0.05)
+    return 4.0 + math.log(t.hparams["lr"] / lr) ** 2 + 0.1 * math.log(t.hparams.get("w_H", 1.4) / 1.4) ** 2
+
+
 class Canned:
-    """Every planned trial `completed` at `_loss` (tune: `num_trials` lrs around 0.01)."""
+    """Every planned trial `completed` at `loss` (tune: `num_trials` lrs around 0.01)."""
+
+    def __init__(self, loss=_loss):
+        self.loss = loss
 
     def run_phase(self, job: PhaseJob) -> pd.DataFrame:
         planned = job.planned
@@ -55,7 +67,7 @@ class Canned:
             planned = [PlannedTrial.for_tune(job.spec, f"{i:05d}", {"lr": 0.01 * 2.0 ** (i - 2)})
                        for i in range(job.spec.tune.num_trials)]
         return trial_frame([trial_row(job.spec, t, TrialReport(
-            status="completed", eval_loss=_loss(t), steps=t.horizon or job.spec.steps_for(t.phase), tokens=100,
+            status="completed", eval_loss=self.loss(t), steps=t.horizon or job.spec.steps_for(t.phase), tokens=100,
             wall_time_s=0.1 * (1 + i % 3), params=1000 * t.width)) for i, t in enumerate(planned)])
 
 
@@ -88,15 +100,28 @@ def _compare() -> StudySpec:
     return StudySpec.model_validate(data)
 
 
-SPECS = {"transfer": _transfer, "depth": _depth, "compare": _compare}
+def _sweeps() -> StudySpec:
+    """Three widths under μP and standard, each lr swept at two horizons and two batch sizes, w_H beside lr: every
+    reader of the width, horizon and batch sweeps and of the forecast (held out at width 64)."""
+    data = load_catalog("tiny").as_dict()
+    data["tune"].update(steps=15, num_trials=5, batch_size=8)
+    data["transfer"].update(widths=[32, 64])
+    data["validate"] = {"widths": [16, 32, 64], "lrs": [0.0025, 0.005, 0.01, 0.02, 0.04], "seeds": 2,
+                        "hparams": {"w_H": [0.5, 1, 2]}, "steps": [15, 30], "batch_sizes": [8, 16]}
+    return StudySpec.model_validate(data)
 
 
-def _read(spec: StudySpec, data_dir: Path) -> dict:
+SPECS = {"transfer": _transfer, "depth": _depth, "compare": _compare, "sweeps": _sweeps}
+LOSSES = {"sweeps": _swept_loss}
+
+
+def _read(spec: StudySpec, data_dir: Path, loss=_loss) -> dict:
     from service import summary
     from service.progress import phase_progress
+    from service.verdicts import brief, study_verdicts, verdict_lines
 
-    run_study(spec, "g1", runner=Canned(), tracker=NullTracker())
-    driver = StudyDriver(spec, Canned(), NullTracker(), study_id="g1")
+    run_study(spec, "g1", runner=Canned(loss), tracker=NullTracker())
+    driver = StudyDriver(spec, Canned(loss), NullTracker(), study_id="g1")
     for k, record in enumerate(driver.state.phases.values()):
         record.wall_s = 10.0 * (k + 1)
     report = driver.write_report().read_text()
@@ -106,18 +131,22 @@ def _read(spec: StudySpec, data_dir: Path) -> dict:
                                                      "http://ui/#/runs"))
     planned = {p: PHASES[p].count(spec) for p in phases_of(spec)}
     progress = phase_progress(folder, spec.as_dict(), driver.state, planned, [])
+    api = study_verdicts(driver.state)
+    said = brief(api)
     return {"report": report, "summary": console.export_text().replace(str(data_dir), "<data>"),
             "columns": verdict_columns(study_verdict(spec, driver.state)),
             "sentence": study_verdict(spec, driver.state).sentence,
             "progress": {p: v.model_dump(mode="json") for p, v in progress.items()},
             "phases": phases_of(spec), "steps": {p: spec.steps_for(p) for p in phases_of(spec)}, "planned": planned,
             "runs": {p: [list(r) for r in runs] for p, runs in planned_runs(spec).items()} if spec.compare is None
-            else None}
+            else None,
+            "api": api.model_dump(mode="json"), "brief": said.model_dump(mode="json") if said else None,
+            "lines": verdict_lines(api)}
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_a_finished_study_reads_as_it_did(name, data_dir):
-    got = _read(SPECS[name](), data_dir)
+    got = _read(SPECS[name](), data_dir, LOSSES.get(name, _loss))
     path = GOLDEN / f"{name}.json"
     if os.environ.get("PTCTL_GOLDEN"):
         path.parent.mkdir(exist_ok=True)
