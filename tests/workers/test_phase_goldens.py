@@ -131,11 +131,13 @@ def _read(spec: StudySpec, data_dir: Path, loss=_loss) -> dict:
                                                      "http://ui/#/runs"))
     planned = {p: PHASES[p].count(spec) for p in phases_of(spec)}
     progress = phase_progress(folder, spec.as_dict(), driver.state, planned, [])
+    verdict = study_verdict(spec, driver.state)
     api = study_verdicts(driver.state)
     said = brief(api)
     return {"report": report, "summary": console.export_text().replace(str(data_dir), "<data>"),
-            "columns": verdict_columns(study_verdict(spec, driver.state)),
-            "sentence": study_verdict(spec, driver.state).sentence,
+            "columns": verdict_columns(verdict), "sentence": verdict.sentence,
+            "verdict": {"params": {k: str(v) for k, v in verdict.params.items()}, "tags": verdict.tags,
+                        "metrics": [{k: round(v, 12) for k, v in row.items()} for row in verdict.metrics]},
             "progress": {p: v.model_dump(mode="json") for p, v in progress.items()},
             "phases": phases_of(spec), "steps": {p: spec.steps_for(p) for p in phases_of(spec)}, "planned": planned,
             "runs": {p: [list(r) for r in runs] for p, runs in planned_runs(spec).items()} if spec.compare is None
