@@ -74,18 +74,15 @@ _HOME = {
     **dict.fromkeys(("CoordOffence", "CoordVerdict", "coord_slopes", "coord_verdict", "plot_coord"), "coord"),
     "relative_distance": "distance",
     **dict.fromkeys(("NeighbourAdvice", "neighbour_advice"), "neighbours"),
-    **dict.fromkeys(("batch_regret", "batch_regret_line", "batch_sweep", "rules_text", "without_batch_sweep"),
-                    "batch"),
-    **dict.fromkeys(("plot_batch", "plot_depth", "plot_horizon", "plot_mutransfer", "plot_transfer",
-                     "plot_tune_history", "plot_verify"), "plots"),
+    **dict.fromkeys(("plot_mutransfer", "plot_sweep", "plot_transfer", "plot_tune_history", "plot_verify"),
+                    "plots"),
     **dict.fromkeys(("markdown_table", "render_report", "report_html"), "report"),
-    **dict.fromkeys(("Regret", "regret_line", "transfer_regret"), "regret"),
-    **dict.fromkeys(("LRDrift", "LROptimum", "WidthTrend", "depth_sweep", "lr_curves", "lr_drift", "lr_optima",
-                     "transfer_table", "tuned_base", "width_trends", "without_depth_sweep"), "transfer"),
+    **dict.fromkeys(("Regret", "carried_line", "carried_regrets", "regret_line", "transfer_regret"), "regret"),
+    **dict.fromkeys(("WIDTH", "Axis", "LRDrift", "LROptimum", "WidthTrend", "lr_curves", "lr_drift", "lr_optima",
+                     "transfer_table", "tuned_base", "width_trends"), "transfer"),
 }
 
 if TYPE_CHECKING:
-    from analysis.batch import batch_regret, batch_regret_line, batch_sweep, rules_text, without_batch_sweep
     from analysis.certificate import Certificate, certify, confidence, upper_bound, verify_losses
     from analysis.constants import STATUSES, TrialStatus, min_samples
     from analysis.coord import CoordOffence, CoordVerdict, coord_slopes, coord_verdict, plot_coord
@@ -93,29 +90,21 @@ if TYPE_CHECKING:
     from analysis.family_ranking import compare_table, plot_compare
     from analysis.forecast import Forecast, HeldOut, forecast, forecast_line, held_out_score, step_law_lr
     from analysis.neighbours import NeighbourAdvice, neighbour_advice
-    from analysis.plots import (
-        plot_batch,
-        plot_depth,
-        plot_horizon,
-        plot_mutransfer,
-        plot_transfer,
-        plot_tune_history,
-        plot_verify,
-    )
-    from analysis.regret import Regret, regret_line, transfer_regret
+    from analysis.plots import plot_mutransfer, plot_sweep, plot_transfer, plot_tune_history, plot_verify
+    from analysis.regret import Regret, carried_line, carried_regrets, regret_line, transfer_regret
     from analysis.report import markdown_table, render_report, report_html
     from analysis.transfer import (
+        WIDTH,
+        Axis,
         LRDrift,
         LROptimum,
         WidthTrend,
-        depth_sweep,
         lr_curves,
         lr_drift,
         lr_optima,
         transfer_table,
         tuned_base,
         width_trends,
-        without_depth_sweep,
     )
 
 
@@ -132,8 +121,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "STATUSES",
-    "TrialStatus",
+    "Axis",
     "Certificate",
     "CoordOffence",
     "CoordVerdict",
@@ -143,17 +131,17 @@ __all__ = [
     "LROptimum",
     "NeighbourAdvice",
     "Regret",
+    "STATUSES",
+    "TrialStatus",
+    "WIDTH",
     "WidthTrend",
-    "batch_regret",
-    "batch_regret_line",
-    "batch_sweep",
+    "carried_line",
+    "carried_regrets",
     "certify",
     "compare_table",
     "confidence",
     "coord_slopes",
     "coord_verdict",
-    "depth_sweep",
-    "forecast",
     "forecast_line",
     "held_out_score",
     "lr_curves",
@@ -162,12 +150,10 @@ __all__ = [
     "markdown_table",
     "min_samples",
     "neighbour_advice",
-    "plot_batch",
     "plot_compare",
     "plot_coord",
-    "plot_depth",
-    "plot_horizon",
     "plot_mutransfer",
+    "plot_sweep",
     "plot_transfer",
     "plot_tune_history",
     "plot_verify",
@@ -175,7 +161,6 @@ __all__ = [
     "relative_distance",
     "render_report",
     "report_html",
-    "rules_text",
     "step_law_lr",
     "transfer_regret",
     "transfer_table",
@@ -183,6 +168,4 @@ __all__ = [
     "upper_bound",
     "verify_losses",
     "width_trends",
-    "without_batch_sweep",
-    "without_depth_sweep",
 ]

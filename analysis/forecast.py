@@ -37,7 +37,7 @@ from pydantic import BaseModel
 
 from analysis.regret import curve_loss_at, curve_minimum
 from analysis.table import phase_rows, require_columns
-from analysis.transfer import interpolate_optimum, lr_curves, parabola, without_depth_sweep
+from analysis.transfer import interpolate_optimum, lr_curves, parabola
 
 __all__ = ["STEP_LAW", "Forecast", "HeldOut", "fit_optimum_law", "forecast", "forecast_line", "held_out_score",
            "step_law_lr", "sweep_optima"]
@@ -113,7 +113,7 @@ def _keyed(table: pd.DataFrame, steps: int, batch_size: int, parametrization: st
            batch_steps: Mapping[int, int] | None = None) -> pd.DataFrame:
     """The lr sweep's rows of `parametrization` with `steps` and `batch_size` filled: a row's `horizon`, else its
     batch's `batch_steps`, else `steps`; its `batch_size`, else `batch_size`."""
-    rows = without_depth_sweep(phase_rows(table, phase))
+    rows = phase_rows(table, phase)
     require_columns(rows, ["width", "seed", "parametrization", "lr"], "the lr forecast")
     swept = rows["swept"].fillna("lr") if "swept" in rows else pd.Series("lr", index=rows.index)
     rows = rows[(rows["parametrization"] == parametrization) & (swept == "lr")]

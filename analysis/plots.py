@@ -1,9 +1,8 @@
 """The study's figures, each written as a PNG to a path the caller gives.
 
 `plot_mutransfer` (the lr alignment: one panel per parametrization, one curve per width, shared axes) is the
-report's headline figure, `plot_horizon` the same along a horizon sweep's training steps, `plot_depth` along a
-depth sweep's depths (CompleteP beside none) and `plot_batch` along a batch sweep's batch sizes; `plot_verify` is the
-μP-PT paper's Figure 1. Every loss axis is clipped to its
+report's headline figure, `plot_sweep` the same along another sweep's axis (training steps, depth, batch size,
+context) at each width; `plot_verify` is the μP-PT paper's Figure 1. Every loss axis is clipped to its
 informative range (`analysis._figures.loss_limits`): blown-up points are ^ markers with their value on the
 top edge, diverged runs x markers. Each function returns its panels' y-limits.
 The coordinate-check plot lives beside its numbers in `analysis.coord`.
@@ -21,11 +20,10 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator
 
 from analysis._figures import clip_loss_axis, figure, loss_limits, mark_diverged
-from analysis.batch import RULES, batch_sweep
 from analysis.certificate import verify_losses
 from analysis.distance import relative_distance
 from analysis.table import TrialStatus, judged_loss, phase_rows
-from analysis.transfer import LROptimum, column, depth_sweep, lr_curves, lr_optima, transfer_table, tuned_base
+from analysis.transfer import WIDTH, Axis, LROptimum, lr_curves, lr_optima, transfer_table, tuned_base
 
 Limits = list[tuple[float, float] | None]
 
@@ -142,80 +140,37 @@ def plot_mutransfer(table: pd.DataFrame, path: str | Path, hparam: str = "lr") -
     gives its drift per doubling of width. `hparam`: the same for another swept hparam."""
     curves = lr_curves(table, hparam=hparam)
     params = _parametrizations(curves)
-    optima = _optima(curves, hparam, "width")
+    optima = _optima(curves, hparam, WIDTH)
     limits = loss_limits(curves["eval_loss"])
     with figure(path, ncols=len(params), sharey=True) as axes:
         for ax, param in zip(axes[0], params, strict=True):
-            _sweep_panel(ax, curves, param, "width", hparam, optima, limits)
+            _sweep_panel(ax, curves, param, "width", "width {}", hparam, optima, limits)
             ax.set(xlabel=f"log2({hparam})", title=f"{param}{_drift_title(optima, param, hparam)}")
         axes[0, 0].set_ylabel("eval loss (mean over seeds)")
     return [limits] * len(params)
 
 
-def plot_horizon(table: pd.DataFrame, path: str | Path, hparam: str = "lr") -> Limits:
-    """The horizon sweep: eval loss against log2(lr), one curve per training length (the `horizon` column), one
-    row of panels per width and one column per parametrization, shared loss axis; stars at the interpolated optima,
-    each panel's title its drift per doubling of steps."""
-    rows = phase_rows(table, "validate")
+def plot_sweep(rows: pd.DataFrame, path: str | Path, axis: Axis, legend: str, hparam: str = "lr", note: str = ""
+               ) -> Limits:
+    """A sweep along another axis than width (`rows`: its validate rows): eval loss against log2(lr), one curve per
+    value of `axis` (labelled `legend.format(value)`), one row of panels per width and one column per
+    parametrization, shared loss axis; stars at the interpolated optima, each panel's title its drift per doubling
+    (and `note`, e.g. the rules beside it)."""
+    if rows.empty:
+        raise ValueError(f"the table has no sweep along the {axis.words}")
     widths = sorted(rows["width"].unique())
     params = _parametrizations(rows)
-    by_width = {w: lr_curves(rows[rows["width"] == w], hparam=hparam, axis="horizon") for w in widths}
+    by_width = {w: lr_curves(rows[rows["width"] == w], hparam=hparam, column=axis.column) for w in widths}
     limits = loss_limits(pd.concat(by_width.values())["eval_loss"])
     with figure(path, nrows=len(widths), ncols=len(params), sharey=True) as axes:
         for row, (width, curves) in zip(axes, by_width.items(), strict=True):
-            optima = _optima(curves, hparam, "horizon")
+            optima = _optima(curves, hparam, axis)
             for ax, param in zip(row, params, strict=True):
-                _sweep_panel(ax, curves, param, "horizon", hparam, optima, limits)
-                ax.set(xlabel=f"log2({hparam})", title=f"{param}, width {width}"
-                       f"{_drift_title(optima, param, hparam, 'steps')}")
-            row[0].set_ylabel("eval loss (mean over seeds)")
-    return [limits] * (len(params) * len(widths))
-
-
-def plot_depth(table: pd.DataFrame, path: str | Path, hparam: str = "lr") -> Limits:
-    """The depth sweep (`analysis.depth_sweep`'s rows, at one width): eval loss against log2(lr), one curve per
-    depth, one panel per depth parametrization (completep, none), shared loss axis; stars at the interpolated
-    optima, each panel's title its drift per doubling of depth."""
-    rows = depth_sweep(table)
-    if rows.empty:
-        raise ValueError("the table has no depth sweep (rows with a depth): set validate.depths")
-    curves = lr_curves(rows, hparam=hparam, axis="depth")
-    params = _parametrizations(curves)
-    optima = _optima(curves, hparam, "depth")
-    limits = loss_limits(curves["eval_loss"])
-    widths = sorted(rows["width"].unique())
-    with figure(path, ncols=len(params), sharey=True) as axes:
-        for ax, param in zip(axes[0], params, strict=True):
-            _sweep_panel(ax, curves, param, "depth", hparam, optima, limits)
-            drift = _drift_title(optima, param, hparam, "depth").removeprefix(": ")  # its own line: two panels fit
-            ax.set(xlabel=f"log2({hparam})")
-            ax.set_title(f"{param}, width {', '.join(map(str, widths))}" + (f"\n{drift}" if drift else ""),
-                         fontsize="medium")
-        axes[0, 0].set_ylabel("eval loss (mean over seeds)")
-    return [limits] * len(params)
-
-
-def plot_batch(table: pd.DataFrame, path: str | Path, hparam: str = "lr") -> Limits:
-    """The batch sweep (`analysis.batch_sweep`'s rows): eval loss against log2(lr), one curve per batch size, one
-    row of panels per width and one column per parametrization, shared loss axis; stars at the interpolated optima,
-    each panel's title its drift per doubling of the batch size beside the √B (+0.5) and linear (+1.0) rules."""
-    rows = batch_sweep(table)
-    if rows.empty:
-        raise ValueError("the table has no batch sweep (rows with a batch_size): set validate.batch_sizes")
-    widths = sorted(rows["width"].unique())
-    params = _parametrizations(rows)
-    by_width = {w: lr_curves(rows[rows["width"] == w], hparam=hparam, axis="batch") for w in widths}
-    limits = loss_limits(pd.concat(by_width.values())["eval_loss"])
-    rules = ", ".join(f"{name} {value:+.1f}" for name, value in RULES.items() if value)  # √B +0.5, linear +1.0
-    with figure(path, nrows=len(widths), ncols=len(params), sharey=True) as axes:
-        for row, (width, curves) in zip(axes, by_width.items(), strict=True):
-            optima = _optima(curves, hparam, "batch")
-            for ax, param in zip(row, params, strict=True):
-                _sweep_panel(ax, curves, param, "batch_size", hparam, optima, limits)
-                drift = _drift_title(optima, param, hparam, "batch").removeprefix(": ")  # its own line
+                _sweep_panel(ax, curves, param, axis.column, legend, hparam, optima, limits)
+                drift = _drift_title(optima, param, hparam, axis.words).removeprefix(": ")  # its own line
                 ax.set(xlabel=f"log2({hparam})")
-                ax.set_title(f"{param}, width {width}" + (f"\n{drift}\n(rules: {rules})" if drift else ""),
-                             fontsize="medium")
+                ax.set_title(f"{param}, width {width}" + (f"\n{drift}" if drift else "") + (f"\n{note}" if note
+                             and drift else ""), fontsize="medium")
             row[0].set_ylabel("eval loss (mean over seeds)")
     return [limits] * (len(params) * len(widths))
 
@@ -225,20 +180,21 @@ def _parametrizations(curves: pd.DataFrame) -> list[str]:
     return [p for p in ("mup", "standard") if p in present] + sorted(set(present) - {"mup", "standard"})
 
 
-def _optima(curves: pd.DataFrame, hparam: str, axis: str) -> dict[tuple[str, int], LROptimum]:
+def _optima(curves: pd.DataFrame, hparam: str, axis: Axis) -> dict[tuple[str, int], LROptimum]:
     """Each curve's optimum by (parametrization, `axis` value); a curve whose every value diverged has none."""
     finite = curves[np.isfinite(curves["eval_loss"])]
     try:
         optima = lr_optima(curves, hparam, axis)
     except ValueError:  # a curve where every value diverged: no optimum there
         optima = lr_optima(finite, hparam, axis) if not finite.empty else []
-    return {(o.parametrization, int(getattr(o, column(axis)))): o for o in optima}
+    return {(o.parametrization, o.along(axis.name)): o for o in optima}
 
 
-def _sweep_panel(ax: Axes, curves: pd.DataFrame, param: str, axis: str, hparam: str,
+def _sweep_panel(ax: Axes, curves: pd.DataFrame, param: str, axis: str, legend: str, hparam: str,
                  optima: Mapping[tuple[str, int], LROptimum], limits: tuple[float, float] | None) -> None:
-    """One parametrization's curves, one per `axis` value (width, steps or depth), coloured along it: lines through the
-    finite points on the scale, ^ markers above it, x markers where a value diverged, stars at the optima."""
+    """One parametrization's curves, one per value of column `axis` (labelled `legend.format(value)`), coloured
+    along it: lines through the finite points on the scale, ^ markers above it, x markers where a value diverged,
+    stars at the optima."""
     keys = sorted(curves[axis].unique())
     colours = matplotlib.colormaps["viridis"](np.linspace(0.0, 0.9, len(keys)))
     for colour, key in zip(colours, keys, strict=True):
@@ -246,9 +202,7 @@ def _sweep_panel(ax: Axes, curves: pd.DataFrame, param: str, axis: str, hparam: 
         ok = np.isfinite(curve["eval_loss"])
         x = np.log2(curve[hparam])
         shown = ok & (curve["eval_loss"] <= (limits[1] if limits else np.inf))  # off-scale: a ^ marker
-        label = {"width": f"width {key}", "horizon": f"{key} steps", "batch_size": f"batch {key}"}.get(
-            axis, f"{axis} {key}")
-        ax.plot(x[shown], curve["eval_loss"][shown], "o-", ms=3, color=colour, label=label)
+        ax.plot(x[shown], curve["eval_loss"][shown], "o-", ms=3, color=colour, label=legend.format(key))
         best = optima.get((param, int(key)))
         if best is not None and ok.any():
             star = best.log2_lr_interp if best.log2_lr_interp is not None else best.log2_lr

@@ -12,14 +12,15 @@ The regret is taken on the seed-mean curve, its 95 % interval over every seed's 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
-from analysis.transfer import lr_curves, parabola
+from analysis.transfer import Axis, lr_curves, parabola
 
-__all__ = ["Regret", "carried_regret", "curve_loss_at", "curve_minimum", "regret_line", "transfer_regret"]
+__all__ = ["Regret", "base_of", "carried_line", "carried_regret", "carried_regrets", "curve_loss_at", "curve_minimum", "regret_line", "transfer_regret"]
 
 
 class Regret(BaseModel):
@@ -38,7 +39,19 @@ class Regret(BaseModel):
     ci: tuple[float, float] | None  # 95 % t-interval of the per-seed regrets in nats (None: fewer than 2 seeds)
     n_seeds: int  # seeds whose own regret entered the interval
     note: str = ""  # why a value is missing: "diverged at the transferred value", "outside the swept grid", ...
-    batch_size: int | None = None  # a batch sweep's (`analysis.batch.batch_regret`): the batch carried to
+    axis: str | None = None  # a sweep along another axis than width (`carried_regrets`): its name
+    at: int | None = None  # there: the value the optimum was carried to
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        """A record from before `axis`: a batch sweep's `batch_size`."""
+        if isinstance(data, dict) and "batch_size" in data:
+            data = dict(data)
+            batch = data.pop("batch_size")
+            if batch is not None:
+                data.update(axis="batch", at=batch)
+        return data
 
 
 def _curve(curve: pd.DataFrame, hparam: str) -> tuple[np.ndarray, np.ndarray, int]:
@@ -102,15 +115,16 @@ def _one(table: pd.DataFrame, curves: pd.DataFrame, phase: str, hparam: str, par
 
 
 def carried_regret(curve: pd.DataFrame, seed_curves: pd.DataFrame, hparam: str, transferred: float, *,
-                   parametrization: str, width: int, source: str, batch_size: int | None = None) -> Regret:
+                   parametrization: str, width: int, source: str, axis: str | None = None, at: int | None = None
+                   ) -> Regret:
     """The regret of carrying `transferred` to one seed-mean `curve` of `hparam` (`lr_curves`' rows of one
     curve), its interval over `seed_curves` (the same curve per seed, column `seed`); the rest names the curve."""
-    at = float(np.log2(transferred))
-    vertex, minimum, loss = _regret(curve, hparam, at)
+    x = float(np.log2(transferred))
+    vertex, minimum, loss = _regret(curve, hparam, x)
     regrets = []
     for _, seed_curve in seed_curves.groupby("seed"):
         if np.isfinite(seed_curve["eval_loss"]).any():
-            _, seed_min, seed_loss = _regret(seed_curve, hparam, at)
+            _, seed_min, seed_loss = _regret(seed_curve, hparam, x)
             if seed_loss is not None and np.isfinite(seed_loss):
                 regrets.append(seed_loss - seed_min)
     note = ("outside the swept grid: widen the sweep" if loss is None
@@ -121,7 +135,7 @@ def carried_regret(curve: pd.DataFrame, seed_curves: pd.DataFrame, hparam: str, 
                   source=source, optimum=float(2.0**vertex), optimum_loss=minimum,
                   loss=None if regret is None else loss, regret=regret,
                   regret_pct=None if regret is None else 100 * regret / minimum, ci=_interval(regrets),
-                  n_seeds=len(regrets), note=note, batch_size=batch_size)
+                  n_seeds=len(regrets), note=note, axis=axis, at=at)
 
 
 def _swept(table: pd.DataFrame, phase: str) -> list[str]:
@@ -170,10 +184,61 @@ def regret_line(regrets: Sequence[Regret], hparam: str = "lr") -> str | None:
     """What transfer cost, in one line: per width, each parametrization's regret in `hparam` with its interval,
     e.g. "Transfer regret in lr at width 128: mup +0.012 nats (+0.2 %) [95 % CI ...], standard +0.31 nats (+6 %)
     [...]". None when no swept width was transferred to."""
-    chosen = [r for r in regrets if r.hparam == hparam]
+    chosen = [r for r in regrets if r.hparam == hparam and r.axis is None]
     if not chosen:
         return None
     widths = sorted({r.width for r in chosen})
     parts = [f"at width {w}: " + ", ".join(said(r) for r in chosen if r.width == w) for w in widths]
     sources = "; ".join(dict.fromkeys(f"{r.parametrization} carries {r.source}" for r in chosen))
     return f"Transfer regret in {hparam} {'; '.join(parts)} (vs the sweep's interpolated optimum; {sources})."
+
+
+def base_of(swept: Sequence[int], base: int) -> int:
+    """The swept value whose optimum is carried: `base` when swept, else the one nearest it in log2 (the smaller on
+    a tie)."""
+    if base in swept:
+        return base
+    return min(swept, key=lambda b: (abs(np.log2(b / base)), b))
+
+
+def carried_regrets(rows: pd.DataFrame, base: int, axis: Axis, *, phase: str = "validate", hparam: str = "lr"
+                    ) -> list[Regret]:
+    """The regret of carrying each parametrization's optimal `hparam` at the axis's base value (`base_of` of
+    `base`: the tune phase's) unchanged to each other swept value, per width: `rows` are one sweep's along `axis`;
+    one `Regret` per (width, parametrization, value), widths and values increasing, the judged parametrization
+    first. The carried optimum is the base curve's interpolated one (`curve_minimum`); a parametrization whose
+    every value diverged at the base has no optimum to carry and is left out."""
+    out: list[Regret] = []
+    column, judged = axis.column, axis.judged[0]
+    for width in sorted(rows["width"].unique()):
+        at_width = rows[rows["width"] == width]
+        curves = lr_curves(at_width, phase, hparam, column=column)
+        seeds = lr_curves(at_width, phase, hparam, by_seed=True, column=column)
+        for param in sorted(curves["parametrization"].unique(), key=lambda p: (p != judged, p)):
+            own = curves[curves["parametrization"] == param]
+            swept = sorted(int(b) for b in own[column].unique())
+            source_value = base_of(swept, base)
+            source_curve = own[own[column] == source_value]
+            if not np.isfinite(source_curve["eval_loss"]).any():
+                continue
+            carried = float(2.0 ** curve_minimum(*_curve(source_curve, hparam))[0])
+            source = f"{param}'s own optimum at {axis.words} {source_value}"
+            out += [carried_regret(own[own[column] == b],
+                                   seeds[(seeds["parametrization"] == param) & (seeds[column] == b)], hparam,
+                                   carried, parametrization=str(param), width=int(width), source=source,
+                                   axis=axis.name, at=b) for b in swept if b != source_value]
+    return out
+
+
+def carried_line(regrets: Sequence[Regret], width: int, *, title: str, label: str, words: str) -> str | None:
+    """What carrying the base value's lr unchanged along one axis costs at `width`, in one line, e.g. "Batch regret
+    in lr at width 64: batch 8: mup +0.004 nats (+0.1 %) [...]; batch 32: ... (vs each batch size's interpolated
+    optimum; mup carries mup's own optimum at batch size 16)." (`title` Batch, `label` batch, `words` batch size);
+    None without a regret there."""
+    chosen = [r for r in regrets if r.width == width]
+    if not chosen:
+        return None
+    sources = "; ".join(dict.fromkeys(f"{r.parametrization} carries {r.source}" for r in chosen))
+    return (f"{title} regret in {chosen[0].hparam} at width {width}: "
+            f"{'; '.join(f'{label} {r.at}: {said(r)}' for r in chosen)} (vs each {words}'s interpolated optimum; "
+            f"{sources}).")

@@ -160,18 +160,18 @@ def verify_section(cert: Certificate) -> str:
     )
 
 
-def drift_section(drift: LRDrift) -> str:
+def drift_section(drift: LRDrift, column: str = "width", words: str = "width") -> str:
     """The drift verdict, the drift per parametrization (with its interval over seeds), and the optimum per width
-    (per training length, or per depth)."""
+    (along another axis: per value of its `column`, said per doubling of `words`)."""
     per_doubling = [round(d, 3) + 0.0 for d in drift.drift.values()]  # + 0.0 turns -0.0 into 0.0
     intervals = [drift.drift_ci.get(p) for p in drift.drift]
-    of = {"width": "", "horizon": " of steps", "batch": " of batch size"}.get(drift.axis, f" of {drift.axis}")
+    of = "" if drift.axis == "width" else f" of {words}"
     drifts = pd.DataFrame(
         {"parametrization": list(drift.drift), f"drift (log2 {drift.hparam} per doubling{of})": per_doubling,
          "95 % CI over seeds": [f"[{c[0]:+.2f}, {c[1]:+.2f}]" if c else "—" for c in intervals]}
     )
-    unset = ("horizon", "depth", "batch_size")  # the axis a drift is not along
-    optima = pd.DataFrame([o.model_dump(exclude={k for k in unset if getattr(o, k) is None}) for o in drift.optima])
+    optima = pd.DataFrame([{**o.model_dump(exclude={"at"}), **({column: o.at} if o.at is not None else {})}
+                           for o in drift.optima])
     status = "pass" if drift.passed else "fail"
     return f"**{status}**: {drift.verdict}\n\n{markdown_table(drifts)}\n\n{markdown_table(optima)}"
 

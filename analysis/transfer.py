@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from analysis.table import TrialStatus, judged_loss, phase_rows, require_columns
 
@@ -51,50 +53,36 @@ def sweep_rows(table: pd.DataFrame, phase: str = "validate", hparam: str = "lr")
     return rows
 
 
-AXES = {"width": "width", "horizon": "training steps", "depth": "depth", "batch": "batch size"}
-"""What a drift is measured along: the axis → its words (the horizon: a horizon sweep's steps; the depth: a depth
-sweep's n_layers, UT's n_steps; the batch: a batch sweep's sequences per step, column `batch_size`)."""
-COLUMNS = {"batch": "batch_size"}
-"""The trial table's column of an axis whose column has another name (else the axis's own name)."""
-JUDGED = {"width": ("mup", "standard"), "horizon": ("mup", "standard"), "depth": ("completep", "none"),
-          "batch": ("mup", "standard")}
-"""Per axis: the parametrization whose drift passes or fails, and the one reported beside it (along depth the
-`parametrization` column holds the depth parametrization: `depth_sweep`)."""
+class Axis(BaseModel):
+    """What a drift is measured along (a validate sweep's, `studies.sweeps`): its name (`LRDrift.axis`), the trial
+    table's column of its value, its words ("per doubling of <words>"), and the parametrization judged with the one
+    shown beside it (along depth the `parametrization` column holds the depth parametrization)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    column: str
+    words: str
+    judged: tuple[str, str] = ("mup", "standard")
 
 
-def column(axis: str) -> str:
-    """The trial table's (and `LROptimum`'s) column of `axis` (`COLUMNS`)."""
-    return COLUMNS.get(axis, axis)
-
-
-def depth_sweep(table: pd.DataFrame, phase: str = "validate") -> pd.DataFrame:
-    """A depth sweep's rows (a `depth` set) with `parametrization` holding their depth parametrization (completep or
-    none), as `lr_drift(..., axis="depth")` and `analysis.plot_depth` take them; empty without a depth sweep."""
-    rows = phase_rows(table, phase)
-    if "depth" not in rows.columns:
-        return rows.iloc[0:0]
-    rows = rows[rows["depth"].notna()]
-    require_columns(rows, ["depth_parametrization"], "the depth sweep")
-    return rows.assign(parametrization=rows["depth_parametrization"], depth=rows["depth"].astype(int))
-
-
-def without_depth_sweep(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows that are not a depth sweep's (the width and horizon sweeps')."""
-    return table[table["depth"].isna()] if "depth" in table.columns else table
+WIDTH = Axis(name="width", column="width", words="width")
+"""The width: the μTransfer axis, and every other axis's drift is measured at one width."""
+LEGACY_JUDGED = {"depth": ("completep", "none")}
+"""The judged pair of a drift recorded before `LRDrift.judged` (state.json of older studies): by its axis."""
 
 
 def lr_curves(table: pd.DataFrame, phase: str = "validate", hparam: str = "lr", by_seed: bool = False,
-              axis: str = "width") -> pd.DataFrame:
-    """The sweep of `hparam` (lr by default): loss per (parametrization, `axis`, value), averaged over seeds.
+              column: str = "width") -> pd.DataFrame:
+    """The sweep of `hparam` (lr by default): loss per (parametrization, `column`, value), averaged over seeds.
 
     Returns:
-        Columns `parametrization, <axis>, [seed,] <hparam>, eval_loss, n_seeds, n_diverged`; `eval_loss` is
-        +inf where any seed diverged (failed runs are left out). `by_seed`: one curve per seed. `axis`: `width`,
-        `horizon` (the curves of a horizon sweep at one width: pass that width's rows), `depth` (`depth_sweep`) or
-        `batch` (a batch sweep's rows at one width, `analysis.batch_sweep`; the column is `batch_size`).
+        Columns `parametrization, <column>, [seed,] <hparam>, eval_loss, n_seeds, n_diverged`; `eval_loss` is
+        +inf where any seed diverged (failed runs are left out). `by_seed`: one curve per seed. `column`: `width`,
+        or another axis's (`Axis.column`: pass one width's rows of that sweep).
     """
     rows = sweep_rows(table, phase, hparam)
-    columns = ["parametrization", column(axis), *(["seed"] if by_seed else []), hparam]
+    columns = ["parametrization", column, *(["seed"] if by_seed else []), hparam]
     require_columns(rows, columns, f"the {hparam} sweep")
     loss = judged_loss(rows)
     keys = rows.loc[loss.index, columns]
@@ -121,9 +109,21 @@ class LROptimum(BaseModel):
     at_grid_edge: bool  # the smallest or largest lr swept: the true optimum may lie outside the grid
     log2_lr_interp: float | None = None  # the vertex of the parabola through the best lr and its neighbours (log2 lr)
     lr_interp: float | None = None  # 2 ** log2_lr_interp: the optimum the drift is fitted to (None: older states)
-    horizon: int | None = None  # a horizon sweep's curve: its training steps (None: a sweep over widths)
-    depth: int | None = None  # a depth sweep's curve: its depth (None: not a depth sweep)
-    batch_size: int | None = None  # a batch sweep's curve: its batch size (None: not a batch sweep)
+    at: int | None = None  # a curve along another axis than width (`LRDrift.axis`): its value there
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        """A record from before `at`: its horizon, depth or batch_size."""
+        if isinstance(data, dict) and data.keys() & {"horizon", "depth", "batch_size"}:
+            data = dict(data)
+            values = [data.pop(k, None) for k in ("horizon", "depth", "batch_size")]
+            data.setdefault("at", next((v for v in values if v is not None), None))
+        return data
+
+    def along(self, axis: str) -> int:
+        """Its value along `axis`: the width, else `at`."""
+        return self.width if axis == "width" else int(self.at or 0)
 
 
 class LRDrift(BaseModel):
@@ -131,16 +131,30 @@ class LRDrift(BaseModel):
     horizon: as the training steps grow, at one width; depth: as depth grows under CompleteP, at one width.)"""
 
     hparam: str = "lr"  # the swept hparam
-    axis: str = "width"  # what the drift is per doubling of (`AXES`)
+    axis: str = "width"  # what the drift is per doubling of (`Axis.name`)
+    judged: tuple[str, str] = ("mup", "standard")  # the parametrization judged, the one beside it (`Axis.judged`)
     optima: list[LROptimum]
     drift: dict[str, float]  # per parametrization: slope of the interpolated optimal log2(lr) vs log2(width)
     # per parametrization: 95 % interval of that slope from each seed's own optima (None: too few points)
     drift_ci: dict[str, tuple[float, float] | None] = {}
-    mup_drift: float  # the judged parametrization's (`JUDGED`: mup, along depth completep)
+    mup_drift: float  # the judged parametrization's (mup; along depth completep)
     standard_drift: float | None  # the one beside it (standard; along depth none); None when the sweep has none
     threshold: float  # passes when |mup_drift| <= threshold
     passed: bool
     verdict: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        """A record from before `judged`: its axis's (`LEGACY_JUDGED`)."""
+        if isinstance(data, dict) and "judged" not in data and data.get("axis") in LEGACY_JUDGED:
+            data = {**data, "judged": LEGACY_JUDGED[data["axis"]]}
+        return data
+
+    @property
+    def width(self) -> int | None:
+        """The width a drift along another axis was measured at (None along width)."""
+        return self.optima[0].width if self.axis != "width" and self.optima else None
 
 
 def interpolate_optimum(log2_lrs: np.ndarray, losses: np.ndarray, best: int) -> float:
@@ -165,30 +179,28 @@ def parabola(x: np.ndarray, y: np.ndarray, best: int) -> np.ndarray | None:
     return coeffs if coeffs[0] > 0 else None
 
 
-def lr_optima(curves: pd.DataFrame, hparam: str = "lr", axis: str = "width", width: int | None = None
+def lr_optima(curves: pd.DataFrame, hparam: str = "lr", axis: Axis = WIDTH, width: int | None = None
               ) -> list[LROptimum]:
     """The lowest-loss value of `hparam` per (parametrization, `axis`) of `lr_curves`' output (ties go to the
-    smaller value), with the optimum interpolated in log2 by `interpolate_optimum`. Along the horizon, `width` is
-    the curves' width."""
+    smaller value), with the optimum interpolated in log2 by `interpolate_optimum`. Along another axis than width,
+    `width` is the curves' width."""
     optima = []
-    for (param, at), curve in curves.groupby(["parametrization", column(axis)]):
-        where = {"horizon": f"{at} steps", "batch": f"batch size {at}"}.get(axis, f"{axis} {at}")
+    for (param, at), curve in curves.groupby(["parametrization", axis.column]):
         if np.isinf(curve["eval_loss"]).all():
             raise ValueError(
-                f"every {hparam} diverged for {param} at {where}: "
+                f"every {hparam} diverged for {param} at {axis.words} {at}: "
                 f"add smaller {'learning rates' if hparam == 'lr' else f'values of {hparam}'} to the validate sweep"
             )
         curve = curve.sort_values(hparam)
         best = curve.loc[curve["eval_loss"].idxmin()]
         position = int(np.flatnonzero(curve.index == best.name)[0])
         interp = interpolate_optimum(np.log2(curve[hparam].to_numpy()), curve["eval_loss"].to_numpy(), position)
+        along = axis.name == "width"
         optima.append(
             LROptimum(
                 parametrization=str(param),
-                width=int(at) if axis == "width" else int(width or 0),
-                horizon=int(at) if axis == "horizon" else None,
-                depth=int(at) if axis == "depth" else None,
-                batch_size=int(at) if axis == "batch" else None,
+                width=int(at) if along else int(width or 0),
+                at=None if along else int(at),
                 lr=float(best[hparam]),
                 log2_lr=float(np.log2(best[hparam])),
                 eval_loss=float(best["eval_loss"]),
@@ -214,52 +226,51 @@ def drift_interval(points: pd.DataFrame, level: float = 0.95, x: str = "log2_wid
     return (float(fit.slope) - half, float(fit.slope) + half)
 
 
-def _seed_optima(table: pd.DataFrame, phase: str, hparam: str, axis: str = "width") -> pd.DataFrame:
+def _seed_optima(table: pd.DataFrame, phase: str, hparam: str, axis: Axis = WIDTH) -> pd.DataFrame:
     """Each seed's own interpolated optimum per (parametrization, `axis`): columns `parametrization, log2_<axis>,
-    log2_opt` (a seed whose every value diverged at a width (or horizon) is left out there)."""
+    log2_opt` (a seed whose every value diverged at a point of the axis is left out there)."""
     rows = []
-    for _, curves in lr_curves(table, phase, hparam, by_seed=True, axis=axis).groupby("seed"):
-        finite = curves.groupby(["parametrization", column(axis)]).filter(
+    for _, curves in lr_curves(table, phase, hparam, by_seed=True, column=axis.column).groupby("seed"):
+        finite = curves.groupby(["parametrization", axis.column]).filter(
             lambda c: np.isfinite(c["eval_loss"]).any())
-        rows += [{"parametrization": o.parametrization, f"log2_{axis}": np.log2(getattr(o, column(axis))),
+        rows += [{"parametrization": o.parametrization, f"log2_{axis.name}": np.log2(o.along(axis.name)),
                   "log2_opt": o.log2_lr_interp} for o in (lr_optima(finite, hparam, axis) if not finite.empty else [])]
-    return pd.DataFrame(rows, columns=["parametrization", f"log2_{axis}", "log2_opt"])
+    return pd.DataFrame(rows, columns=["parametrization", f"log2_{axis.name}", "log2_opt"])
 
 
 def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "validate", hparam: str = "lr",
-             axis: str = "width") -> LRDrift:
+             axis: Axis = WIDTH) -> LRDrift:
     """Fit the drift of the optimal log2(lr) (or log2 of `hparam`) per doubling of width, per parametrization.
 
     The drift is the slope over the seed-mean curves' interpolated optima; `drift_ci` is its 95 % t-interval over
-    every seed's own optima. `table`'s `phase` rows are a sweep over widths, seeds and parametrizations (`mup`
-    required, `standard` beside it); `threshold` is the largest |drift| of `mup` that passes; `hparam` selects the
-    rows whose `swept` it is. `axis`: `width`; `horizon`, per doubling of the training steps at one width (pass
-    that width's rows); `depth`, per doubling of depth (`depth_sweep`'s rows, `completep` judged, `none` beside); or
-    `batch`, per doubling of the batch size at one width (`analysis.batch_sweep`'s rows of that width).
+    every seed's own optima. `table`'s `phase` rows are a sweep over widths, seeds and parametrizations (the axis's
+    judged one required, the other beside it); `threshold` is the largest |drift| of the judged one that passes;
+    `hparam` selects the rows whose `swept` it is. `axis`: `WIDTH`, or another sweep's (`Axis`: per doubling of its
+    column's value, at one width: pass that width's rows of the sweep).
     """
-    if axis not in AXES:
-        raise ValueError(f"axis {axis!r}: choose one of {list(AXES)}")
     rows = phase_rows(table, phase)
-    widths = rows["width"].unique() if axis != "width" and "width" in rows else []
+    widths = rows["width"].unique() if axis.name != "width" and "width" in rows else []
     if len(widths) > 1:
-        raise ValueError(f"a drift along the {axis} needs one width's rows, not widths "
+        raise ValueError(f"a drift along the {axis.name} needs one width's rows, not widths "
                          f"{sorted(int(w) for w in widths)}: select one")
     width = int(widths[0]) if len(widths) else None
-    optima = lr_optima(lr_curves(table, phase, hparam, axis=axis), hparam, axis, width)
-    frame = pd.DataFrame([o.model_dump() for o in optima])
+    optima = lr_optima(lr_curves(table, phase, hparam, column=axis.column), hparam, axis, width)
     per_seed = _seed_optima(table, phase, hparam, axis)
     drift, ci = {}, {}
-    col = column(axis)
-    for param, rows in frame.groupby("parametrization"):
-        if rows[col].nunique() < 2:
+    col = axis.column
+    for param in dict.fromkeys(sorted(o.parametrization for o in optima)):
+        points = [o for o in optima if o.parametrization == param]
+        values = [o.along(axis.name) for o in points]
+        if len(set(values)) < 2:
             raise ValueError(
                 f"lr_drift needs at least two {col}s per parametrization "
-                f"({param} has {rows[col].tolist()}); "
+                f"({param} has {values}); "
                 f"add a {col} to the validate sweep"
             )
-        drift[str(param)] = float(np.polyfit(np.log2(rows[col].astype(float)), rows["log2_lr_interp"], 1)[0])
-        ci[str(param)] = drift_interval(per_seed[per_seed["parametrization"] == param], x=f"log2_{axis}")
-    judged, beside = JUDGED[axis]
+        drift[param] = float(np.polyfit(np.log2(np.array(values, dtype=float)),
+                                        [o.log2_lr_interp for o in points], 1)[0])
+        ci[param] = drift_interval(per_seed[per_seed["parametrization"] == param], x=f"log2_{axis.name}")
+    judged, beside = axis.judged
     if judged not in drift:
         raise ValueError(f"the validate sweep has no {judged} runs (parametrizations: {sorted(drift)}); add them")
     passed = abs(drift[judged]) <= threshold
@@ -268,20 +279,21 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
         interval = ci[param]
         return f"{drift[param]:+.2f}" + (f" [{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else "")
 
-    at = f" at width {width}" if axis != "width" and width is not None else ""
+    at = f" at width {width}" if axis.name != "width" and width is not None else ""
     verdict = (
-        f"{judged}'s optimal {hparam}{at} drifts {said(judged)} log2({hparam}) per doubling of {AXES[axis]} "
+        f"{judged}'s optimal {hparam}{at} drifts {said(judged)} log2({hparam}) per doubling of {axis.words} "
         f"(optimum interpolated in log {hparam}; |drift| {'≤' if passed else '>'} {threshold:g}: "
         f"{'pass' if passed else 'fail'})"
     )
     if beside in drift:
         verdict += f"; {beside} drifts {said(beside)}"
-    edges = [f"{o.parametrization}@{getattr(o, col)}" for o in optima if o.at_grid_edge]
+    edges = [f"{o.parametrization}@{o.along(axis.name)}" for o in optima if o.at_grid_edge]
     if edges:
         verdict += f"; optimum at the edge of the {hparam} grid for {', '.join(edges)}: widen the sweep there"
     return LRDrift(
         hparam=hparam,
-        axis=axis,
+        axis=axis.name,
+        judged=axis.judged,
         optima=optima,
         drift=drift,
         drift_ci=ci,
@@ -314,8 +326,8 @@ class WidthTrend(BaseModel):
 
     @property
     def warning(self) -> bool:
-        """The judged parametrization (`JUDGED`: mup) got worse with width: μP's own diagnostic failed."""
-        return self.verdict == WORSE and self.parametrization == JUDGED["width"][0]
+        """The judged parametrization (`WIDTH.judged`: mup) got worse with width: μP's own diagnostic failed."""
+        return self.verdict == WORSE and self.parametrization == WIDTH.judged[0]
 
 
 def tuned_base(table: pd.DataFrame) -> pd.Series | None:
@@ -335,7 +347,7 @@ def width_trends(table: pd.DataFrame, phase: str = "transfer") -> list[WidthTren
     3 runs at 2 widths or more, else `not judged`. Verdict: `wider is better` when the interval lies below 0, `wider
     is worse` when it lies above 0, `within noise` otherwise. Diverged runs are left out and named, failed runs
     ignored. A table with tune rows adds `tuned_base`'s run at its width: pass them only when it trained as `phase`'s
-    runs do. The judged parametrization (`JUDGED`: mup) comes first.
+    runs do. The judged parametrization (`WIDTH.judged`: mup) comes first.
     """
     rows = phase_rows(table, phase)
     base = tuned_base(table)
@@ -346,7 +358,7 @@ def width_trends(table: pd.DataFrame, phase: str = "transfer") -> list[WidthTren
     kept = rows.loc[loss.index]
     trends = [_trend(str(param), group["width"].astype(int), loss[group.index])
               for param, group in kept.groupby("parametrization")]
-    return sorted(trends, key=lambda t: (t.parametrization != JUDGED["width"][0], t.parametrization))
+    return sorted(trends, key=lambda t: (t.parametrization != WIDTH.judged[0], t.parametrization))
 
 
 def _trend(param: str, widths: pd.Series, loss: pd.Series) -> WidthTrend:

@@ -62,9 +62,7 @@ def verify_verdict(cert: Certificate) -> VerifyVerdict:
 
 
 def drift_verdict(drift: LRDrift) -> DriftVerdict:
-    from analysis.transfer import JUDGED  # the server's import: the phases loaded analysis already
-
-    judged, beside = JUDGED[drift.axis]
+    judged, beside = drift.judged
     ci = drift.drift_ci.get(judged)
     width = drift.optima[0].width if drift.axis != "width" and drift.optima else None
     return DriftVerdict(hparam=drift.hparam, axis=drift.axis, width=width, parametrization=judged,
@@ -78,7 +76,7 @@ def regret_verdict(regret: Regret) -> RegretVerdict:
     ci = regret.ci
     return RegretVerdict(hparam=regret.hparam, parametrization=regret.parametrization, width=regret.width,
                          regret=_num(regret.regret), regret_pct=_num(regret.regret_pct),
-                         ci95=_ci(ci), batch_size=regret.batch_size, note=regret.note)
+                         ci95=_ci(ci), batch_size=regret.at if regret.axis == "batch" else None, note=regret.note)
 
 
 def forecast_verdict(f: Forecast) -> ForecastVerdict:
@@ -91,9 +89,9 @@ def forecast_verdict(f: Forecast) -> ForecastVerdict:
 
 
 def validate_verdict(result: ValidateResult) -> ValidateVerdict:
-    drifts = [drift_verdict(d) for d in result.all_drifts()]
+    drifts = [drift_verdict(d) for d in result.drifts]
     return ValidateVerdict(passed=all(d.passed for d in drifts), drifts=drifts,
-                           regret=[regret_verdict(r) for r in [*result.regret, *result.batch_regret]],
+                           regret=[regret_verdict(r) for r in result.regrets],
                            forecast=forecast_verdict(result.forecast) if result.forecast else None)
 
 

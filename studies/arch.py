@@ -18,6 +18,7 @@ import math
 from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -35,6 +36,16 @@ DEPTH_ALPHA: dict[str, float] = {"completep": 1.0}
 §3 and Table 1: α = 1; `none` scales nothing with depth)."""
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 PosInt = Annotated[int, Field(gt=0)]
+
+
+def _increasing(widths: list[int]) -> list[int]:
+    """`widths` unchanged, or a `ValueError` if they are not strictly increasing."""
+    if any(b <= a for a, b in zip(widths, widths[1:], strict=False)):
+        raise ValueError(f"widths {widths} must be strictly increasing, e.g. [512, 1024, 2048]")
+    return widths
+
+
+Widths = Annotated[list[PosInt], AfterValidator(_increasing)]
 NonNegInt = Annotated[int, Field(ge=0)]
 ANY_LENGTH = "any length"
 """The `Arch.context_field` of a model that takes sequences of any length (PT: clipped distance buckets, no

@@ -104,7 +104,7 @@ def _planned_runs(spec: StudySpec) -> dict[str, list[Run]]:
     steps = asha_steps(full, asha_rungs(spec), t.asha.reduction_factor)
     runs: dict[str, list[Run]] = {"tune": [(t.base_width, steps, None, spec.batch_for("tune"))] * t.num_trials}
     for phase, trials in planned_trials(spec).items():
-        runs[phase] = [(trial.width, trial.steps(spec), trial.depth, trial.batch_size or spec.batch_for(phase))
+        runs[phase] = [(trial.width, trial.steps(spec), trial.depth, trial.batch_size(spec))
                        for trial in trials]
     return runs
 

@@ -212,7 +212,7 @@ def planned_jobs(spec: StudySpec, cpus: int, gpus: float = 0, gpu_memory: float 
         for group in batches(spec, trials, k):
             first = group[0]
             n = first.steps(spec)
-            shape = _shape(spec, phase, first.width, first.depth, gpus, len(group), first.batch_size)
+            shape = _shape(spec, phase, first.width, first.depth, gpus, len(group), first.batch_size(spec))
             jobs[phase].append(Job(shape, n, math.ceil(n / every), len(group)))
     return jobs
 

@@ -104,7 +104,7 @@ def auto_members(spec: StudySpec, trials: Sequence[PlannedTrial], *, slots: int,
     spread = math.ceil(len(trials) / max(slots, 1))
     if memory_bytes is None:
         return min(spread, MAX_MEMBERS)
-    batch = max(t.batch_size or spec.batch_for(t.phase) for t in trials)  # a batch sweep's largest
+    batch = max(t.batch_size(spec) for t in trials)  # a batch sweep's largest
     per_member = member_bytes(spec, max(t.width for t in trials), batch)
     fits = MAX_MEMBERS if per_member is None else int(MEMORY_SHARE * memory_bytes // per_member)
     return max(1, min(spread, fits, MAX_MEMBERS))

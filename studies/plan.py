@@ -3,10 +3,10 @@
 
 A planned trial is a frozen `PlannedTrial`: `trial_key` (stable across restarts: the MLflow run and the
 trial table row are keyed by it), `phase`, `width`, `seed`, `hparams` (all of the family's), `is_centre`,
-for validate and compare its `parametrization`, for validate the `swept` hparam (and the `horizon`, its steps, in a
-horizon sweep; the `depth` and `depth_parametrization` in a depth sweep; the `batch_size` in a batch sweep), and
-for compare its family, budget, role, stage and FLOPs with its own `config` (its family differs from the spec's). A
-runner turns each into a trial config with `PlannedTrial.trial_config`; Ray Tune carries it as `as_dict()` in the
+for validate and compare its `parametrization`, for validate the `swept` hparam, the `sweep` that planned it
+(`studies.sweeps.SWEEPS`) and its values `at` along that sweep's axis (`{"horizon": 300}`, `{"batch_size": 32}`),
+and for compare its family, budget, role, stage and FLOPs with its own `config` (its family differs from the spec's).
+A runner turns each into a trial config with `PlannedTrial.trial_config`; Ray Tune carries it as `as_dict()` in the
 trial's config.
 """
 
@@ -14,16 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from studies.arch import DepthParametrization
-from studies.spec import StudySpec
+if TYPE_CHECKING:
+    from studies.spec import StudySpec
 
 PLANNED_COLUMNS = ("family", "budget", "role", "tuned_at", "train_flops",  # compare trials' extra table columns
-                   "swept",  # validate trials': the hparam their sweep varies
-                   "horizon",  # validate trials of a horizon sweep (validate.steps a list): the steps they train
-                   "depth", "depth_parametrization",  # validate trials of a depth sweep (validate.depths)
-                   "batch_size")  # validate trials of a batch sweep (validate.batch_sizes): the batch they train at
+                   "swept", "sweep")  # validate trials': the hparam their sweep varies, and the sweep
+LEGACY_AT = {"horizon": "horizon", "depth": "depth", "depth_parametrization": "depth", "batch_size": "batch"}
+"""A planned trial's keys from before `sweep` and `at` (Ray Tune's stored trial configs), and the sweep of each."""
 
 
 @dataclass(frozen=True)
@@ -38,10 +37,8 @@ class PlannedTrial:
     is_centre: bool = False
     parametrization: str | None = None  # None: the spec's
     swept: str | None = None  # validate: the hparam its sweep varies
-    horizon: int | None = None  # validate with a list of steps: the steps this trial trains (None: the phase's)
-    depth: int | None = None  # validate.depths: the depth this trial builds (None: the arch's)
-    depth_parametrization: DepthParametrization | None = None  # with depth: completep or none (`DEPTH_SWEEP`)
-    batch_size: int | None = None  # validate.batch_sizes: the batch this trial trains at (None: the phase's)
+    sweep: str | None = None  # validate: the sweep that planned it (`studies.sweeps.SWEEPS`)
+    at: Mapping[str, Any] | None = None  # its values along that sweep's axis, by trial-table column
     family: str | None = None  # compare: the family, its budget, role, tune stage and training FLOPs
     budget: float | None = None
     role: str | None = None
@@ -59,6 +56,9 @@ class PlannedTrial:
     def from_dict(cls, data: Mapping[str, Any]) -> PlannedTrial:
         """The inverse of `as_dict` (also what Ray Tune restores from an experiment's trial configs)."""
         known = {f.name for f in fields(cls)}
+        if legacy := {k: data[k] for k in LEGACY_AT if k in data}:  # a trial config from before `sweep`
+            sweep = "width" if data.get("swept", "lr") != "lr" else LEGACY_AT[next(iter(legacy))]
+            data = {**{k: v for k, v in data.items() if k not in LEGACY_AT}, "sweep": sweep, "at": legacy}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"a planned trial has unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -69,22 +69,35 @@ class PlannedTrial:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
     def trial_config(self, spec: StudySpec) -> dict[str, Any]:
-        """The trial config dict `workers.train` takes: a compare trial's own, else the spec's at this trial."""
+        """The trial config dict `workers.train` takes: a compare trial's own, else the spec's at this trial (its
+        phase's steps and batch, then its sweep's values `at`: `Sweep.apply`)."""
         if self.config is not None:
             return dict(self.config)
-        return spec.trial_config(self.width, dict(self.hparams), self.seed, self.steps(spec), self.parametrization,
-                                 self.depth, self.depth_parametrization, self.batch_size or spec.batch_for(self.phase))
+        config = spec.trial_config(self.width, dict(self.hparams), self.seed, spec.steps_for(self.phase),
+                                   self.parametrization, batch_size=spec.batch_for(self.phase))
+        if self.sweep is not None and self.at:
+            from studies.sweeps import SWEEPS
+
+            SWEEPS[self.sweep].apply(spec, self.at, config)
+        return config
 
     def steps(self, spec: StudySpec) -> int:
-        """The steps this trial trains: a horizon sweep's own, a batch sweep's (`StudySpec.batch_steps`), else its
-        phase's."""
-        if self.horizon is not None:
-            return self.horizon
-        return spec.batch_steps(self.batch_size) if self.batch_size is not None else spec.steps_for(self.phase)
+        """The steps this trial trains."""
+        return int(self.trial_config(spec)["steps"])
+
+    def batch_size(self, spec: StudySpec) -> int:
+        """The sequences per step this trial trains at."""
+        return int(self.trial_config(spec)["batch_size"])
+
+    @property
+    def depth(self) -> int | None:
+        """The depth a depth sweep's trial builds (None: the arch's)."""
+        return (self.at or {}).get("depth")
 
     def columns(self, spec: StudySpec) -> dict[str, Any]:
         """The trial table's planned columns (`analysis/__init__.py`): identity, parametrization, validate's and
         compare's extras, and the hparams."""
         return {"trial_id": self.trial_key, "phase": self.phase, "width": self.width, "seed": self.seed,
                 "is_centre": self.is_centre, "parametrization": self.parametrization or spec.model.parametrization,
-                **{k: getattr(self, k) for k in PLANNED_COLUMNS if getattr(self, k) is not None}, **self.hparams}
+                **{k: getattr(self, k) for k in PLANNED_COLUMNS if getattr(self, k) is not None}, **(self.at or {}),
+                **self.hparams}

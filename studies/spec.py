@@ -23,7 +23,6 @@ from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -39,6 +38,8 @@ from studies.arch import (
     DepthArch,
     DepthParametrization,
     Parametrization,
+    PosInt,
+    Widths,
     context_error,
     mup_error,
     nested,
@@ -48,7 +49,8 @@ from studies.compare_spec import BaselineSpec, CompareSpec
 from studies.family import FAMILIES, get_family
 from studies.model import ModelFamily, ModelSpec, validate_space
 from studies.schema import FamilySpace, by_family
-from studies.space import MAX_WEIGHT_DECAY, WEIGHT_DECAY
+from studies.space import WEIGHT_DECAY
+from studies.sweeps import ValidateSpec
 
 __all__ = ["CATALOG_DIR", "AshaSpec", "BaselineSpec", "CompareSpec", "DataSpec", "ModelFamily", "ModelSpec",
            "Parametrization", "ResourcesSpec", "StudySpec", "TrackingSpec", "TrainSpec", "TransferSpec", "TrialConfig",
@@ -60,8 +62,9 @@ CATALOG_DIR = Path(__file__).parent / "catalog"
 def _objective(family: Any) -> str:
     """The data objective of `family` ("mlm" for a name the family field will reject)."""
     return FAMILIES[family].objective if isinstance(family, str) and family in FAMILIES else "mlm"
+
+
 _STRICT = ConfigDict(extra="forbid", frozen=True)
-PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 
 
@@ -232,16 +235,6 @@ class TuneSpec(BaseModel):
         return out
 
 
-def _increasing(widths: list[int]) -> list[int]:
-    """`widths` unchanged, or a `ValueError` if they are not strictly increasing."""
-    if any(b <= a for a, b in zip(widths, widths[1:], strict=False)):
-        raise ValueError(f"widths {widths} must be strictly increasing, e.g. [512, 1024, 2048]")
-    return widths
-
-
-Widths = Annotated[list[PosInt], AfterValidator(_increasing)]
-
-
 class TransferSpec(BaseModel):
     """The transfer phase: the tuned hparams, unchanged, at each wider width."""
 
@@ -302,150 +295,6 @@ class VerifySpec(BaseModel):
     def resolved_n_samples(self) -> int:
         """N: `n_samples`, or the least N certifying top-p at confidence 1-alpha (eq. 9)."""
         return self.n_samples if self.n_samples is not None else min_samples(self.p, self.alpha)
-
-
-class ValidateSpec(BaseModel):
-    """The optional validate phase: an lr sweep at 2–4 widths under each parametrization (lr drift)."""
-
-    model_config = _STRICT
-
-    widths: Widths = Field(min_length=1, max_length=4,
-                           description="2–4 increasing widths (one with a list of steps, with depths or with "
-                                       "batch_sizes: a horizon, depth or batch sweep alone)")
-    lrs: list[float] = Field(min_length=3, description="the lr sweep: >= 3 distinct values > 0 (kept sorted)")
-    parametrizations: list[Parametrization] = Field(
-        default_factory=lambda: list(get_args(Parametrization)), min_length=1, description="must include 'mup'")
-    seeds: PosInt = Field(1, description="training seeds per (width, lr, parametrization)")
-    steps: PosInt | list[PosInt] | None = Field(
-        None, description="override train.steps for validate trials; a list of 2–4 increasing step counts also "
-                          "sweeps lr at each (the horizon: the lr optimum's drift per doubling of steps)")
-    depths: list[PosInt] | None = Field(
-        None, description="2–4 strictly increasing depths (model.arch's n_layers; UT: n_steps): lr is also swept at "
-                          "each, at the first of validate.widths, under model.arch.depth_parametrization (completep) "
-                          "and none beside it (the lr optimum's drift per doubling of depth)")
-    batch_sizes: list[PosInt] | None = Field(
-        None, description="2–4 strictly increasing batch sizes: lr is also swept at each, at every validate width "
-                          "(the lr optimum's drift per doubling of batch, beside the √B and linear rules)")
-    batch_fixed: Literal["tokens", "steps"] = Field(
-        "tokens", description="what the batch sweep holds fixed: 'tokens' (a trial at batch B trains "
-                              "round(steps · B_base / B) steps, B_base the tune batch) or 'steps'")
-    drift_threshold: float = Field(0.5, gt=0, description="largest |Δlog2(lr*)| per doubling that passes")
-    hparams: dict[str, list[float]] = Field(
-        default_factory=dict, max_length=6,
-        description="other searched hparams swept the same way, each alone with the rest at the centre, e.g. "
-                    "{w_H: [0.25, 0.5, 1, 2, 4, 8]}: their optimum's drift is judged beside lr's")
-    weight_decays: list[float] | None = Field(
-        None, description="AdamW's λ swept the same way at the validate widths, the other hparams at the centre: "
-                          ">= 3 distinct values in (0, 10], swept in log, e.g. [0.01, 0.03, 0.1, 0.3, 1]; λ*'s drift "
-                          "per doubling of width is judged beside lr's (space.weight_decay need not be set)")
-
-    @field_validator("weight_decays")
-    @classmethod
-    def _weight_decays(cls, values: list[float] | None) -> list[float] | None:
-        if values is None:
-            return None
-        if len(values) < 3 or len(values) > 16 or len(set(values)) != len(values) or \
-                any(not 0 < v <= MAX_WEIGHT_DECAY for v in values):
-            raise ValueError(f"weight_decays {values} must be 3–16 distinct values in (0, {MAX_WEIGHT_DECAY:g}] "
-                             "(swept in log), e.g. [0.01, 0.03, 0.1, 0.3, 1.0], or leave weight_decays out")
-        return sorted(values)
-
-    @field_validator("lrs")
-    @classmethod
-    def _lrs(cls, lrs: list[float]) -> list[float]:
-        if any(not lr > 0 for lr in lrs) or len(set(lrs)) != len(lrs):
-            raise ValueError(f"lrs {lrs} must be distinct and > 0, e.g. [0.001, 0.003, 0.01, 0.03]")
-        return sorted(lrs)
-
-    @field_validator("hparams")
-    @classmethod
-    def _hparams(cls, hparams: dict[str, list[float]]) -> dict[str, list[float]]:
-        for name, values in hparams.items():
-            if len(values) < 3 or any(not v > 0 for v in values) or len(set(values)) != len(values):
-                raise ValueError(f"hparams.{name}={values} must be >= 3 distinct values > 0 (swept in log), "
-                                 "e.g. [0.25, 0.5, 1, 2, 4]")
-        return {name: sorted(values) for name, values in hparams.items()}
-
-    @field_validator("steps")
-    @classmethod
-    def _steps(cls, steps: int | list[int] | None) -> int | list[int] | None:
-        if isinstance(steps, list) and (not 2 <= len(steps) <= 4 or
-                                        any(b <= a for a, b in zip(steps, steps[1:], strict=False))):
-            raise ValueError(f"steps {steps}: give one step count, or 2–4 strictly increasing ones, e.g. "
-                             "[150, 300, 600]")
-        return steps
-
-    @field_validator("depths")
-    @classmethod
-    def _depths(cls, depths: list[int] | None) -> list[int] | None:
-        if depths is not None and (not 2 <= len(depths) <= 4 or
-                                   any(b <= a for a, b in zip(depths, depths[1:], strict=False))):
-            raise ValueError(f"depths {depths}: give 2–4 strictly increasing depths (n_layers; UT: n_steps), e.g. "
-                             "[2, 4, 8], or leave depths out")
-        return depths
-
-    @field_validator("batch_sizes")
-    @classmethod
-    def _batch_sizes(cls, sizes: list[int] | None) -> list[int] | None:
-        if sizes is not None and (not 2 <= len(sizes) <= 4 or
-                                  any(b <= a for a, b in zip(sizes, sizes[1:], strict=False))):
-            raise ValueError(f"batch_sizes {sizes}: give 2–4 strictly increasing batch sizes, e.g. [8, 16, 32], or "
-                             "leave batch_sizes out")
-        return sizes
-
-    @model_serializer(mode="wrap")
-    def _dump_depths_when_set(self, handler: Any) -> Any:
-        out = handler(self)
-        if isinstance(out, dict) and self.depths is None:  # specs without a depth sweep keep their content hash
-            out.pop("depths", None)
-        if isinstance(out, dict) and self.batch_sizes is None:  # nor those without a batch sweep
-            out.pop("batch_sizes", None)
-        if isinstance(out, dict) and self.batch_fixed == "tokens":
-            out.pop("batch_fixed", None)
-        if isinstance(out, dict) and self.weight_decays is None:  # nor those without a weight-decay sweep
-            out.pop("weight_decays", None)
-        return out
-
-    @model_validator(mode="after")
-    def _two_widths(self) -> ValidateSpec:
-        if len(self.widths) < 2 and not self.horizons() and not self.depths and not self.batch_sizes:
-            raise ValueError(f"validate.widths={self.widths}: give 2–4 widths (the optimum's drift per doubling of "
-                             "width), or one width with a list of validate.steps, validate.depths or "
-                             "validate.batch_sizes (a horizon, depth or batch sweep alone)")
-        if len(self.widths) < 2 and self.hparams:
-            raise ValueError("validate.hparams need 2–4 validate.widths (their drift is per doubling of width): "
-                             "add a width or drop validate.hparams")
-        if len(self.widths) < 2 and self.weight_decays:
-            raise ValueError("validate.weight_decays need 2–4 validate.widths (λ*'s drift is per doubling of width): "
-                             "add a width or drop validate.weight_decays")
-        if WEIGHT_DECAY in self.hparams:
-            raise ValueError("validate.hparams.weight_decay: sweep AdamW's λ with validate.weight_decays: "
-                             f"{self.hparams[WEIGHT_DECAY]} instead (bounded, and judged with its timescale)")
-        return self
-
-    def horizons(self) -> list[int]:
-        """The step counts of a horizon sweep (`steps` given as a list); [] for one training length."""
-        return list(self.steps) if isinstance(self.steps, list) else []
-
-    def sweeps(self) -> dict[str, list[float]]:
-        """Each swept hparam's values: lr's first, then `hparams`, then `weight_decays` (as `weight_decay`)."""
-        return {"lr": self.lrs, **self.hparams, **({WEIGHT_DECAY: self.weight_decays} if self.weight_decays else {})}
-
-    def swept_hparams(self) -> dict[str, list[float]]:
-        """The hparams but lr whose optimum's drift is judged: `hparams`, then `weight_decay` (`weight_decays`)."""
-        return {h: v for h, v in self.sweeps().items() if h != "lr"}
-
-    def width_sweep(self) -> bool:
-        """Whether lr (and `hparams`) are swept over `widths` (or a horizon sweep's steps): not for one width with
-        depths and one training length, a depth sweep alone."""
-        return len(self.widths) > 1 or bool(self.horizons())
-
-    @field_validator("parametrizations")
-    @classmethod
-    def _parametrizations(cls, values: list[str]) -> list[str]:
-        if "mup" not in values or len(set(values)) != len(values):
-            raise ValueError(f"parametrizations {values} must include 'mup', each once")
-        return values
 
 
 class TrackingSpec(BaseModel):
@@ -600,23 +449,18 @@ class StudySpec(BaseModel):
                 problems.append(f"verify.width={self.verify.width} must be >= tune.base_width={base}")
         if self.validate_ is not None:
             widths += [(f"validate.widths[{i}]", w) for i, w in enumerate(self.validate_.widths)]
-            searched = [h for h in self.space.searched() if h != "lr"]
-            problems += [f"validate.hparams.{h} is not a searched hparam of this study: use one of {searched}"
-                         for h in self.validate_.hparams if h not in searched]
             if error := mup_error(arch, "mup"):
                 problems.append(f"validate runs mup, which this model cannot ({error}): drop validate or change "
                                 "model.arch")
-            problems += self._depth_problems()
+            problems += [p for sweep in self.validate_.present() for p in sweep.problems(self)]
         problems += [e for where, w in widths if (e := width_error(arch, base, w, where))]
         if self.tune.asha.enabled and self.tune.asha.grace_steps > self.steps_for("tune"):
             problems.append(f"tune.asha.grace_steps={self.tune.asha.grace_steps} exceeds the tune trials' "
                             f"{self.steps_for('tune')} steps: lower it, raise tune.steps (compare: "
                             "compare.tune_tokens) or disable asha")
-        shortest = min(self.validate_.horizons(), default=None) if self.validate_ is not None else None
-        if shortest is not None and self.train.warmup_steps >= shortest:
-            problems.append(f"train.warmup_steps={self.train.warmup_steps} must be < validate.steps[0]={shortest}: "
-                            "lower warmup_steps or raise the shortest horizon")
-        problems += self._batch_problems()
+        if self.compare is not None and self.tune.batch_size is not None:
+            problems.append("tune.batch_size is unused in a compare study (its tune trials train at "
+                            "train.batch_size): remove it")
         for phase in ["compare"] if self.compare is not None else ["tune", *sections]:  # the phases it runs
             if self.train.warmup_steps >= self.steps_for(phase):
                 problems.append(f"train.warmup_steps={self.train.warmup_steps} must be < the {phase} phase's "
@@ -624,38 +468,6 @@ class StudySpec(BaseModel):
         if problems:
             raise SpecProblems(problems)
         return self
-
-    def _batch_problems(self) -> list[str]:
-        """tune.batch_size (unused in a compare study) and the batch sweep: its shortest trials (the largest batch,
-        at a fixed token budget) must outlast the warmup."""
-        problems = []
-        if self.compare is not None and self.tune.batch_size is not None:
-            problems.append("tune.batch_size is unused in a compare study (its tune trials train at "
-                            "train.batch_size): remove it")
-        sizes = self.validate_.batch_sizes if self.validate_ is not None else None
-        tokens = self.validate_ is not None and self.validate_.batch_fixed == "tokens"
-        if sizes and tokens and self.compare is None and self.train.warmup_steps >= self.batch_steps(sizes[-1]):
-            problems.append(f"train.warmup_steps={self.train.warmup_steps} must be < the {self.batch_steps(sizes[-1])} "
-                            f"steps the batch sweep trains at validate.batch_sizes[{len(sizes) - 1}]={sizes[-1]} "
-                            f"({self.validate_horizon()} steps × the base batch {self.base_batch()} / {sizes[-1]}, "
-                            "a fixed token budget): lower warmup_steps, raise validate.steps, drop the largest batch "
-                            "size or set validate.batch_fixed: steps")
-        return problems
-
-    def _depth_problems(self) -> list[str]:
-        """validate.depths: a family with a depth (`DepthArch`) at depth_parametrization completep."""
-        depths, arch = self.validate_.depths if self.validate_ is not None else None, self.model.arch
-        if depths is None:
-            return []
-        if not isinstance(arch, DepthArch):
-            deep = [name for name, f in FAMILIES.items() if issubclass(f.arch, DepthArch)]
-            return [f"validate.depths={depths}: model.family {self.model.family!r} has no depth parametrization to "
-                    f"sweep (its arch is not a DepthArch): drop validate.depths, or use one of {deep}"]
-        if arch.depth_parametrization != "completep":
-            return [f"validate.depths={depths} compares model.arch.depth_parametrization completep with none, but it "
-                    f"is {arch.depth_parametrization!r}: set model.arch.depth_parametrization: completep (and "
-                    f"base_depth, the depth tuned at), or drop validate.depths"]
-        return []
 
     def _family_problems(self) -> list[str]:
         """Per-family checks: position rows for every token, the family's data objective."""
@@ -734,15 +546,6 @@ class StudySpec(BaseModel):
     def base_batch(self) -> int:
         """The batch the hparams are tuned at: tune.batch_size, else train.batch_size (the batch sweep's B_base)."""
         return self.batch_for("tune")
-
-    def batch_steps(self, batch_size: int) -> int:
-        """The steps of a batch sweep's trial at `batch_size`: the validate horizon, scaled by base_batch() /
-        batch_size at a fixed token budget (`validate.batch_fixed: tokens`, at least 1 step), unscaled at fixed
-        steps."""
-        steps = self.validate_horizon()
-        if self.validate_ is not None and self.validate_.batch_fixed == "steps":
-            return steps
-        return max(1, round(steps * self.base_batch() / batch_size))
 
     def validate_horizon(self) -> int:
         """The validate sweep's main training length: `validate.steps` (else train.steps); with a list of them,

@@ -20,10 +20,9 @@ from analysis.report import tune_section
 from analysis.table import TrialStatus, judged_loss, phase_rows
 from studies.phases.base import LOSSES, SETUP, Artifacts, Context, Out, Phase, PhaseFailed, PhaseResult, Verdict
 from studies.phases.transfer import tune_timescale_line
-from studies.phases.validate import ValidateResult, horizon_flag, print_horizon
-from studies.phases.validate_batch import batch_flag, print_batch_flag
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
+from studies.sweeps import flags
 
 
 class TuneResult(PhaseResult):
@@ -160,13 +159,11 @@ class Tune(Phase):
         return {"tune": "tune_history"}
 
     def section(self, ctx: Context, result: PhaseResult, tables: Mapping[str, pd.DataFrame]) -> list[str]:
-        validate = ctx.state.result("validate", ValidateResult)
-        flag = horizon_flag(ctx.spec, validate)
-        batch = batch_flag(ctx.spec, validate.batch_drift if validate is not None else [])
+        validate = ctx.state.phases.get("validate")  # its drifts, when it finished
+        drifts = getattr(validate, "drifts", []) if validate is not None and validate.done else []
         decay = tune_timescale_line(ctx.spec, result.best_hparams) if isinstance(result, TuneResult) else None
         return ([tune_section(tables["tune"], ctx.spec.space.names())] if "tune" in tables else []) + \
-            ([f"**horizon: {flag}**"] if flag else []) + ([f"**batch: {batch}**"] if batch else []) + \
-            ([decay] if decay else [])
+            [f"**{label}: {flag}**" for label, flag in flags(ctx.spec, drifts)] + ([decay] if decay else [])
 
     def summary(self, ctx: Context, result: PhaseResult | None, out: Out, runs: Mapping[str, str]) -> None:
         if not isinstance(result, TuneResult):
@@ -182,8 +179,8 @@ class Tune(Phase):
             out.print(f"[cyan]weight decay:[/] {escape(decay)}", soft_wrap=True)
         _width_table(ctx, result, out, runs)
         if ctx.spec.validate_ is None:  # else the validate phase's lines end with the flags
-            print_horizon(ctx, None, out)
-            print_batch_flag(ctx.spec, [], out)
+            for label, flag in flags(ctx.spec, []):
+                out.print(f"[yellow]{label}:[/] {escape(flag)}", soft_wrap=True)
 
     def verdict(self, spec: StudySpec, result: PhaseResult) -> Verdict:
         assert isinstance(result, TuneResult)

@@ -11,11 +11,11 @@ import pandas as pd
 from rich.markup import escape
 
 from analysis.forecast import Forecast, forecast, forecast_line
-from analysis.transfer import without_depth_sweep
 from studies.budget import param_count
 from studies.family import get_family
 from studies.phases.base import Context, Out
 from studies.spec import StudySpec
+from studies.sweeps.batch import batch_steps
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +48,16 @@ def non_embedding_params(spec: StudySpec, widths: list[int]) -> dict[int, float]
 
 
 def _batch_steps(spec: StudySpec) -> dict[int, int]:
-    """A batch sweep's steps per batch size (`StudySpec.batch_steps`); {} without one."""
+    """A batch sweep's steps per batch size (`studies.sweeps.batch.batch_steps`); {} without one."""
     v = spec.validate_
-    return {b: spec.batch_steps(b) for b in (v.batch_sizes if v is not None and v.batch_sizes else [])}
+    return {b: batch_steps(spec, b) for b in (v.batch_sizes if v is not None and v.batch_sizes else [])}
 
 
 def forecast_at(spec: StudySpec, table: pd.DataFrame, transferred_lr: float | None, width: int, steps: int,
                 batch_size: int) -> Forecast:
-    """The forecast at a target of `width`, `steps` and `batch_size` from every mup lr sweep of `table` (widths,
-    horizons, batch sizes; a depth sweep's rows left out); a `ValueError` saying why when the sweeps give no fit."""
-    return forecast(without_depth_sweep(table), target_width=width, target_steps=steps, target_batch_size=batch_size,
+    """The forecast at a target of `width`, `steps` and `batch_size` from every mup lr sweep of `table` (the rows of
+    the sweeps that enter it: `Sweep.forecast`); a `ValueError` saying why when the sweeps give no fit."""
+    return forecast(table, target_width=width, target_steps=steps, target_batch_size=batch_size,
                     steps=spec.validate_horizon(), batch_size=spec.batch_for("validate"),
                     batch_steps=_batch_steps(spec), transferred_lr=transferred_lr, seq_len=spec.data.seq_len,
                     n_params=non_embedding_params(spec, sorted({*forecast_widths(spec), width})))

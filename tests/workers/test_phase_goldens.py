@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -49,8 +50,9 @@ def _loss(t: PlannedTrial) -> float:
 def _swept_loss(t: PlannedTrial) -> float:
     """`_loss` with its best lr moving along every sweep axis: down with the training steps, up with the batch size
     (√B), down with the context; the seed's own wobble gives the drifts' intervals."""
-    steps = t.horizon or 15
-    moved = (steps / 15) ** -0.3 * ((t.batch_size or 16) / 16) ** 0.5 * (1 + 0.05 * t.seed)
+    at = t.at or {}
+    steps = at.get("horizon") or 15
+    moved = (steps / 15) ** -0.3 * (at.get("batch_size", 16) / 16) ** 0.5 * (1 + 0.05 * t.seed)
     lr = 0.01 * moved * (16 / t.width if t.parametrization == "standard" else (16 / t.width) ** 0.05)
     return 4.0 + math.log(t.hparams["lr"] / lr) ** 2 + 0.1 * math.log(t.hparams.get("w_H", 1.4) / 1.4) ** 2
 
@@ -67,7 +69,7 @@ class Canned:
             planned = [PlannedTrial.for_tune(job.spec, f"{i:05d}", {"lr": 0.01 * 2.0 ** (i - 2)})
                        for i in range(job.spec.tune.num_trials)]
         return trial_frame([trial_row(job.spec, t, TrialReport(
-            status="completed", eval_loss=self.loss(t), steps=t.horizon or job.spec.steps_for(t.phase), tokens=100,
+            status="completed", eval_loss=self.loss(t), steps=(t.at or {}).get("horizon") or job.spec.steps_for(t.phase), tokens=100,
             wall_time_s=0.1 * (1 + i % 3), params=1000 * t.width)) for i, t in enumerate(planned)])
 
 
@@ -115,12 +117,15 @@ SPECS = {"transfer": _transfer, "depth": _depth, "compare": _compare, "sweeps": 
 LOSSES = {"sweeps": _swept_loss}
 
 
-def _read(spec: StudySpec, data_dir: Path, loss=_loss) -> dict:
+def _read(spec: StudySpec, data_dir: Path, loss=_loss, old: Path | None = None) -> dict:
     from service import summary
     from service.progress import phase_progress
     from service.verdicts import brief, study_verdicts, verdict_lines
 
     run_study(spec, "g1", runner=Canned(loss), tracker=NullTracker())
+    if old is not None:  # the state and trial table an older ptctl wrote, read by this one
+        shutil.copy(old / "state.json", StudyFolder("g1").state_path)
+        shutil.copy(old / "validate_trials.csv", StudyFolder("g1").trials("validate"))
     driver = StudyDriver(spec, Canned(loss), NullTracker(), study_id="g1")
     for k, record in enumerate(driver.state.phases.values()):
         record.wall_s = 10.0 * (k + 1)
@@ -155,4 +160,18 @@ def test_a_finished_study_reads_as_it_did(name, data_dir):
         path.write_text(json.dumps(got, indent=1, ensure_ascii=False) + "\n")
     want = json.loads(path.read_text())
     for key in want:
+        assert _ordered(key, got[key]) == _ordered(key, want[key]), key
+
+
+def _ordered(key: str, value):
+    """The planned runs as a multiset: the order trials are planned in is no reader's output."""
+    return {p: sorted(runs) for p, runs in value.items()} if key == "runs" and value else value
+
+
+def test_a_study_recorded_before_the_sweeps_reads_as_it_did(data_dir):
+    """state.json and the validate trial table of the `sweeps` study as ptctl wrote them before the sweeps were one
+    file each (per-axis result fields, no `sweep` column) render every reader's output unchanged."""
+    got = _read(_sweeps(), data_dir, _swept_loss, old=GOLDEN / "sweeps_v1")
+    want = json.loads((GOLDEN / "sweeps.json").read_text())
+    for key in ("report", "summary", "columns", "sentence", "verdict", "api", "brief", "lines"):
         assert got[key] == want[key], key
