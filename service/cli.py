@@ -315,18 +315,13 @@ def _print_notes(spec: StudySpec) -> None:
 
 
 def _print_horizon(spec: StudySpec) -> None:
-    """A warning when tune trains fewer steps than the transfer runs (`studies.phases.validate.horizon_flag`), and
-    one when it trains at another batch size (`studies.phases.validate_batch.batch_flag`); then what the lr
+    """Each sweep's warning on tune's setup (`studies.sweeps.flags`: training length, batch size); then what the lr
     forecast will be fitted on and for which target (`studies.phases.validate_forecast.forecast_plan_line`)."""
-    from studies.phases.validate import horizon_flag
-    from studies.phases.validate_batch import batch_flag
     from studies.phases.validate_forecast import forecast_plan_line
+    from studies.sweeps import flags
 
-    flag = horizon_flag(spec)
-    if flag:
-        console.print(f"[yellow]horizon:[/] {escape(flag)}", soft_wrap=True)
-    if batch := batch_flag(spec):
-        console.print(f"[yellow]batch:[/] {escape(batch)}", soft_wrap=True)
+    for label, flag in flags(spec, []):
+        console.print(f"[yellow]{label}:[/] {escape(flag)}", soft_wrap=True)
     if line := forecast_plan_line(spec):
         console.print(f"forecast: {escape(line)}", soft_wrap=True)
 

@@ -48,6 +48,10 @@ class ValidateResult(PhaseResult):
             data[new] = [*data.get(new, []), *values]
         return data
 
+    def drift(self, axis: str = "width", hparam: str = "lr") -> LRDrift | None:
+        """The (first) drift of `hparam` along `axis`; None when the study measured none."""
+        return next((d for d in self.drifts if d.axis == axis and d.hparam == hparam), None)
+
     def along(self, sweep: str) -> tuple[list[LRDrift], list[Regret]]:
         """Its drifts and regrets along one sweep's axis."""
         return ([d for d in self.drifts if d.axis == sweep],

@@ -70,7 +70,8 @@ class Depth(Sweep):
         """The arch at that depth under that depth parametrization (`DepthArch.at_depth`)."""
         arch = spec.model.arch
         assert isinstance(arch, DepthArch)
-        config["model_hp"].update(arch.at_depth(at["depth"], at["depth_parametrization"]).model_dump())
+        hp = {k: v for k, v in config["model_hp"].items() if k not in arch.model_dump()}
+        config["model_hp"] = {**arch.at_depth(at["depth"], at["depth_parametrization"]).model_dump(), **hp}
 
     def problems(self, spec: StudySpec) -> list[str]:
         """A family with a depth (`DepthArch`) at depth_parametrization completep."""

@@ -115,26 +115,28 @@ def test_plot_transfer_includes_the_base_width_and_its_scale(tmp_path):
 
 
 def test_the_horizon_figure_has_a_panel_per_width_and_parametrization(tmp_path):
-    from analysis.plots import plot_horizon
+    from analysis.plots import plot_sweep
+    from studies.sweeps import SWEEPS
     from tests.analysis.test_transfer import _horizon_table
 
     table = pd.concat([_horizon_table(lambda s, seed: -8.0), _horizon_table(lambda s, seed: -9.0, width=128)])
     table.loc[(table["lr"] == 2.0**-4) & (table["horizon"] == 600), "status"] = "diverged"
     table.loc[(table["lr"] == 2.0**-14), "eval_loss"] = 50.0  # blown up: off the clipped axis
-    limits = plot_horizon(table, tmp_path / "horizon.png")
+    limits = plot_sweep(table, tmp_path / "horizon.png", SWEEPS["horizon"].axis, "{} steps")
     assert (tmp_path / "horizon.png").stat().st_size > 10_000
     assert len(limits) == 2 and limits[0] is not None and limits[0][1] < 50.0  # one row per width, mup only
 
 
 def test_the_depth_figure_has_a_panel_per_depth_parametrization(tmp_path):
-    from analysis.plots import plot_depth
-    from tests.analysis.test_transfer import _depth_table
+    from analysis.plots import plot_sweep
+    from studies.sweeps import SWEEPS
+    from tests.analysis.test_transfer import _depth_table, depth_sweep
 
     table = _depth_table(lambda dp, depth, seed: -8.0 - (0.8 * np.log2(depth / 2) if dp == "none" else 0.0))
     table.loc[(table["lr"] == 2.0**-4) & (table["depth"] == 8), "status"] = "diverged"
     table.loc[(table["lr"] == 2.0**-14), "eval_loss"] = 50.0  # blown up: off the clipped axis
-    limits = plot_depth(table, tmp_path / "depth.png")
+    limits = plot_sweep(depth_sweep(table), tmp_path / "depth.png", SWEEPS["depth"].axis, "depth {}")
     assert (tmp_path / "depth.png").stat().st_size > 10_000
     assert len(limits) == 2 and limits[0] is not None and limits[0][1] < 50.0  # completep and none, clipped
-    with pytest.raises(ValueError, match="no depth sweep"):
-        plot_depth(table.drop(columns=["depth"]), tmp_path / "none.png")
+    with pytest.raises(ValueError, match="no sweep along the depth"):
+        plot_sweep(table.iloc[0:0], tmp_path / "none.png", SWEEPS["depth"].axis, "depth {}")

@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.transfer import depth_sweep, lr_curves, lr_drift, transfer_table, without_depth_sweep
+from analysis.transfer import lr_curves, lr_drift, transfer_table
 from tests.analysis._tables import SWEEP_WIDTHS, paper_like_optimum, sweep_table, trials
+from studies.sweeps import SWEEPS
 
 
 def test_transfer_table_aggregates_seeds_per_width():
@@ -175,23 +176,30 @@ def test_the_lr_optimums_drift_per_doubling_of_steps():
     scatter = {0: -0.2, 1: 0.2, 2: 0.0}
     table = _horizon_table(lambda steps, seed: -8.0 - 0.4 * np.log2(steps / 150) + scatter[seed] * (
         1 if steps == 300 else -1))
-    drift = lr_drift(table, axis="horizon")
+    drift = lr_drift(table, axis=SWEEPS["horizon"].axis)
     assert drift.axis == "horizon" and drift.mup_drift == pytest.approx(-0.4)
-    assert [o.horizon for o in drift.optima] == [150, 300, 600] and {o.width for o in drift.optima} == {64}
+    assert [o.at for o in drift.optima] == [150, 300, 600] and {o.width for o in drift.optima} == {64}
     lo, hi = drift.drift_ci["mup"]
     assert lo < -0.4 < hi and hi - lo > 0.1
     assert drift.verdict.startswith("mup's optimal lr at width 64 drifts -0.40 [")
     assert "log2(lr) per doubling of training steps" in drift.verdict
-    flat = lr_drift(_horizon_table(lambda steps, seed: -8.0), axis="horizon")
+    flat = lr_drift(_horizon_table(lambda steps, seed: -8.0), axis=SWEEPS["horizon"].axis)
     assert flat.mup_drift == pytest.approx(0.0, abs=1e-9) and flat.passed
 
 
 def test_a_horizon_drift_needs_one_widths_rows():
     table = pd.concat([_horizon_table(lambda s, seed: -8.0), _horizon_table(lambda s, seed: -8.0, width=128)])
     with pytest.raises(ValueError, match="needs one width's rows"):
-        lr_drift(table, axis="horizon")
+        lr_drift(table, axis=SWEEPS["horizon"].axis)
     with pytest.raises(ValueError, match="add a horizon to the validate sweep"):
-        lr_drift(_horizon_table(lambda s, seed: -8.0).query("horizon == 150"), axis="horizon")
+        lr_drift(_horizon_table(lambda s, seed: -8.0).query("horizon == 150"), axis=SWEEPS["horizon"].axis)
+
+
+def depth_sweep(rows):
+    """A depth sweep's rows as the depth sweep judges them (`studies.sweeps.depth.Depth.rows`)."""
+    rows = rows[rows["depth"].notna()] if "depth" in rows else rows.iloc[0:0]
+    return rows.assign(parametrization=rows["depth_parametrization"], depth=rows["depth"].astype(int)) \
+        if not rows.empty else rows
 
 
 def _depth_table(optimum, seeds=(0, 1, 2), width=32):
@@ -217,13 +225,12 @@ def test_the_lr_optimums_drift_per_doubling_of_depth_completep_judged_none_besid
                                      "eval_loss": 9.0}], phase="validate")])  # a width sweep's row: not a depth's
     sweep = depth_sweep(rows)
     assert len(sweep) == len(rows) - 1 and set(sweep["parametrization"]) == {"completep", "none"}
-    assert len(without_depth_sweep(rows)) == 1
-    drift = lr_drift(sweep, axis="depth")
+    drift = lr_drift(sweep, axis=SWEEPS["depth"].axis)
     assert drift.axis == "depth" and drift.mup_drift == pytest.approx(0.0, abs=1e-9)  # the judged one: completep
     assert drift.standard_drift == pytest.approx(-0.8) and drift.passed
-    assert [(o.parametrization, o.depth) for o in drift.optima] == [
+    assert [(o.parametrization, o.at) for o in drift.optima] == [
         ("completep", 2), ("completep", 4), ("completep", 8), ("none", 2), ("none", 4), ("none", 8)]
-    assert {o.width for o in drift.optima} == {32} and all(o.horizon is None for o in drift.optima)
+    assert {o.width for o in drift.optima} == {32}
     lo, hi = drift.drift_ci["completep"]
     assert lo < 0.0 < hi and hi - lo > 0.05
     lo, hi = drift.drift_ci["none"]
@@ -231,15 +238,15 @@ def test_the_lr_optimums_drift_per_doubling_of_depth_completep_judged_none_besid
     assert drift.verdict.startswith("completep's optimal lr at width 32 drifts +0.00 [")
     assert "log2(lr) per doubling of depth" in drift.verdict and "; none drifts -0.80 [" in drift.verdict
     failing = lr_drift(depth_sweep(_depth_table(lambda dp, depth, seed: -8.0 - 0.8 * np.log2(depth / 2))),
-                       axis="depth")
+                       axis=SWEEPS["depth"].axis)
     assert not failing.passed and "|drift| > 0.5: fail" in failing.verdict
 
 
 def test_a_depth_drift_needs_completep_runs_and_two_depths():
     table = depth_sweep(_depth_table(lambda dp, depth, seed: -8.0))
     with pytest.raises(ValueError, match="has no completep runs"):
-        lr_drift(table[table["parametrization"] == "none"], axis="depth")
+        lr_drift(table[table["parametrization"] == "none"], axis=SWEEPS["depth"].axis)
     with pytest.raises(ValueError, match="add a depth to the validate sweep"):
-        lr_drift(table[table["depth"] == 2], axis="depth")
+        lr_drift(table[table["depth"] == 2], axis=SWEEPS["depth"].axis)
     assert depth_sweep(trials([{"parametrization": "mup", "width": 32, "lr": 0.01, "seed": 0, "eval_loss": 3.0}],
                               phase="validate")).empty

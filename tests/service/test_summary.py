@@ -16,6 +16,7 @@ from studies.phases import StudyState
 from studies.spec import StudySpec
 from tests.analysis._tables import paper_like_optimum, sweep_table, trials, verify_table
 from workers.folder import StudyFolder
+from studies.sweeps import SWEEPS
 
 
 def _spec(**sections) -> StudySpec:
@@ -158,11 +159,10 @@ def test_the_summary_states_the_transfer_regret_in_one_line(tmp_path):
 
 
 def test_the_summary_shows_the_lr_optimum_per_depth_and_its_drift(tmp_path):
-    from analysis.transfer import depth_sweep
-    from tests.analysis.test_transfer import _depth_table
+    from tests.analysis.test_transfer import _depth_table, depth_sweep
 
     table = _depth_table(lambda dp, depth, seed: -8.0 - (0.8 * np.log2(depth / 2) if dp == "none" else 0.0))
-    drift = lr_drift(depth_sweep(table), axis="depth")
+    drift = lr_drift(depth_sweep(table), axis=SWEEPS["depth"].axis)
     spec = load_catalog("depth_cpu")
     view = _study(tmp_path, spec, {"tune": {**TUNE, "best_hparams": spec.space.defaults()},
                                    "validate": {"status": "done", "depth_drift": drift.model_dump()}},

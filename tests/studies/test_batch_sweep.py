@@ -23,13 +23,14 @@ from studies.members import batches
 from studies.phases import StudyState, TuneResult, ValidateResult
 from studies.phases.base import Context
 from studies.phases.validate import PHASE, validate_trials
-from studies.phases.validate_batch import batch_flag
+from studies.sweeps import SWEEPS
 from studies.plan import PLANNED_COLUMNS, PlannedTrial
 from studies.spec import CATALOG_DIR, StudySpec
 from tests.studies._dicts import with_changes
 from tests.studies._report import phase_report
 from tests.studies.test_spec import error_of
 from tests.studies.test_validate_phase import Folder
+from studies.sweeps.batch import batch_steps
 
 SPEC = load_catalog("batch_cpu")
 CENTRE = {**SPEC.space.defaults(), "lr": 0.008}  # tuned at batch 8: 2^-6.97
@@ -67,9 +68,9 @@ def test_batch_fixed_and_tune_batch_size_are_bounded():
 
 def test_one_validate_width_is_a_batch_sweep_alone():
     alone = StudySpec.model_validate(spec_dict(validate={"widths": [32], "lrs": [1, 2, 3], "batch_sizes": [8, 16]}))
-    assert alone.validate_.batch_sizes == [8, 16] and not alone.validate_.width_sweep()
+    assert alone.validate_.batch_sizes == [8, 16] and not SWEEPS["width"].present(alone.validate_)
     message = error_of(spec_dict(validate={"widths": [32], "lrs": [1, 2, 3]}))
-    assert "validate.batch_sizes (a horizon, depth or batch sweep alone)" in message
+    assert "validate.batch_sizes or validate.seq_lens (a horizon, depth, batch size or context sweep alone)" in message
 
 
 def test_the_largest_batch_must_outlast_the_warmup_at_a_fixed_token_budget():
@@ -81,7 +82,7 @@ def test_the_largest_batch_must_outlast_the_warmup_at_a_fixed_token_budget():
     assert "lower warmup_steps, raise validate.steps, drop the largest batch size or set validate.batch_fixed: steps" \
         in message
     fixed = with_changes(data, **{"validate.batch_fixed": "steps"})
-    assert StudySpec.model_validate(fixed).batch_steps(64) == 40
+    assert batch_steps(StudySpec.model_validate(fixed), 64) == 40
 
 
 def test_a_compare_study_has_no_tune_batch():
@@ -120,16 +121,16 @@ def test_explicit_defaults_hash_like_omitted_ones_and_set_values_do_not():
 
 def test_batch_cpu_plans_lr_at_each_batch_on_the_same_tokens():
     trials = validate_trials(SPEC, CENTRE)
-    assert len(trials) == 3 * 6 * 2 and all(t.batch_size in (8, 16, 32) for t in trials)
+    assert len(trials) == 3 * 6 * 2 and all((t.at or {}).get("batch_size") in (8, 16, 32) for t in trials)
     assert trials[0].trial_key == "validate-mup-w64-b8-lr0.002-s0"
     assert {t.trial_key for t in trials} >= {"validate-mup-w64-b16-lr0.016-s1", "validate-mup-w64-b32-lr0.064-s0"}
     assert len({t.trial_key for t in trials}) == len(trials)
-    steps = {t.batch_size: t.steps(SPEC) for t in trials}
+    steps = {(t.at or {}).get("batch_size"): t.steps(SPEC) for t in trials}
     assert steps == {8: 400, 16: 200, 32: 100}  # 400 × 8 / B: each trial sees 400 × 8 sequences
-    config = next(t for t in trials if t.batch_size == 32).trial_config(SPEC)
+    config = next(t for t in trials if (t.at or {}).get("batch_size") == 32).trial_config(SPEC)
     assert config["batch_size"] == 32 and config["steps"] == 100 and config["lr"] == 0.002
     row = trials[0].columns(SPEC)
-    assert row["batch_size"] == 8 and "horizon" not in row and "batch_size" in PLANNED_COLUMNS
+    assert row["batch_size"] == 8 and "horizon" not in row and row["sweep"] == "batch" and "sweep" in PLANNED_COLUMNS
     assert PlannedTrial.from_dict(trials[0].as_dict()) == trials[0]
 
 
@@ -140,7 +141,7 @@ def test_fixed_steps_keep_the_horizon_and_fixed_tokens_round_to_at_least_one_ste
     assert {t.steps(fixed) for t in validate_trials(fixed, CENTRE)} == {400}
     odd = StudySpec.model_validate(spec_dict(**{"train.warmup_steps": 0, "train.steps": 3, "tune.asha.enabled": False},
                                              validate={"widths": [32], "lrs": [1, 2, 3], "batch_sizes": [16, 24, 256]}))
-    assert [odd.batch_steps(b) for b in (16, 24, 256)] == [3, 2, 1]  # round(3 × 16/24) = 2; 3 × 16/256 → 1
+    assert [batch_steps(odd, b) for b in (16, 24, 256)] == [3, 2, 1]  # round(3 × 16/24) = 2; 3 × 16/256 → 1
 
 
 def test_the_base_batch_is_tunes_and_tune_trials_train_at_it():
@@ -154,7 +155,7 @@ def test_the_base_batch_is_tunes_and_tune_trials_train_at_it():
 
 def test_no_batched_process_mixes_batch_sizes():
     for group in batches(SPEC, validate_trials(SPEC, CENTRE), 64):
-        assert len({t.batch_size for t in group}) == 1
+        assert len({(t.at or {}).get("batch_size") for t in group}) == 1
 
 
 def test_the_cost_scales_with_each_trials_batch_and_steps():
@@ -182,7 +183,7 @@ def _optimum(batch: int) -> float:
 def _table() -> pd.DataFrame:
     rows = []
     for trial in validate_trials(SPEC, CENTRE):
-        x, batch = np.log2(trial.hparams["lr"]), trial.batch_size or 0
+        x, batch = np.log2(trial.hparams["lr"]), (trial.at or {}).get("batch_size") or 0
         shift = 0.05 * (-1) ** trial.seed  # each seed's optimum a little apart: the interval has a width
         loss = 5.0 + 0.05 * (x - _optimum(batch) - shift) ** 2
         rows.append({**trial.columns(SPEC), "status": "completed", "eval_loss": loss, "steps": trial.steps(SPEC)})
@@ -198,22 +199,22 @@ def _judged(tmp_path: Path) -> ValidateResult:
 
 def test_a_batch_sweep_is_judged_along_the_batch_size(tmp_path):
     result = _judged(tmp_path)
-    assert result.lr_drift is None and result.regret == [] and result.horizon_drift == []
-    [drift] = result.batch_drift
+    assert result.drift() is None and result.along("width")[1] == [] and result.along("horizon")[0] == []
+    [drift] = result.along("batch")[0]
     assert drift.axis == "batch" and abs(drift.mup_drift - 0.9) < 0.05 and not drift.passed  # |0.9| > 0.5
     assert drift.drift_ci["mup"] is not None and drift.drift_ci["mup"][0] < 0.9 < drift.drift_ci["mup"][1]
     assert (tmp_path / "batch.png").exists() and PHASE.figures(result) == {"validate (batch size)": "batch"}
-    assert result.all_drifts() == [drift]
+    assert result.drifts == [drift]
     # batch 8's optimum (2^-7) carried to batch 16 (0.9 octave off) and 32 (1.8 octaves off)
-    assert [(r.batch_size, r.width) for r in result.batch_regret] == [(16, 64), (32, 64)]
-    for r, octaves in zip(result.batch_regret, (0.9, 1.8), strict=True):
+    assert [(r.at, r.width) for r in result.along("batch")[1]] == [(16, 64), (32, 64)]
+    for r, octaves in zip(result.along("batch")[1], (0.9, 1.8), strict=True):
         assert r.regret is not None and abs(r.regret - 0.05 * octaves**2) < 5e-3 and r.ci is not None
         assert r.regret_pct == pytest.approx(100 * r.regret / r.optimum_loss)
 
 
 def test_the_verdict_report_and_summary_of_a_batch_sweep(tmp_path):
     result = _judged(tmp_path)
-    [drift] = result.batch_drift
+    [drift] = result.along("batch")[0]
     verdict = PHASE.verdict(SPEC, result)
     metrics = verdict.metrics[0]
     assert metrics["lr_batch_drift.mup.w64"] == pytest.approx(drift.mup_drift)
@@ -224,7 +225,7 @@ def test_the_verdict_report_and_summary_of_a_batch_sweep(tmp_path):
     assert "Batch: tune trains at batch size 8, the target at 32" in verdict.sentence
     assert not any("lr_batch" in column for _, column in PHASE.columns(SPEC, verdict))  # the run page keeps them
 
-    flag = batch_flag(SPEC, result.batch_drift)
+    flag = SWEEPS["batch"].flag(SPEC, result.along("batch")[0])
     assert flag is not None and flag.startswith("tune trains at batch size 8, the target at 32 (train.batch_size; "
                                                 "2 doublings larger): mup's optimal lr at width 64 moves")
     assert f"lies ≈ {2 * drift.mup_drift:+.2f} log2(lr) from the optimum at the batch size 8 tune trained at" in flag
@@ -248,18 +249,18 @@ def test_the_verdict_report_and_summary_of_a_batch_sweep(tmp_path):
 
 
 def test_the_flag_before_a_sweep_and_when_there_is_nothing_to_flag():
-    assert "the validate batch sweep (validate.batch_sizes) will measure" in (batch_flag(SPEC) or "")
+    assert "the validate batch sweep (validate.batch_sizes) will measure" in (SWEEPS["batch"].flag(SPEC) or "")
     data = SPEC.as_dict()
     data["validate"] = None
     unswept = StudySpec.model_validate(data)
-    assert (batch_flag(unswept) or "").endswith("measure it with validate.batch_sizes: [8, ..., 32]")
+    assert (SWEEPS["batch"].flag(unswept) or "").endswith("measure it with validate.batch_sizes: [8, ..., 32]")
     data["tune"]["batch_size"] = 64
     larger = StudySpec.model_validate(data)
-    assert (batch_flag(larger) or "").startswith("tune trains at batch size 64, the target at 32 (train.batch_size; "
+    assert (SWEEPS["batch"].flag(larger) or "").startswith("tune trains at batch size 64, the target at 32 (train.batch_size; "
                                                  "1 doublings smaller)")
     data["tune"]["batch_size"] = 32
-    assert batch_flag(StudySpec.model_validate(data)) is None  # tune trains at the target's batch
-    assert batch_flag(load_catalog("cpu_demo")) is None and batch_flag(load_catalog("compare_cpu")) is None
+    assert SWEEPS["batch"].flag(StudySpec.model_validate(data)) is None  # tune trains at the target's batch
+    assert SWEEPS["batch"].flag(load_catalog("cpu_demo")) is None and SWEEPS["batch"].flag(load_catalog("compare_cpu")) is None
 
 
 def test_ptctl_study_plan_prints_the_batch_flag():
@@ -318,7 +319,7 @@ def test_a_tiny_batch_sweep_trains_each_batch_on_the_same_tokens(tmp_path, monke
     tune = table[(table["phase"] == "tune") & (table["steps"] == 30)]
     assert not tune.empty and set(tune["tokens"]) == {30 * 8 * int(sweep["tokens"].iloc[0]) // (20 * 8)}
     result = state.result("validate", ValidateResult)
-    assert result is not None and len(result.batch_drift) == 1 and result.batch_drift[0].axis == "batch"
+    assert result is not None and len(result.along("batch")[0]) == 1 and result.along("batch")[0][0].axis == "batch"
     assert (artifacts / "batch.png").exists()
     report = (artifacts / "report.md").read_text()
     assert "Batch size: mup's optimal lr at width 16 moves" in report

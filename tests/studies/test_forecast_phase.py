@@ -30,7 +30,7 @@ def _optimum(width: int, steps: int) -> float:
 def _table(spec: StudySpec = SPEC) -> pd.DataFrame:
     rows = []
     for trial in validate_trials(spec, CENTRE):
-        x, steps = np.log2(trial.hparams["lr"]), trial.horizon or spec.validate_horizon()
+        x, steps = np.log2(trial.hparams["lr"]), (trial.at or {}).get("horizon") or spec.validate_horizon()
         offset = 0.05 * (trial.seed - 0.5)  # each seed's optimum a little apart
         loss = 5.0 - 0.1 * np.log2(steps) + 0.05 * (x - _optimum(trial.width, steps) - offset) ** 2
         rows.append({**trial.columns(spec), "status": "completed", "eval_loss": loss, "steps": steps})

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 import studies
 from studies.families.pt import HPARAMS, PTConfig
 from studies.phases import phases_of
-from studies.phases.validate import depth_trials, validate_trials
+from studies.phases.validate import validate_trials
+from studies.sweeps import SWEEPS
 from studies.spec import CATALOG_DIR, StudySpec, TrialConfig, VerifySpec
 from tests.studies._dicts import with_changes
 
@@ -428,7 +429,7 @@ def test_invalid_validate_steps_name_the_field(steps, needle):
 
 
 def test_one_validate_width_only_with_a_horizon_sweep():
-    assert "or one width with a list of validate.steps" in error_of(spec_dict(validate={"widths": [32],
+    assert "or one width with validate.steps" in error_of(spec_dict(validate={"widths": [32],
                                                                                         "lrs": [1, 2, 3]}))
     assert "validate.hparams need 2–4 validate.widths" in error_of(spec_dict(validate={
         "widths": [32], "lrs": [1, 2, 3], "steps": [50, 100], "hparams": {"w_H": [1, 2, 4]}}))
@@ -452,7 +453,7 @@ TAU = {"name": "deep", "model": {"family": "tauformer", "arch": {"head_dim": 16,
 def test_a_spec_without_depths_dumps_and_hashes_as_before():
     """Leaving validate.depths out keeps it out of the dump (the pinned hashes above hold); giving it changes both."""
     plain = StudySpec.from_yaml(CATALOG_DIR / "pt_lr_alignment.yaml")
-    assert "depths" not in plain.as_dict()["validate"] and depth_trials(plain, plain.space.defaults()) == []
+    assert "depths" not in plain.as_dict()["validate"] and SWEEPS["depth"].trials(plain, plain.space.defaults()) == []
     deep = StudySpec.model_validate(TAU)
     assert deep.as_dict()["validate"]["depths"] == [2, 4, 8]
     assert StudySpec.from_yaml(deep.to_yaml()) == deep

@@ -20,7 +20,9 @@ from studies.phases.transfer import PHASE as TRANSFER
 from studies.phases.transfer import carried_hparams, target_timescale_line, transfer_trials
 from studies.phases.tune import search_space
 from studies.phases.validate import PHASE as VALIDATE
-from studies.phases.validate import decay_timescales, validate_trials
+from studies.phases.validate import validate_trials
+from studies.sweeps import with_sweep
+from studies.sweeps.width import decay_timescales
 from studies.plan import PlannedTrial
 from studies.spec import CATALOG_DIR, StudySpec, TrialConfig
 from tests.studies._report import phase_report
@@ -236,14 +238,14 @@ def test_the_validate_phase_sweeps_lambda_and_reports_its_drift_and_timescale(tm
     state = StudyState(study_id="v", spec_hash="x", phases={"tune": TuneResult(status="done", best_hparams=CENTRE)})
     ctx = Context(spec=WD, state=state, tables=lambda name: table if name == "validate" else None)
     result = VALIDATE.judge(ctx, table, Folder(tmp_path))
-    assert isinstance(result, ValidateResult) and set(result.hparam_drift) == {"weight_decay"}
-    assert result.hparam_drift["weight_decay"].mup_drift == pytest.approx(1.0, abs=0.05)
+    assert isinstance(result, ValidateResult) and {d.hparam for d in result.drifts if d.hparam != "lr"} == {"weight_decay"}
+    assert result.drift(hparam="weight_decay").mup_drift == pytest.approx(1.0, abs=0.05)
     assert (tmp_path / "mutransfer_weight_decay.png").exists()
     assert VALIDATE.figures(result)["validate (weight_decay)"] == "mutransfer_weight_decay"
     verdict = VALIDATE.verdict(WD, result)
     assert verdict.tags["weight_decay_drift_passed"] == "false" and "weight_decay_drift.mup" in verdict.metrics[0]
     assert "Transfer regret in weight_decay at width 32" in verdict.sentence
-    frame = decay_timescales(WD, result, table)
+    frame = decay_timescales(WD, result.drifts, with_sweep(WD, table))
     assert frame is not None and list(frame["width"]) == [32, 64, 128]
     # λ* doubles per doubling of width at η = 0.016: τ*/T halves, 1/(0.016 · 2^-3.3 · 200) at width 32
     assert frame["τ*/T"].iloc[0] == pytest.approx(1 / (0.016 * 2**-3.3 * 200), rel=0.05)

@@ -153,7 +153,7 @@ def test_validate_sweeps_run_after_verify_and_reach_the_report():
     spec, runner = StudySpec.model_validate(data), FakeRunner()
     state = _run(spec, runner)
     assert runner.calls == ["tune", "transfer", "verify", "validate"]
-    assert set(state.phases["validate"].hparam_drift) == {"w_H"}
+    assert {d.hparam for d in state.phases["validate"].drifts if d.hparam != "lr"} == {"w_H"}
     folder = StudyFolder("s1")
     validate = pd.read_csv(folder.trials("validate"))
     assert len(validate) == REGISTERED["validate"].count(spec) and set(validate.swept) == {"lr", "w_H"}

@@ -101,7 +101,7 @@ def test_verdict_columns_name_every_verdict_the_runs_carry():
 
 def test_the_validate_verdict_carries_the_transfer_regret():
     from analysis import transfer_regret
-    from studies.phases.validate import regret_widths
+    from studies.sweeps.width import regret_widths
 
     assert regret_widths(SPEC) == [32, 128]  # validate.widths in transfer.widths, and the swept base width
     sweep = sweep_table(paper_like_optimum)
