@@ -142,6 +142,7 @@ __all__ = [
     "confidence",
     "coord_slopes",
     "coord_verdict",
+    "forecast",
     "forecast_line",
     "held_out_score",
     "lr_curves",

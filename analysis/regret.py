@@ -20,7 +20,8 @@ from pydantic import BaseModel, model_validator
 
 from analysis.transfer import Axis, lr_curves, parabola
 
-__all__ = ["Regret", "base_of", "carried_line", "carried_regret", "carried_regrets", "curve_loss_at", "curve_minimum", "regret_line", "transfer_regret"]
+__all__ = ["Regret", "base_of", "carried_line", "carried_regret", "carried_regrets", "curve_loss_at", "curve_minimum",
+           "regret_line", "transfer_regret"]
 
 
 class Regret(BaseModel):

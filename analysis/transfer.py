@@ -3,10 +3,10 @@ evidence)."""
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
 from typing import Any
 
+import numpy as np
+import pandas as pd
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from analysis.table import TrialStatus, judged_loss, phase_rows, require_columns
@@ -268,7 +268,7 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
                 f"add a {col} to the validate sweep"
             )
         drift[param] = float(np.polyfit(np.log2(np.array(values, dtype=float)),
-                                        [o.log2_lr_interp for o in points], 1)[0])
+                                        [o.log2_lr if o.log2_lr_interp is None else o.log2_lr_interp for o in points], 1)[0])
         ci[param] = drift_interval(per_seed[per_seed["parametrization"] == param], x=f"log2_{axis.name}")
     judged, beside = axis.judged
     if judged not in drift:

@@ -50,7 +50,8 @@ def tune_verdict(result: TuneResult) -> TuneVerdict:
 
 def transfer_verdict(result: TransferResult) -> TransferVerdict:
     points = [TransferPoint(width=int(r["width"]), eval_loss=_num(r.get("eval_loss_mean"))) for r in result.widths]
-    trends = [WidthTrendVerdict(parametrization=t.parametrization, verdict=t.verdict, slope=_num(t.slope), ci95=_ci(t.ci),
+    trends = [WidthTrendVerdict(parametrization=t.parametrization, verdict=t.verdict, slope=_num(t.slope),
+                                ci95=_ci(t.ci),
                                 warning=t.warning, line=t.line) for t in result.trends]
     return TransferVerdict(widths=sorted(points, key=lambda p: p.width), trends=trends)
 

@@ -145,8 +145,8 @@ class Validate(Phase):
         table = tables.get("validate")
         table = with_sweep(ctx.spec, table) if table is not None else None
         parts = [s.section(ctx.spec, *result.along(s.name), table) for s in SWEEPS.values()]
-        return [*(p for before, _ in parts for p in before), *(drift_section(d, SWEEPS[d.axis].axis.column, SWEEPS[d.axis].header)
-                                                       for d in result.drifts),
+        drifts = [drift_section(d, SWEEPS[d.axis].axis.column, SWEEPS[d.axis].header) for d in result.drifts]
+        return [*(p for before, _ in parts for p in before), *drifts,
                 *(p for _, after in parts for p in after),
                 *([forecast_section(result.forecast)] if result.forecast else [])]
 

@@ -37,7 +37,6 @@ def either(words: Iterable[str]) -> str:
 class Lr(BaseModel):
     """`validate`'s fields of every sweep: where lr is swept, how and how it is judged."""
 
-    sweep: ClassVar[Sweep | None] = None
     widths: Widths = Field(min_length=1, max_length=4,
                            description="2–4 increasing widths (one with a list of steps, with depths, batch_sizes or "
                                        "seq_lens: a horizon, depth, batch or context sweep alone)")
@@ -157,8 +156,8 @@ class ValidateSpec(seq_len.Fields, batch.Fields, depth.Fields, horizon.Fields, w
         return [s for s in SWEEPS.values() if s.present(self)]
 
 
-SWEEPS: dict[str, Sweep] = {base.sweep.name: base.sweep for base in reversed(ValidateSpec.__mro__)
-                            if isinstance(vars(base).get("sweep"), Sweep)}
+SWEEPS: dict[str, Sweep] = {sweep.name: sweep for base in reversed(ValidateSpec.__mro__)
+                            if isinstance(sweep := vars(base).get("sweep"), Sweep)}
 """Every sweep by name, in the order they are planned, judged and told (`ValidateSpec`'s bases, last first)."""
 
 

@@ -10,6 +10,7 @@ import pytest
 from analysis import carried_line, carried_regrets, lr_drift, plot_sweep
 from analysis.regret import base_of
 from studies.sweeps.batch import RULES, SWEEP, nearest_rule, rules_text
+from tests.analysis._tables import trials
 
 BATCH = SWEEP.axis
 
@@ -24,7 +25,6 @@ def batch_regret_line(regrets, width=64):
 
 def plot_batch(table, path):
     return plot_sweep(table, path, BATCH, SWEEP.legend)
-from tests.analysis._tables import trials
 
 BATCHES = [8, 16, 32, 64]
 LRS = [2.0**k for k in range(-11, -1)]  # 2^-11 … 2^-2: every optimum inside the grid

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from analysis.transfer import lr_curves, lr_drift, transfer_table
-from tests.analysis._tables import SWEEP_WIDTHS, paper_like_optimum, sweep_table, trials
 from studies.sweeps import SWEEPS
+from tests.analysis._tables import SWEEP_WIDTHS, paper_like_optimum, sweep_table, trials
 
 
 def test_transfer_table_aggregates_seeds_per_width():

@@ -14,9 +14,9 @@ from studies import load_catalog
 from studies.families.pt import HPARAMS
 from studies.phases import StudyState
 from studies.spec import StudySpec
+from studies.sweeps import SWEEPS
 from tests.analysis._tables import paper_like_optimum, sweep_table, trials, verify_table
 from workers.folder import StudyFolder
-from studies.sweeps import SWEEPS
 
 
 def _spec(**sections) -> StudySpec:

@@ -23,14 +23,14 @@ from studies.members import batches
 from studies.phases import StudyState, TuneResult, ValidateResult
 from studies.phases.base import Context
 from studies.phases.validate import PHASE, validate_trials
-from studies.sweeps import SWEEPS
 from studies.plan import PLANNED_COLUMNS, PlannedTrial
 from studies.spec import CATALOG_DIR, StudySpec
+from studies.sweeps import SWEEPS
+from studies.sweeps.batch import batch_steps
 from tests.studies._dicts import with_changes
 from tests.studies._report import phase_report
 from tests.studies.test_spec import error_of
 from tests.studies.test_validate_phase import Folder
-from studies.sweeps.batch import batch_steps
 
 SPEC = load_catalog("batch_cpu")
 CENTRE = {**SPEC.space.defaults(), "lr": 0.008}  # tuned at batch 8: 2^-6.97
@@ -256,11 +256,13 @@ def test_the_flag_before_a_sweep_and_when_there_is_nothing_to_flag():
     assert (SWEEPS["batch"].flag(unswept) or "").endswith("measure it with validate.batch_sizes: [8, ..., 32]")
     data["tune"]["batch_size"] = 64
     larger = StudySpec.model_validate(data)
-    assert (SWEEPS["batch"].flag(larger) or "").startswith("tune trains at batch size 64, the target at 32 (train.batch_size; "
+    assert (SWEEPS["batch"].flag(larger) or "").startswith(
+        "tune trains at batch size 64, the target at 32 (train.batch_size; "
                                                  "1 doublings smaller)")
     data["tune"]["batch_size"] = 32
     assert SWEEPS["batch"].flag(StudySpec.model_validate(data)) is None  # tune trains at the target's batch
-    assert SWEEPS["batch"].flag(load_catalog("cpu_demo")) is None and SWEEPS["batch"].flag(load_catalog("compare_cpu")) is None
+    batch_flag = SWEEPS["batch"].flag
+    assert batch_flag(load_catalog("cpu_demo")) is None and batch_flag(load_catalog("compare_cpu")) is None
 
 
 def test_ptctl_study_plan_prints_the_batch_flag():

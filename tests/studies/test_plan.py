@@ -191,7 +191,8 @@ def test_a_horizon_sweep_plans_lr_at_each_length_with_unique_names(spec):
     lr = [t for t in grid if t.swept == "lr"]
     assert len(lr) == 2 * 2 * 3 * 3 * 2 and {(t.at or {}).get("horizon") for t in lr} == {20, 40, 80}
     w_h = [t for t in grid if t.swept == "w_H"]
-    assert len(w_h) == 2 * 2 * 3 * 2 and {(t.at or {}).get("horizon") for t in w_h} == {80}  # the others at the main horizon
+    # the others at the main horizon
+    assert len(w_h) == 2 * 2 * 3 * 2 and {(t.at or {}).get("horizon") for t in w_h} == {80}
     assert len({t.trial_key for t in grid}) == len(grid) == len(lr) + len(w_h)
     assert "validate-mup-w16-t40-lr0.01-s1" in {t.trial_key for t in grid}
     assert {t.trial_config(sweep)["steps"] for t in lr} == {20, 40, 80}
@@ -225,7 +226,8 @@ def test_a_depth_sweep_plans_lr_at_each_depth_under_completep_and_none():
     assert len(grid) == 2 * 3 * len(v.lrs) * v.seeds  # one width: the depth sweep alone
     assert len({t.trial_key for t in grid}) == len(grid)
     assert "validate-completep-w32-L8-lr0.04-s1" in {t.trial_key for t in grid}
-    assert {((t.at or {}).get("depth_parametrization"), t.depth) for t in grid} == {(d, L) for d in ("completep", "none")
+    assert {((t.at or {}).get("depth_parametrization"), t.depth) for t in grid} == {(d, L) for d in ("completep",
+                                                                                                      "none")
                                                                   for L in (2, 4, 8)}
     assert all(t.width == 32 and t.swept == "lr" and t.parametrization is None for t in grid)
     arch = {t.trial_key: t.trial_config(deep)["model_hp"] for t in grid}
@@ -256,6 +258,6 @@ def test_a_depth_sweep_beside_a_width_sweep_runs_at_the_first_width_and_ut_sweep
     ut["validate"] = {"widths": [16], "lrs": [0.001, 0.01, 0.1], "depths": [3, 6]}
     spec = StudySpec.model_validate(ut)
     [hp] = {t.trial_config(spec)["model_hp"]["n_steps"]: t.trial_config(spec)["model_hp"]
-            for t in validate_trials(spec, spec.space.defaults()) if t.depth == 6 and (t.at or {}).get("depth_parametrization") ==
-            "completep"}.values()
+            for t in validate_trials(spec, spec.space.defaults())
+            if t.at == {"depth": 6, "depth_parametrization": "completep"}}.values()
     assert hp["n_steps"] == 6 and hp["base_depth"] == 3  # base_depth omitted: the arch's own depth

@@ -14,8 +14,8 @@ import studies
 from studies.families.pt import HPARAMS, PTConfig
 from studies.phases import phases_of
 from studies.phases.validate import validate_trials
-from studies.sweeps import SWEEPS
 from studies.spec import CATALOG_DIR, StudySpec, TrialConfig, VerifySpec
+from studies.sweeps import SWEEPS
 from tests.studies._dicts import with_changes
 
 CATALOG = sorted(CATALOG_DIR.glob("*.yaml"))

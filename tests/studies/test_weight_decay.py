@@ -21,10 +21,10 @@ from studies.phases.transfer import carried_hparams, target_timescale_line, tran
 from studies.phases.tune import search_space
 from studies.phases.validate import PHASE as VALIDATE
 from studies.phases.validate import validate_trials
-from studies.sweeps import with_sweep
-from studies.sweeps.width import decay_timescales
 from studies.plan import PlannedTrial
 from studies.spec import CATALOG_DIR, StudySpec, TrialConfig
+from studies.sweeps import with_sweep
+from studies.sweeps.width import decay_timescales
 from tests.studies._report import phase_report
 from tests.studies.test_validate_phase import Folder
 
@@ -238,7 +238,8 @@ def test_the_validate_phase_sweeps_lambda_and_reports_its_drift_and_timescale(tm
     state = StudyState(study_id="v", spec_hash="x", phases={"tune": TuneResult(status="done", best_hparams=CENTRE)})
     ctx = Context(spec=WD, state=state, tables=lambda name: table if name == "validate" else None)
     result = VALIDATE.judge(ctx, table, Folder(tmp_path))
-    assert isinstance(result, ValidateResult) and {d.hparam for d in result.drifts if d.hparam != "lr"} == {"weight_decay"}
+    assert isinstance(result, ValidateResult)
+    assert {d.hparam for d in result.drifts if d.hparam != "lr"} == {"weight_decay"}
     assert result.drift(hparam="weight_decay").mup_drift == pytest.approx(1.0, abs=0.05)
     assert (tmp_path / "mutransfer_weight_decay.png").exists()
     assert VALIDATE.figures(result)["validate (weight_decay)"] == "mutransfer_weight_decay"

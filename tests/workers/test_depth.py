@@ -18,7 +18,6 @@ from workers.errors import ConfigError
 from workers.models import build_model
 from workers.models.contract import ADAM_EPS
 from workers.train import make_optimizer
-from studies.sweeps import SWEEPS
 
 V = 50
 FAMILIES = {"bert": {"head_dim": 8, "max_len": 16}, "ut": {"head_dim": 8, "max_len": 16, "n_steps": 8},

@@ -69,7 +69,9 @@ class Canned:
             planned = [PlannedTrial.for_tune(job.spec, f"{i:05d}", {"lr": 0.01 * 2.0 ** (i - 2)})
                        for i in range(job.spec.tune.num_trials)]
         return trial_frame([trial_row(job.spec, t, TrialReport(
-            status="completed", eval_loss=self.loss(t), steps=(t.at or {}).get("horizon") or job.spec.steps_for(t.phase), tokens=100,
+            status="completed", eval_loss=self.loss(t), steps=(t.at or {}).get("horizon")
+            or job.spec.steps_for(t.phase),
+            tokens=100,
             wall_time_s=0.1 * (1 + i % 3), params=1000 * t.width)) for i, t in enumerate(planned)])
 
 
