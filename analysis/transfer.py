@@ -267,8 +267,8 @@ def lr_drift(table: pd.DataFrame, *, threshold: float = 0.5, phase: str = "valid
                 f"({param} has {values}); "
                 f"add a {col} to the validate sweep"
             )
-        drift[param] = float(np.polyfit(np.log2(np.array(values, dtype=float)),
-                                        [o.log2_lr if o.log2_lr_interp is None else o.log2_lr_interp for o in points], 1)[0])
+        optimal = [o.log2_lr if o.log2_lr_interp is None else o.log2_lr_interp for o in points]
+        drift[param] = float(np.polyfit(np.log2(np.array(values, dtype=float)), optimal, 1)[0])
         ci[param] = drift_interval(per_seed[per_seed["parametrization"] == param], x=f"log2_{axis.name}")
     judged, beside = axis.judged
     if judged not in drift:

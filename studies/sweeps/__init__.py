@@ -10,7 +10,7 @@ file and its `Fields` in that line.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import BaseModel, Field, field_validator, model_serializer, model_validator
 
