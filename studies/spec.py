@@ -726,6 +726,21 @@ class StudySpec(BaseModel):
                "validate": self.validate_horizon()}
         return own.get(phase) or self.train.steps
 
+    def asha_rungs(self) -> list[float]:
+        """The steps ASHA may judge a tune trial at: grace·η^k up to the budget (Ray's rungs are among them); none
+        for the local runner, which stops no trial early (ASHA is Ray Tune's scheduler)."""
+        asha, max_t = self.tune.asha, self.steps_for("tune")
+        rungs: list[float] = []
+        rung: float = asha.grace_steps
+        while asha.enabled and self.resources.runner == "ray" and rung <= max_t:
+            rungs.append(rung)
+            rung *= asha.reduction_factor
+        return rungs
+
+    def search_space(self) -> dict[str, tuple[float, float, bool]]:
+        """The searched hparams as (low, high, log): the Optuna distributions of both runners."""
+        return {name: (r.low, r.high, r.log) for name, r in self.space.searched().items()}
+
     def batch_for(self, phase: str) -> int:
         """The sequences per step of one trial in `phase`: tune.batch_size for tune (when set), else
         train.batch_size (a batch sweep's trials: their own, `PlannedTrial.batch_size`)."""
