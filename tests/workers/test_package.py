@@ -9,7 +9,7 @@ from pathlib import Path
 import workers
 
 ROOT = Path(workers.__file__).parent
-RAY = {f"ray/{name}.py" for name in ("__init__", "callback", "cluster", "experiment", "groups", "trainable")}
+RAY = {f"ray/{name}.py" for name in ("__init__", "actors", "callback", "cluster", "experiment", "trainable")}
 HOMES = {"ray": RAY, "mlflow": {"mlflow_tracker.py"}, "fastapi": set(), "service": set()}
 
 
