@@ -102,3 +102,27 @@ def test_every_spec_and_variant_is_pinned():
 def test_a_specs_content_hash_and_dumps_are_unchanged(name):
     spec = SPECS[name]()
     assert (spec.content_hash(), hashlib.sha256(_dumps(spec).encode()).hexdigest()[:16]) == PINS[name]
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [cls, *(s for sub in cls.__subclasses__() for s in _subclasses(sub))]
+
+
+def test_every_later_field_is_a_field_of_its_section_and_dumped_once_set():
+    """`later` names real fields (a typo would drop nothing and leave a hash to change), and a group leaves the dump
+    only while every field of it is at its default."""
+    from studies.arch import LaterFields
+
+    sections = [StudySpec, *_subclasses(LaterFields)]
+    assert {c.__name__ for c in sections} >= {"TrainSpec", "TrialConfig", "TuneSpec", "TransferSpec", "ValidateSpec",
+                                              "Space", "DepthArch", "UTArch", "TauArch"}
+    for section in sections:
+        assert all(name in section.model_fields for group in section.later for name in group), section
+    tiny = load_catalog("tiny")
+    assert "batch_size" not in tiny.as_dict()["tune"] and "compare" not in tiny.as_dict()
+    assert _spec("tiny", tune={"batch_size": 8}).as_dict()["tune"]["batch_size"] == 8
+    arch = load_catalog("depth_cpu").model.arch  # completep at base_depth 2
+    assert arch.model_dump()["base_depth"] == 2
+    assert arch.model_copy(update={"base_depth": None}).model_dump()["base_depth"] is None  # one of the group set
+    plain = arch.model_copy(update={"depth_parametrization": "none", "base_depth": None}).model_dump()
+    assert not {"depth_parametrization", "base_depth"} & set(plain)
