@@ -432,9 +432,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+FORECAST_LOCAL = ("ptctl forecast reads the study's folder on this machine ($PTCTL_DATA_DIR/studies/ID), not the "
+                  "API, which has no forecast endpoint")
+
+
 def cmd_forecast(args: argparse.Namespace) -> int:
     """The optimal lr a finished study's validate sweeps forecast for a target of any width, steps and batch size,
-    before that target trains (`studies.phases.validate_forecast.forecast_at`)."""
+    before that target trains (`studies.phases.validate_forecast.forecast_at`); local only (`FORECAST_LOCAL`)."""
+    if args.server:
+        raise usage_error(f"--server {args.server}: {FORECAST_LOCAL}: run it on the machine that holds the study's "
+                          "folder (the server's, for a study submitted to it)")
     import pandas as pd
 
     from analysis.forecast import forecast_line
@@ -487,11 +494,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model hyperparameter")
     t.set_defaults(func=cmd_train)
 
-    f = sub.add_parser("forecast", help="the optimal lr a finished study's validate sweeps forecast for a target")
+    f = sub.add_parser("forecast", help="the optimal lr a finished study's validate sweeps forecast for a target "
+                       "(local only: reads the study's folder here, not the API)",
+                       description=f"The optimal lr a finished study's validate sweeps forecast for a target; "
+                       f"{FORECAST_LOCAL}.")
     f.add_argument("study", help="a finished study's id (its validate phase swept lr at 2–4 widths under mup)")
     f.add_argument("--width", type=int, default=None, help="the target's width (default: the study's target)")
     f.add_argument("--steps", type=int, default=None, help="the target's training steps (default: train.steps)")
     f.add_argument("--batch-size", type=int, default=None, help="the target's batch size (default: train.batch_size)")
+    f.add_argument("--server", default=None, help="refused: the API has no forecast (run it where the folder is)")
     f.set_defaults(func=cmd_forecast)
 
     c = sub.add_parser("coord-check", help="μP coordinate check: activation scale vs width")

@@ -14,22 +14,15 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from service import ray_head
 from service.control import DriverRunning, ExecutionUnavailable
 from service.settings import Settings
-from workers.ray import NodeAffinitySchedulingStrategy, keep_loopback, ray, ray_constants
-from workers.ray.groups import release_dead_actors_groups
-
-if TYPE_CHECKING:
-    from workers.ray import ActorClass
+from workers.ray import actors, keep_loopback
 
 log = logging.getLogger(__name__)
 NAMESPACE = "ptctl"
@@ -41,8 +34,7 @@ def actor_name(study_id: str) -> str:
     return f"ptctl-driver-{study_id}"
 
 
-# Ray's overloads of `ray.remote` omit some actor options (concurrency_groups), hence the ignore
-@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"control": 1})  # type: ignore[call-overload]
+@actors.actor_class
 class StudyDriverActor:
     """Runs one study to its end in a Ray worker process, reporting to the store. `ordered` answers on a
     thread of its own while `run` trains."""
@@ -50,7 +42,7 @@ class StudyDriverActor:
     def __init__(self) -> None:
         self._ordered = threading.Event()
 
-    @ray.method(concurrency_group="control")
+    @actors.control_method
     def ordered(self, timeout: float) -> bool:
         """Whether `run` has begun, waiting up to `timeout` s: a live driver that never began is idle."""
         return self._ordered.wait(timeout)
@@ -66,7 +58,7 @@ class StudyDriverActor:
         store = Store(database_url)
         if not store.begin(study_id, attempt):  # cancelled or resumed again before this driver ran
             log.warning("study %s is no longer running under attempt %d: not starting", study_id, attempt)
-            ray.actor.exit_actor()  # type: ignore[no-untyped-call]  # Ray leaves it unannotated
+            actors.exit_actor()
 
         def on_event(kind: str, data: dict[str, Any]) -> None:
             if kind == "phase_start":
@@ -83,7 +75,7 @@ class StudyDriverActor:
             store.transition(study_id, outcome, error=error, expect=[StudyStatus.RUNNING], attempt=attempt)
         except IllegalTransition as exc:  # cancelled meanwhile: the cancel stands
             log.warning("not recording %s: %s", outcome, exc)
-        ray.actor.exit_actor()  # type: ignore[no-untyped-call]
+        actors.exit_actor()
         return outcome  # not reached: exit_actor raises
 
 
@@ -94,20 +86,6 @@ def running_driver(pid: int) -> bool:
         return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::StudyDriverActor")
     except OSError:
         return False
-
-
-@contextmanager
-def _keep_signal_handlers() -> Iterator[None]:
-    """`ray.init` in the main thread replaces the SIGTERM handler with `sys.exit`, which would raise inside
-    uvicorn's loop (a traceback instead of a graceful stop): put uvicorn's handlers back. (Ray's C++ failure
-    handler, which would take SIGTERM from any thread, is off: RAY_DISABLE_FAILURE_SIGNAL_HANDLER.)"""
-    main = threading.current_thread() is threading.main_thread()
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 class RayExecutor:
@@ -127,7 +105,7 @@ class RayExecutor:
         with self._lock:
             if self._dropping is not None and self._dropping.is_alive():
                 raise ExecutionUnavailable("the connection to a lost Ray head is being dropped: retry in a minute")
-            if ray.is_initialized():
+            if actors.connected():
                 if self.settings.ray_address is not None or ray_head.running(self.settings.data_dir):
                     return
                 self._drop("the embedded Ray head stopped")
@@ -138,20 +116,12 @@ class RayExecutor:
                 ray_head.use_token(head.token_path)
                 if ray_head.head_host(head) == ray_head.LOOPBACK:
                     keep_loopback()  # else Ray would dial the machine's address, where a loopback head does not listen
-                # Ray reads RAY_AUTH_MODE when it is imported; re-read it (as Ray's own _enable_token_auth does)
-                ray._raylet.Config.initialize("")  # type: ignore[attr-defined]  # compiled; not in _raylet.pyi
                 address = head.address
-            ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True  # Ray's C++ handler would take SIGTERM
-            with _keep_signal_handlers():
-                ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING,
-                         configure_logging=False)
+            actors.join(address, NAMESPACE, reread_auth=self.settings.ray_address is None)  # the head's token
             log.info("connected to Ray at %s", address)
 
     def _handle(self, study_id: str) -> Any:  # an actor handle or None (ActorHandle types its methods as Never)
-        try:
-            return ray.get_actor(actor_name(study_id), namespace=NAMESPACE)
-        except ValueError:  # no live actor of that name
-            return None
+        return actors.find(actor_name(study_id), NAMESPACE)
 
     def alive(self, study_id: str) -> bool:
         self.connect()
@@ -163,14 +133,9 @@ class RayExecutor:
         env = {"PTCTL_DATA_DIR": str(self.settings.data_dir), "MLFLOW_TRACKING_URI": self.settings.tracking_uri,
                **{k: os.environ[k] for k in ("PTCTL_ARTIFACT_ROOT", "PTCTL_STORAGE", "PTCTL_NO_NODE_S")
                   if os.environ.get(k)}}
-        # on this node: the driver writes the study folder the API reads, and worker nodes need not share its disk
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        options = dict(name=actor_name(study_id), namespace=NAMESPACE, lifetime="detached",
-                       runtime_env={"env_vars": env}, scheduling_strategy=here)
         for _ in range(20):  # a just-killed actor may hold its name for a moment
-            try:
-                # the decorator made the class an ActorClass; mypy keeps a decorated class's own type
-                return cast("ActorClass[StudyDriverActor]", StudyDriverActor).options(**options).remote()
+            try:  # on this node: the driver writes the study folder the API reads
+                return actors.start(StudyDriverActor, actor_name(study_id), NAMESPACE, env)
             except ValueError:
                 if self._handle(study_id) is not None:
                     raise DriverRunning(f"study {study_id} already has a running driver: cancel it first") from None
@@ -191,10 +156,8 @@ class RayExecutor:
 
     @staticmethod
     def _ordered(handle: Any, timeout: float) -> bool:
-        try:
-            return cast(bool, ray.get(handle.ordered.remote(timeout), timeout=timeout + 60))
-        except ray.exceptions.RayActorError:  # it began and has already exited (its study moved on)
-            return True
+        # gone: it began and has already exited (its study moved on)
+        return cast(bool, actors.answer(handle.ordered.remote(timeout), timeout + 60, if_gone=True))
 
     def stop(self, study_id: str) -> bool:
         """Kill the study's driver (and so its Tune trials) and return once its process has ended; False if it had
@@ -206,7 +169,7 @@ class RayExecutor:
         if handle is None:
             return False
         pid = self._driver_pid(handle)
-        ray.kill(handle, no_restart=True)
+        actors.kill(handle)
         deadline = time.monotonic() + STOP_S
         while pid is not None and running_driver(pid):
             if time.monotonic() > deadline:
@@ -216,21 +179,14 @@ class RayExecutor:
         return True
 
     def release(self) -> list[str]:
-        """Remove the placement groups dead drivers left holding CPUs (`workers.ray.groups`); returns their ids."""
+        """Remove the placement groups dead drivers left holding CPUs (`workers.ray.actors`); returns their ids."""
         self.connect()
-        return release_dead_actors_groups(NAMESPACE, actor_name(""))
+        return actors.release_dead_actors_groups(NAMESPACE, actor_name(""))
 
     @staticmethod
     def _driver_pid(handle: Any) -> int | None:
-        """The pid of the driver's process if it has started on this node (Ray's actor table; no public API
-        gives an actor's pid without the dashboard, which the embedded head does not run)."""
-        try:
-            info = ray._private.state.state.actor_table(handle._actor_id.hex())
-        except Exception:  # no pid: the kill is asked all the same
-            log.warning("could not read the driver's pid from Ray", exc_info=True)
-            return None
-        here = ray.get_runtime_context().get_node_id()
-        return (info.get("Pid") or None) if info.get("Address", {}).get("NodeID") == here else None
+        """The pid of the driver's process if it has started on this node (None: the kill is asked all the same)."""
+        return actors.pid_here(handle)
 
     def lost(self) -> str | None:
         """Why Ray went away, taking every driver with it, once per loss (None while it is there). The embedded
@@ -239,7 +195,7 @@ class RayExecutor:
         `connect` starts (embedded) or joins (cluster) afresh; a loss `connect` noticed first is told here."""
         with self._lock:
             dropping = self._dropping is not None and self._dropping.is_alive()
-            if ray.is_initialized() and not dropping:
+            if actors.connected() and not dropping:
                 if self.settings.ray_address is None:
                     reason = None if ray_head.running(self.settings.data_dir) else "the embedded Ray head stopped"
                 else:
@@ -254,12 +210,12 @@ class RayExecutor:
         `reason` waits for `lost()`."""
         log.error("%s: dropping the connection; studies that were running are interrupted", reason)
         self._lost = reason
-        self._dropping = threading.Thread(target=ray.shutdown, name="ptctl-ray-drop", daemon=True)
+        self._dropping = threading.Thread(target=actors.shutdown, name="ptctl-ray-drop", daemon=True)
         self._dropping.start()
 
     def _cluster_unreachable(self) -> str | None:
         try:
-            ray.nodes()  # type: ignore[no-untyped-call]  # as cluster_resources: unannotated in Ray
+            actors.node_count()
             self._failing_since = None
             return None
         except Exception as exc:
@@ -273,5 +229,5 @@ class RayExecutor:
     def check(self) -> str:
         """A one-line readiness detail; raises if Ray is unreachable."""
         self.connect()
-        cpus = ray.cluster_resources().get("CPU", 0)  # type: ignore[no-untyped-call]
-        return f"{len(ray.nodes())} node(s), {cpus:g} CPUs"  # type: ignore[no-untyped-call]
+        cpus = actors.cpu_count()
+        return f"{actors.node_count()} node(s), {cpus:g} CPUs"

@@ -52,6 +52,34 @@ ANY_LENGTH = "any length"
 positions)."""
 
 
+Later = tuple[tuple[str, ...], ...]  # groups of fields, each added to a section at once (`LaterFields`)
+
+
+class LaterFields(BaseModel):
+    """A spec section with fields added after specs' content hashes were fixed: `later`, groups of field names (each
+    group added at once). A group whose fields are all at their declared defaults is left out of every dump (the
+    YAML, the API's stored spec, trial configs), so a spec that does not use it keeps its content hash
+    (`StudySpec.content_hash` hashes the dump), its trials their Tune configs and MLflow params. A new field that a
+    study may leave at its default is added to its section's `later`; the one rule for every section (and the
+    spec's own `compare`: `StudySpec.as_dict`, whose JSON schema a serializer would hide)."""
+
+    later: ClassVar[Later] = ()
+
+    @model_serializer(mode="wrap")
+    def _leave_out_later_defaults(self, handler: Any) -> Any:
+        return without_later_defaults(self, handler(self))
+
+
+def without_later_defaults(model: Any, out: Any) -> Any:
+    """`out`, the dump of `model`, without each group of `model.later` whose fields are all at their defaults."""
+    fields = type(model).model_fields
+    for group in model.later if isinstance(out, dict) else ():
+        if all(getattr(model, name) == fields[name].default for name in group):
+            for name in group:
+                out.pop(name, None)
+    return out
+
+
 class Arch(BaseModel):
     """The base of a family's fixed architecture: strict, frozen, and the hooks the width rules and the spec call.
     Each hook has a default; a plain pydantic model with a `width_steps` method also serves as an arch (it gets the
@@ -89,14 +117,14 @@ class Arch(BaseModel):
         return None
 
 
-class DepthArch(Arch):
+class DepthArch(Arch, LaterFields):
     """An arch whose residual blocks can be scaled with depth (BERT, UT, TauGPT): `depth_parametrization` and
     `base_depth`. The rules live in the model files (`workers/models/common.py: MuReadout.depth_*`, the blocks'
     `branch` multiplier); `depth_field` names the arch's depth L (UT: its recurrent steps).
 
-    At `none` (the default) both fields are left out of the arch's dump, so every spec without them keeps its
-    content hash and its trials their config."""
+    At `none` (the default) both fields are left out of the arch's dump (`LaterFields`)."""
 
+    later: ClassVar[Later] = (("depth_parametrization", "base_depth"),)
     depth_field: ClassVar[str] = "n_layers"
     depth_parametrization: DepthParametrization = Field(
         "none", description="'none' (blocks unscaled) or 'completep' (CompleteP, α = 1: each residual branch × "
@@ -115,14 +143,6 @@ class DepthArch(Arch):
                              "(CompleteP scales the residual branch x + F(LN(x))/L; a post-LN block renormalises the "
                              "stream after every branch): set model.arch.norm: pre, or depth_parametrization: none")
         return self
-
-    @model_serializer(mode="wrap")
-    def _dump_depth_when_set(self, handler: Any) -> Any:
-        out = handler(self)
-        if isinstance(out, dict) and self.depth_parametrization == "none":
-            out.pop("depth_parametrization", None)
-            out.pop("base_depth", None)
-        return out
 
     def at_depth(self, depth: int, depth_parametrization: DepthParametrization) -> Self:
         """This arch with `depth_field` = `depth` under `depth_parametrization`: at completep, base_depth is this

@@ -23,7 +23,6 @@ from typing import Any
 from studies.arch import DepthArch
 from studies.budget import train_flops
 from studies.phases import PHASES, phases_of
-from studies.phases.tune import asha_rungs
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec
 
@@ -65,7 +64,7 @@ def sequence_flops(spec: StudySpec, width: int, depth: int | None = None) -> flo
 
 def asha_steps(max_t: int, rungs: list[float], eta: float) -> float:
     """Expected steps of one trial under synchronous successive halving: 1/η of the trials go on past each rung
-    (`studies.phases.tune.asha_rungs`; a rung at the budget itself stops nothing)."""
+    (`StudySpec.asha_rungs`; a rung at the budget itself stops nothing)."""
     steps, start = 0.0, 0.0
     for k, end in enumerate([*(r for r in rungs if r < max_t), max_t]):
         steps += (end - start) / eta ** k
@@ -101,7 +100,7 @@ def _planned_runs(spec: StudySpec) -> dict[str, list[Run]]:
     """`planned_runs` with each trial's depth (a depth sweep's; else None: the arch's) and batch size (tune's,
     a batch sweep's, else train.batch_size)."""
     t, full = spec.tune, spec.steps_for("tune")
-    steps = asha_steps(full, asha_rungs(spec), t.asha.reduction_factor)
+    steps = asha_steps(full, spec.asha_rungs(), t.asha.reduction_factor)
     runs: dict[str, list[Run]] = {"tune": [(t.base_width, steps, None, spec.batch_for("tune"))] * t.num_trials}
     for phase, trials in planned_trials(spec).items():
         runs[phase] = [(trial.width, trial.steps(spec), trial.depth, trial.batch_size(spec))

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 from studies.cost import planned_trials, sequence_flops
 from studies.members import auto_members, batches, member_bytes
-from studies.phases.tune import asha_rungs
 from studies.phases.verify import reused_centre_seeds
 from studies.spec import StudySpec
 
@@ -182,7 +181,7 @@ def tune_steps(spec: StudySpec) -> list[int]:
     rung k; the full budgets first (Ray's asynchronous ASHA lets its first trials through: nothing beats them yet).
     The same total as `studies.cost.asha_steps` but for rounding, and the long trials make a lane the last."""
     t, full = spec.tune, spec.steps_for("tune")
-    rungs = [r for r in asha_rungs(spec) if r < full]
+    rungs = [r for r in spec.asha_rungs() if r < full]
     past = [max(1, round(t.num_trials / t.asha.reduction_factor ** k)) for k in range(len(rungs) + 1)]
     steps = [full] * past[-1]
     for k in range(len(rungs), 0, -1):  # the trials stopped at rung k: they passed rung k - 1 and no further

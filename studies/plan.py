@@ -25,6 +25,15 @@ LEGACY_AT = {"horizon": "horizon", "depth": "depth", "depth_parametrization": "d
 """A planned trial's keys from before `sweep` and `at` (Ray Tune's stored trial configs), and the sweep of each."""
 
 
+def ledger_form(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A Tune trial config (a planned trial's `as_dict()`, or a batch of them) as the ledger of finished trials knows
+    it: `at` spread out and `sweep` left out, the form every config had before them, so a study interrupted by an
+    older ptctl finds its finished trials."""
+    if "members" in config:
+        return {**config, "members": [ledger_form(m) for m in config["members"]]}
+    return {**{k: v for k, v in config.items() if k not in ("sweep", "at")}, **(config.get("at") or {})}
+
+
 @dataclass(frozen=True)
 class PlannedTrial:
     """One trial a phase runs (a TPE suggestion in tune, planned up front in the other phases)."""

@@ -20,8 +20,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic.fields import FieldInfo
+
+from studies.arch import Later, LaterFields
 
 __all__ = ["MAX_WEIGHT_DECAY", "WEIGHT_DECAY", "Range", "Space", "WeightDecayRange", "check_hparam_names",
            "space_model"]
@@ -101,12 +103,13 @@ class WeightDecayRange(Range):
         return self
 
 
-class Space(BaseModel):
+class Space(LaterFields):
     """What every family's space shares: validation of names and `frozen`, the optional weight decay, and the
     views of the ranges."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     HPARAMS: ClassVar[tuple[str, ...]] = ()
+    later: ClassVar[Later] = ((WEIGHT_DECAY,),)
     frozen: list[str] = Field(default_factory=list)
     weight_decay: WeightDecayRange | None = Field(
         None, description="AdamW's decoupled weight decay λ searched like the family's hparams, e.g. {low: 0.001, "
@@ -129,13 +132,6 @@ class Space(BaseModel):
         if set(self.frozen) >= set(self.names()):
             raise ValueError("space.frozen freezes every hparam, leaving nothing to tune: unfreeze one")
         return self
-
-    @model_serializer(mode="wrap")
-    def _dump_weight_decay_when_set(self, handler: Any) -> Any:
-        out = handler(self)
-        if isinstance(out, dict) and self.weight_decay is None:  # spaces without it keep their content hash
-            out.pop(WEIGHT_DECAY, None)
-        return out
 
     def names(self) -> tuple[str, ...]:
         """The space's hparams: the family's `HPARAMS`, then `weight_decay` when the space has a range for it."""

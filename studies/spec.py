@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -29,7 +29,6 @@ from pydantic import (
     GetJsonSchemaHandler,
     ValidationInfo,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
@@ -37,6 +36,8 @@ from analysis import min_samples
 from studies.arch import (
     DepthArch,
     DepthParametrization,
+    Later,
+    LaterFields,
     Parametrization,
     PosInt,
     Widths,
@@ -44,6 +45,7 @@ from studies.arch import (
     mup_error,
     nested,
     width_error,
+    without_later_defaults,
 )
 from studies.compare_spec import BaselineSpec, CompareSpec
 from studies.family import FAMILIES, get_family
@@ -115,10 +117,11 @@ class DataSpec(BaseModel):
         return self
 
 
-class TrainSpec(BaseModel):
+class TrainSpec(LaterFields):
     """The training budget of one trial (`TrialConfig` adds the model, data, lr and seed)."""
 
     model_config = _STRICT
+    later: ClassVar[Later] = (("adam_eps",), ("adam_eps_scaling",), ("weight_decay_groups",), ("weight_decay_form",))
 
     steps: PosInt = Field(200, description="optimizer steps (tune/verify/validate may override)")
     batch_size: PosInt = Field(32, description="sequences per step")
@@ -171,18 +174,6 @@ class TrainSpec(BaseModel):
             raise ValueError(f"each beta must lie in [0, 1), e.g. [0.9, 0.999]; got {list(betas)}")
         return betas
 
-    @model_serializer(mode="wrap")
-    def _dump_optimizer_knobs_when_set(self, handler: Any) -> Any:
-        out = handler(self)
-        if isinstance(out, dict):  # specs that leave them at their defaults keep their content hash
-            for name in OPTIMIZER_KNOBS:
-                if getattr(self, name) == TrainSpec.model_fields[name].default:
-                    out.pop(name, None)
-        return out
-
-
-OPTIMIZER_KNOBS = ("adam_eps", "adam_eps_scaling", "weight_decay_groups",
-                   "weight_decay_form")  # left out of a dump at their defaults
 
 
 class TrialConfig(TrainSpec):
@@ -210,10 +201,11 @@ class AshaSpec(BaseModel):
     reduction_factor: float = Field(3, gt=1, description="keep the best 1/reduction_factor at each rung")
 
 
-class TuneSpec(BaseModel):
+class TuneSpec(LaterFields):
     """The tune phase: a TPE search of `space` at `base_width`."""
 
     model_config = _STRICT
+    later: ClassVar[Later] = (("batch_size",),)
 
     base_width: PosInt = Field(description="the proxy width the hparams are tuned at (d0): a width the arch builds "
                                "at (TauGPT: a multiple of head_dim · kv_group; nanoGPT: of n_heads)")
@@ -227,18 +219,12 @@ class TuneSpec(BaseModel):
         None, description="sequences per step of the tune trials; null: train.batch_size (smaller is flagged: the "
         "lr optimum may move with the batch, measured by validate.batch_sizes)")
 
-    @model_serializer(mode="wrap")
-    def _dump_batch_size_when_set(self, handler: Any) -> Any:
-        out = handler(self)
-        if isinstance(out, dict) and self.batch_size is None:  # specs without it keep their content hash
-            out.pop("batch_size", None)
-        return out
 
-
-class TransferSpec(BaseModel):
+class TransferSpec(LaterFields):
     """The transfer phase: the tuned hparams, unchanged, at each wider width."""
 
     model_config = _STRICT
+    later: ClassVar[Later] = (("weight_decay",),)
 
     widths: Widths = Field(min_length=1, description="each > tune.base_width, increasing")
     seeds: PosInt = Field(1, description="training seeds per width")
@@ -246,13 +232,6 @@ class TransferSpec(BaseModel):
         "constant", description="how AdamW's λ carries to the target: 'constant', unchanged; 'timescale', scaled by "
         "the tune trials' steps / the target's (λ·T_proxy/T_target, the same η), so that the decay timescale "
         "τ = 1/(ηλ) stays the same fraction of the run")
-
-    @model_serializer(mode="wrap")
-    def _dump_weight_decay_when_set(self, handler: Any) -> Any:
-        out = handler(self)
-        if isinstance(out, dict) and self.weight_decay == "constant":  # specs at the default keep their hash
-            out.pop("weight_decay", None)
-        return out
 
 
 MAX_DERIVED_SAMPLES = 100_000  # the most verify samples p and alpha may ask for (n_samples: the service's limit)
@@ -371,6 +350,7 @@ class StudySpec(BaseModel):
     """One study: what to train, how to search, where to transfer, how to judge."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    later: ClassVar[Later] = (("compare",),)  # transfer studies keep the hash they had before it
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9_-]+$",
                       description="slug: lowercase letters, digits, '-', '_' (1–64 chars)")
@@ -499,13 +479,9 @@ class StudySpec(BaseModel):
         return cls.model_validate(yaml.safe_load(source))
 
     def as_dict(self) -> dict[str, Any]:
-        """The spec as plain JSON-able data under its YAML keys (`validate`, not `validate_`).
-
-        An absent `compare` is left out, so transfer studies keep the content hash they had before it existed.
-        """
-        data = self.model_dump(mode="json", by_alias=True)
-        if data.get("compare") is None:
-            data.pop("compare", None)
+        """The spec as plain JSON-able data under its YAML keys (`validate`, not `validate_`), without the later
+        fields left at their defaults (`LaterFields`, and `later` here)."""
+        data: dict[str, Any] = without_later_defaults(self, self.model_dump(mode="json", by_alias=True))
         return data
 
     def to_yaml(self) -> str:
@@ -514,7 +490,8 @@ class StudySpec(BaseModel):
         return text
 
     def content_hash(self) -> str:
-        """sha256 of the canonical JSON (sorted keys, defaults filled in): equal specs hash equal.
+        """sha256 of the canonical JSON of `as_dict()` (sorted keys, defaults filled in but the later fields'
+        left out, `LaterFields`: the one rule that keeps every earlier spec's hash): equal specs hash equal.
 
         `resources.max_retries`, `checkpoint_every_s`, `storage`, `batch_members` and `runner` are left out: they
         change how a study copes with faults, where it keeps its checkpoints and how and where its trials are packed
@@ -537,6 +514,21 @@ class StudySpec(BaseModel):
         own = {"tune": self.tune.steps, "verify": self.verify.steps if self.verify else None,
                "validate": self.validate_horizon()}
         return own.get(phase) or self.train.steps
+
+    def asha_rungs(self) -> list[float]:
+        """The steps ASHA may judge a tune trial at: grace·η^k up to the budget (Ray's rungs are among them); none
+        for the local runner, which stops no trial early (ASHA is Ray Tune's scheduler)."""
+        asha, max_t = self.tune.asha, self.steps_for("tune")
+        rungs: list[float] = []
+        rung: float = asha.grace_steps
+        while asha.enabled and self.resources.runner == "ray" and rung <= max_t:
+            rungs.append(rung)
+            rung *= asha.reduction_factor
+        return rungs
+
+    def search_space(self) -> dict[str, tuple[float, float, bool]]:
+        """The searched hparams as (low, high, log): the Optuna distributions of both runners."""
+        return {name: (r.low, r.high, r.log) for name, r in self.space.searched().items()}
 
     def batch_for(self, phase: str) -> int:
         """The sequences per step of one trial in `phase`: tune.batch_size for tune (when set), else

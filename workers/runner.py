@@ -23,7 +23,6 @@ import pandas as pd
 from analysis.table import LOSS_STATUSES, TrialStatus
 from studies.family import FAMILIES
 from studies.members import auto_members, batches
-from studies.phases.tune import search_space
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec, TrialConfig
 from workers.errors import one_line
@@ -136,11 +135,11 @@ class TrialRecorder:
 
 
 def optuna_space(spec: StudySpec) -> dict[str, Any]:
-    """The tune search's Optuna distributions (`studies.phases.tune.search_space`), for either runner."""
+    """The tune search's Optuna distributions (`StudySpec.search_space`), for either runner."""
     import optuna  # the driver's searcher only
 
     return {name: optuna.distributions.FloatDistribution(low, high, log=log)
-            for name, (low, high, log) in search_space(spec).items()}
+            for name, (low, high, log) in spec.search_space().items()}
 
 
 class Runner(Protocol):

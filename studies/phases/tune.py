@@ -1,7 +1,7 @@
 """tune: Optuna's TPE (with ASHA under Ray) searches the family's hparams at `tune.base_width`; the winner is the
 lowest eval loss among the trials that ran their whole budget, and it is the centre every later phase starts from.
-
-Also here, once for both runners: the search space's distributions and the steps ASHA may judge a trial at.
+The search space's distributions and ASHA's rungs are the spec's (`StudySpec.search_space`, `asha_rungs`): a trial
+process reads them without importing the phases.
 """
 
 from __future__ import annotations
@@ -70,23 +70,6 @@ def best_hparams(spec: StudySpec, table: pd.DataFrame) -> dict[str, float]:
         raise PhaseFailed(why_none_completed(rows))
     best = finished.loc[judged_loss(finished).idxmin()]
     return spec.space.complete({h: float(best[h]) for h in spec.space.searched()})
-
-
-def asha_rungs(spec: StudySpec) -> list[float]:
-    """The steps ASHA may judge a tune trial at: grace·η^k up to the budget (Ray's rungs are among them); none for
-    the local runner, which stops no trial early (ASHA is Ray Tune's scheduler)."""
-    t, max_t = spec.tune, spec.steps_for("tune")
-    rungs: list[float] = []
-    rung: float = t.asha.grace_steps
-    while t.asha.enabled and spec.resources.runner == "ray" and rung <= max_t:
-        rungs.append(rung)
-        rung *= t.asha.reduction_factor
-    return rungs
-
-
-def search_space(spec: StudySpec) -> dict[str, tuple[float, float, bool]]:
-    """The searched hparams as (low, high, log): the Optuna distributions of both runners."""
-    return {name: (r.low, r.high, r.log) for name, r in spec.space.searched().items()}
 
 
 def lr_text(value: float) -> str:

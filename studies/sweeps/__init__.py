@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, get_args
 
-from pydantic import BaseModel, Field, field_validator, model_serializer, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
-from studies.arch import _STRICT, Parametrization, PosInt, Widths
+from studies.arch import _STRICT, LaterFields, Parametrization, PosInt, Widths
 from studies.space import MAX_WEIGHT_DECAY, WEIGHT_DECAY
 from studies.sweeps import batch, depth, horizon, seq_len, width
 from studies.sweeps.base import Judged, Sweep, increasing
@@ -71,10 +71,10 @@ class Lr(BaseModel):
         return values
 
 
-ALWAYS_DUMPED = ("hparams", "drift_threshold")  # `validate` fields dumped at their defaults since before the sweeps
+ALWAYS_DUMPED = ("hparams", "drift_threshold")  # `validate` fields dumped at their defaults since before `later`
 
 
-class ValidateSpec(seq_len.Fields, batch.Fields, depth.Fields, horizon.Fields, width.Fields, Lr):  # the registry
+class ValidateSpec(seq_len.Fields, batch.Fields, depth.Fields, horizon.Fields, width.Fields, Lr, LaterFields):  # registry
     """The optional validate phase: lr swept along each axis of `SWEEPS` the spec names (width: 2–4 widths under
     each parametrization, the lr drift)."""
 
@@ -128,17 +128,6 @@ class ValidateSpec(seq_len.Fields, batch.Fields, depth.Fields, horizon.Fields, w
                              f"{self.hparams[WEIGHT_DECAY]} instead (bounded, and judged with its timescale)")
         return self
 
-    @model_serializer(mode="wrap")
-    def _sweeps_when_set(self, handler: Any) -> Any:
-        """The sweeps' own fields only when set (but `hparams`, dumped since before the rule): a spec without a
-        sweep keeps its content hash when another axis is added."""
-        out = handler(self)
-        if isinstance(out, dict):
-            for name, info in type(self).model_fields.items():
-                if name not in Lr.model_fields and name not in ALWAYS_DUMPED and getattr(self, name) == info.default:
-                    out.pop(name, None)
-        return out
-
     def horizons(self) -> list[int]:
         """The step counts of a horizon sweep (`steps` given as a list); [] for one training length."""
         return list(self.steps) if isinstance(self.steps, list) else []
@@ -156,6 +145,8 @@ class ValidateSpec(seq_len.Fields, batch.Fields, depth.Fields, horizon.Fields, w
         return [s for s in SWEEPS.values() if s.present(self)]
 
 
+ValidateSpec.later = tuple((name,) for name in ValidateSpec.model_fields if name not in Lr.model_fields
+                           and name not in ALWAYS_DUMPED)  # each sweep's own fields: dumped only when set
 SWEEPS: dict[str, Sweep] = {sweep.name: sweep for base in reversed(ValidateSpec.__mro__)
                             if isinstance(sweep := vars(base).get("sweep"), Sweep)}
 """Every sweep by name, in the order they are planned, judged and told (`ValidateSpec`'s bases, last first)."""

@@ -116,7 +116,7 @@ until(lambda: placement_group_table()[group]["state"] == "REMOVED", timeout=floa
 
 def test_the_service_releases_the_groups_a_dead_driver_left(server, service_dir):
     """A placement group whose creator, a driver, is dead is removed by the API's reconciler (here every second),
-    so the CPUs it held come back for the studies after it (`workers.ray.groups`)."""
+    so the CPUs it held come back for the studies after it (`workers.ray.actors`)."""
     done = subprocess.run([sys.executable, "-c", ORPHAN, str(service_dir), str(EVENT_S)], cwd=ROOT,
                           capture_output=True, text=True, timeout=EVENT_S + 120,
                           env={**os.environ, "PTCTL_DATA_DIR": str(service_dir), "RAY_ADDRESS": ""})

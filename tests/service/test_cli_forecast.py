@@ -41,3 +41,16 @@ def test_a_bad_target_or_a_study_without_sweeps_is_named(tmp_path):
     assert "Traceback" not in done.stderr
     done = ptctl(["forecast", "nope"], data)
     assert done.returncode != 0 and "no spec.yaml for study 'nope'" in " ".join((done.stdout + done.stderr).split())
+
+
+def test_the_forecast_is_local_only_and_refuses_a_server(tmp_path):
+    """The API has no forecast: `--server` is refused with why (not run against the local folder), and the help says
+    that the command reads the study's folder here."""
+    data = _study(tmp_path)
+    done = ptctl(["forecast", STUDY, "--server", "http://127.0.0.1:9"], data)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2 and "Traceback" not in said and "Forecast of" not in said, said
+    assert "--server http://127.0.0.1:9: ptctl forecast reads the study's folder on this machine" in said
+    assert "the API, which has no forecast endpoint" in said
+    helped = " ".join(ptctl(["forecast", "--help"], data).stdout.split())
+    assert "reads the study's folder on this machine ($PTCTL_DATA_DIR/studies/ID), not the API" in helped

@@ -29,8 +29,8 @@ def dead_head(tmp_path, monkeypatch):
         released.wait(10)
         state["initialized"] = False
 
-    monkeypatch.setattr(execution.ray, "is_initialized", lambda: state["initialized"])
-    monkeypatch.setattr(execution.ray, "shutdown", shutdown)
+    monkeypatch.setattr(execution.actors, "connected", lambda: state["initialized"])
+    monkeypatch.setattr(execution.actors, "shutdown", shutdown)
     monkeypatch.setattr(execution.ray_head, "running", lambda data_dir: None)
     executor = RayExecutor(Settings(data_dir=tmp_path))
     yield executor
@@ -71,10 +71,10 @@ def test_stop_returns_once_the_killed_driver_process_is_gone(monkeypatch, tmp_pa
     driver = _driver_process()
     killed = threading.Event()
 
-    def kill_later(handle, no_restart):  # as Ray does: the process dies after the call has returned
+    def kill_later(handle):  # as Ray does: the process dies after the call has returned
         threading.Timer(0.5, lambda: (killed.set(), driver.kill(), driver.wait())).start()
 
-    monkeypatch.setattr(execution.ray, "kill", kill_later)
+    monkeypatch.setattr(execution.actors, "kill", kill_later)
     executor = RayExecutor(Settings(data_dir=tmp_path))
     monkeypatch.setattr(executor, "connect", lambda: None)
     monkeypatch.setattr(executor, "_handle", lambda study_id: object())

@@ -27,7 +27,7 @@ CLIENT = """
 import json, os, sys
 from service.execution import RayExecutor
 from service.settings import Settings
-from workers.ray import ray
+import ray
 
 RayExecutor(Settings()).connect()
 
@@ -46,8 +46,8 @@ sys.stdin.read()  # hold the connection and the actor until the test has looked
 
 PRIVATE = """
 import json, os, sys
-from workers.ray import ray
 from workers.ray.cluster import ensure_ray
+import ray
 
 ensure_ray()
 

@@ -18,7 +18,6 @@ from studies.phases import StudyState, TuneResult, ValidateResult
 from studies.phases.base import Context
 from studies.phases.transfer import PHASE as TRANSFER
 from studies.phases.transfer import carried_hparams, target_timescale_line, transfer_trials
-from studies.phases.tune import search_space
 from studies.phases.validate import PHASE as VALIDATE
 from studies.phases.validate import validate_trials
 from studies.plan import PlannedTrial
@@ -132,15 +131,15 @@ def test_the_api_bounds_a_weight_decay_sweep_like_every_list():
 
 # ----------------------------------------------------------------------------- tune: searched or fixed
 def test_weight_decay_is_searched_when_set_and_fixed_at_train_weight_decay_otherwise():
-    assert "weight_decay" not in search_space(TINY) and "weight_decay" not in TINY.space.defaults()
+    assert "weight_decay" not in TINY.search_space() and "weight_decay" not in TINY.space.defaults()
     assert TINY.trial_config(16, {}, 0)["weight_decay"] == TINY.train.weight_decay
-    assert search_space(WD)["weight_decay"] == (0.01, 1.0, True)
+    assert WD.search_space()["weight_decay"] == (0.01, 1.0, True)
     assert list(WD.space.searched())[-1] == "weight_decay" and WD.space.defaults()["weight_decay"] == pytest.approx(0.1)
     trial = PlannedTrial.for_tune(WD, "00000", {"lr": 0.01, "weight_decay": 0.25})
     assert trial.columns(WD)["weight_decay"] == 0.25  # a column of the trial table
     assert TrialConfig.model_validate(trial.trial_config(WD)).weight_decay == 0.25
     frozen = _with(WD, space={"frozen": ["w_topic", "w_topic_z", "weight_decay"]})
-    assert "weight_decay" not in search_space(frozen) and frozen.space.fixed()["weight_decay"] == pytest.approx(0.1)
+    assert "weight_decay" not in frozen.search_space() and frozen.space.fixed()["weight_decay"] == pytest.approx(0.1)
 
 
 def test_a_swept_or_carried_weight_decay_overrides_train_weight_decay_without_being_searched():

@@ -1,4 +1,4 @@
-"""A dead study driver's placement groups are removed (`workers.ray.groups`), and nobody else's.
+"""A dead study driver's placement groups are removed (`workers.ray.actors`), and nobody else's.
 
 Seen on a loaded machine: a cancel's `ray.kill` reached a driver just as Tune asked for two trial groups; Ray recorded
 the death, then created the groups, and kept them. They held both CPUs of the service's Ray head, and every study
@@ -16,7 +16,8 @@ from tests.workers.test_gpu_batches import child_json
 # and kill it (`made`), and wait for an event (`until`)
 MAKER = """
 import json, time
-from workers.ray import ray
+import workers.ray  # Ray's environment first
+import ray
 from ray.util.placement_group import placement_group, placement_group_table
 
 @ray.remote(num_cpus=0)
@@ -41,7 +42,7 @@ def made(name, kill):
     return group, maker
 """
 CHILD = MAKER + """
-from workers.ray.groups import release_dead_actors_groups
+from workers.ray.actors import release_dead_actors_groups
 
 ray.init(num_cpus=3, namespace="ptctl", include_dashboard=False, log_to_driver=False)
 groups = {"dead driver": made("ptctl-driver-gone", True), "dead stranger": made("someone-else", True),

@@ -10,7 +10,6 @@ import pytest
 from ray import tune
 
 from studies import load_catalog
-from studies.phases.tune import asha_rungs
 from workers.ray.callback import MlflowTrials, failure_cause
 from workers.ray.experiment import _renew, tune_log
 from workers.ray.trainable import REPORTS, CheckpointClock, ReportClock
@@ -161,9 +160,9 @@ def test_report_clock_batches_evaluations_between_rungs():
 
 def test_asha_rungs_cover_rays():
     spec = load_catalog("tiny")  # grace 10, η 3, 30 steps: Ray judges at 10 and 30
-    assert asha_rungs(spec) == [10, 30]
-    assert asha_rungs(spec.model_copy(update={"tune": spec.tune.model_copy(update={"asha": spec.tune.asha.model_copy(
-        update={"enabled": False})})})) == []
+    assert spec.asha_rungs() == [10, 30]
+    assert spec.model_copy(update={"tune": spec.tune.model_copy(update={"asha": spec.tune.asha.model_copy(
+        update={"enabled": False})})}).asha_rungs() == []
 
 
 def test_batched_rows_are_logged_once_each():

@@ -8,10 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from studies.plan import ledger_form
+
 
 def content_key(config: dict[str, Any]) -> str:
-    """A Tune trial's identity by what it trains: its config (a planned trial, a batch, or TPE's suggestion)."""
-    return json.dumps(config, sort_keys=True, default=str)
+    """A Tune trial's identity by what it trains: its config (a planned trial, a batch, or TPE's suggestion) in the
+    ledger's form (`studies.plan.ledger_form`)."""
+    return json.dumps(ledger_form(config), sort_keys=True, default=str)
 
 
 class FinishedTrials:

@@ -23,7 +23,6 @@ import torch
 from ray import tune
 
 from analysis.table import TrialStatus
-from studies.phases.tune import asha_rungs
 from studies.plan import PlannedTrial
 from studies.spec import StudySpec, TrialConfig
 from workers.models import family
@@ -144,7 +143,7 @@ def _trainable(config: dict[str, Any], spec_dict: dict[str, Any], phase: str, cp
     storage = tune.get_context().get_storage()
     log, where["log"] = trial_log(storage)
     due = CheckpointClock(spec.resources.max_retries, spec.resources.checkpoint_every_s)
-    report_now = ReportClock(asha_rungs(spec) if phase == "tune" else [])
+    report_now = ReportClock(spec.asha_rungs() if phase == "tune" else [])
     kept: list[list[Row]] = [[] for _ in members]  # each member's rows since the last report
 
     def progress(i: int, row: Row) -> None:
