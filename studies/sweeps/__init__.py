@@ -10,7 +10,7 @@ file and its `Fields` in that line.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, get_args
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -74,7 +74,8 @@ class Lr(BaseModel):
 ALWAYS_DUMPED = ("hparams", "drift_threshold")  # `validate` fields dumped at their defaults since before `later`
 
 
-class ValidateSpec(seq_len.Fields, batch.Fields, depth.Fields, horizon.Fields, width.Fields, Lr, LaterFields):  # registry
+class ValidateSpec(seq_len.Fields, batch.Fields, depth.Fields, horizon.Fields, width.Fields,  # the registry
+                   Lr, LaterFields):
     """The optional validate phase: lr swept along each axis of `SWEEPS` the spec names (width: 2–4 widths under
     each parametrization, the lr drift)."""
 
