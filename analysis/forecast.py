@@ -318,7 +318,7 @@ def _words(point: tuple[int, ...]) -> str:
 
 def _at(rows: pd.DataFrame, point: tuple[int, ...]) -> np.ndarray:
     """The rows at `point` (its first axes: a 3-tuple matches every seq_len)."""
-    return np.logical_and.reduce([rows[a] == v for a, v in zip(AXES, point, strict=False)])
+    return np.asarray(np.logical_and.reduce([rows[a] == v for a, v in zip(AXES, point, strict=False)]), dtype=bool)
 
 
 def held_out_score(table: pd.DataFrame, *, steps: int, batch_size: int, batch_steps: Mapping[int, int] | None = None,
@@ -395,12 +395,12 @@ def _calibrated(points: list[HeldOut], level: float, pooled: Mapping[float, floa
 def leave_out_score(table: pd.DataFrame, *, steps: int, batch_size: int,
                     batch_steps: Mapping[int, int] | None = None, n_params: Mapping[int, float] | None = None,
                     seq_len: int | None = None, parametrization: str = "mup", phase: str = "validate",
-                    level: float = 0.95, pooled: Mapping[float, float] = POOLED_MULTIPLIERS) -> LeaveOut:
+                    level: float = 0.95, pooled: Mapping[float, float] | None = None) -> LeaveOut:
     """Every distinct swept point in turn scored by `held_out_score` (its whole width, and with three or more
     horizons its horizon, left out of the fit), where the fit without it keeps every term of the full fit (else it
     would assume no move along an axis the sweeps vary); the errors' and Step Law's summaries, the nominal
     t-interval's coverage and the conformal multiplier (module docstring). `pooled`: the multiplier per level used
-    when the points are too few for their own (`POOLED_MULTIPLIERS`; {}: none)."""
+    when the points are too few for their own (None: `POOLED_MULTIPLIERS`; {}: none)."""
     rows = _keyed(table, steps, batch_size, parametrization, phase, batch_steps, seq_len)
     full = fit_optimum_law(_fitted(_optima(rows, phase))[0]).terms
     points, skipped = [], []
@@ -418,7 +418,8 @@ def leave_out_score(table: pd.DataFrame, *, steps: int, batch_size: int,
                            f"{', '.join(h.terms) or 'none'}, not {', '.join(full)}")
             continue
         points.append(h)
-    multiplier, source, covered, scored, note = _calibrated(points, level, pooled)
+    multiplier, source, covered, scored, note = _calibrated(points, level,
+                                                            POOLED_MULTIPLIERS if pooled is None else pooled)
     law = [h for h in points if h.steplaw_error_log2 is not None]
     return LeaveOut(points=points, skipped=skipped, errors=_summary([h.error_log2 for h in points],
                                                                     [h.regret for h in points]),
@@ -519,8 +520,9 @@ def forecast(table: pd.DataFrame, *, target_width: int, target_steps: int, targe
     law = None
     if n_params is not None and seq_len is not None and target_width in n_params:
         law = step_law_lr(n_params[target_width], target_steps * target_batch_size * seq_len)
-    common: dict[str, Any] = {"steps": steps, "batch_size": batch_size, "batch_steps": batch_steps, "n_params": n_params,
-                              "seq_len": seq_len, "parametrization": parametrization, "phase": phase, "level": level}
+    common: dict[str, Any] = {"steps": steps, "batch_size": batch_size, "batch_steps": batch_steps,
+                              "n_params": n_params, "seq_len": seq_len, "parametrization": parametrization,
+                              "phase": phase, "level": level}
     held, check = _scores(partial(held_out_score, table, **common), rows,
                           (target_width, target_steps, target_batch_size, seq_len or 0), notes)
     leave_out = leave_out_score(table, **common) if rows["width"].nunique() >= 3 else None
