@@ -42,7 +42,7 @@ from analysis.table import phase_rows, require_columns
 from analysis.transfer import interpolate_optimum, lr_curves, parabola, without_depth_sweep
 
 __all__ = ["POOLED_MULTIPLIERS", "STEP_LAW", "ErrorSummary", "Forecast", "HeldOut", "LeaveOut", "fit_optimum_law",
-           "forecast", "forecast_line", "held_out_score", "leave_out_score", "step_law_lr", "sweep_optima"]
+           "forecast", "forecast_line", "held_out_score", "leave_out_score", "step_law_lr", "summarise", "sweep_optima"]
 
 STEP_LAW = {"coefficient": 1.79, "n_exponent": -0.713, "d_exponent": 0.307}
 """Step Law's optimal lr, η*(N, D) = 1.79 · N^−0.713 · D^0.307 (N non-embedding parameters, D training tokens;
@@ -374,6 +374,13 @@ def _summary(errors: Sequence[float], nats: Sequence[float | None]) -> ErrorSumm
                         median_nats=q(known, 0.5), p90_nats=q(known, 0.9))
 
 
+def summarise(points: Sequence[HeldOut]) -> tuple[ErrorSummary, ErrorSummary | None]:
+    """The forecast's |error| over `points`, and Step Law's over those it was scored on (None: none)."""
+    law = [(h.steplaw_error_log2, h.steplaw_regret) for h in points if h.steplaw_error_log2 is not None]
+    return (_summary([h.error_log2 for h in points], [h.regret for h in points]),
+            _summary([e for e, _ in law], [n for _, n in law]) if law else None)
+
+
 def _calibrated(points: list[HeldOut], level: float, pooled: Mapping[float, float]
                 ) -> tuple[float | None, str, int | None, int, str]:
     """(multiplier, its source, points it covered, points scored, what is missing): the `level` split-conformal
@@ -413,6 +420,9 @@ def leave_out_score(table: pd.DataFrame, *, steps: int, batch_size: int,
         except ValueError as e:
             skipped.append(f"{_words(point)}: {e}")
             continue
+        if "width" not in full:
+            skipped.append(f"{_words(point)}: the fit over every point has no width term: nothing to forecast")
+            continue
         if h.terms != full:
             skipped.append(f"{_words(point)}: without width {point[0]} the fit's terms are "
                            f"{', '.join(h.terms) or 'none'}, not {', '.join(full)}")
@@ -420,11 +430,8 @@ def leave_out_score(table: pd.DataFrame, *, steps: int, batch_size: int,
         points.append(h)
     multiplier, source, covered, scored, note = _calibrated(points, level,
                                                             POOLED_MULTIPLIERS if pooled is None else pooled)
-    law = [h for h in points if h.steplaw_error_log2 is not None]
-    return LeaveOut(points=points, skipped=skipped, errors=_summary([h.error_log2 for h in points],
-                                                                    [h.regret for h in points]),
-                    steplaw=_summary([h.steplaw_error_log2 for h in law if h.steplaw_error_log2 is not None],
-                                     [h.steplaw_regret for h in law]) if law else None,
+    errors, steplaw = summarise(points)
+    return LeaveOut(points=points, skipped=skipped, errors=errors, steplaw=steplaw,
                     t_covered=sum(bool(h.covered) for h in points), t_scored=sum(h.covered is not None for h in points),
                     multiplier=multiplier, source=source, covered=covered, scored=scored, note=note)
 
