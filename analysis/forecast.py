@@ -1,13 +1,14 @@
 """A forecast of the target's optimal learning rate from the validate sweeps, and a published law beside it.
 
-Each seed's lr curve at each swept (width, steps, batch size) gives one optimum: the vertex of the parabola in log2 lr
+Each seed's lr curve at each swept (width, steps, batch size, seq_len) gives one optimum: the vertex of the parabola in log2 lr
 through the best lr and its neighbours (`analysis.transfer.interpolate_optimum`, as the drift finds it), and that
 parabola's curvature k (nats per log2 unit²). Optima on the edge of the lr grid are left out of the fit (the true one
 lies outside the grid) and listed. One ordinary least-squares fit, seeds as replicates,
 
-    log2 η* = a + b·log2 width + c·log2 steps + d·log2 batch,
+    log2 η* = a + b·log2 width + c·log2 steps + d·log2 batch + e·log2 seq_len,
 
-keeps each term only where the sweeps vary its axis (and where it is not collinear with the terms before it), and
+(seq_len: a row's own where a sweep varies the context, else the `seq_len` given) keeps each term only where the
+sweeps vary its axis (and where it is not collinear with the terms before it), and
 predicts the mean log2 η* at the target with a Student-t interval (n − p degrees of freedom; with none left, the
 prediction has no interval and says so). The expected regret of an lr x at the target is
 k·((x − μ)² + s²): μ the prediction, s its standard error, k the mean curvature of the swept point nearest the target
@@ -23,7 +24,24 @@ minimum (`analysis.regret.curve_loss_at`). Step Law's closed form is scored on t
 N^−0.713 · D^0.307, N the non-embedding parameters, D the training tokens (Li et al. 2025, "Predictable Scale: Part
 I — Optimal Hyperparameter Scaling Law in Large Language Model Pretraining", arXiv:2503.04715). It was fitted on
 some 3,700 LLM pretraining runs (its test model: 1B parameters on 100B tokens), so at toy scale it is a baseline,
-not a prediction. N per width comes from the caller (analysis imports no model code).
+not a prediction. N per width comes from the caller (analysis imports no model code); D takes each point's own
+seq_len.
+
+Leave-out scoring (`leave_out_score`) measures how good the fit and its interval are: every distinct swept point in
+turn is held out as above (its whole width leaves the fit: the forecast is always for a width it has not seen, and
+a width's other horizons and batches would carry that width's own departure from the law into the fit; with three
+or more horizons its horizon leaves too), where the fit without it still has every term of the fit over all points
+(with two widths none has: leaving one leaves no width term). Per point: the error in log2 and nats, Step Law's,
+and whether the nominal 95 % t-interval held the observed seed-mean optimum. That interval is the law's mean's: it
+leaves out the held-out curve's own seed noise and any bend of the law, so it under-covers observed optima even
+when the law holds. The interval that holds what it says is split-conformal (`analysis.conformal`) on the scores
+|error| / se of those points, scaled by each prediction's standard error so that it widens with the extrapolation:
+the target's is log2 η* ± q·se, q the ⌈(n + 1)·0.95⌉-th smallest of the n scores, its coverage measured by
+leave-one-out (each point against the quantile of the others). Below 19 points (at 95 %) no finite quantile has
+the guarantee; the forecast then takes `POOLED_MULTIPLIERS`, the same quantile over the catalog's stored studies
+(`benchmarks/forecast_coverage.py`, which measures its coverage on each study left out of it), and states the
+coverage of its own points under it. Exchangeability of the target with the held-out points is assumed: the target
+usually lies further out than any of them.
 """
 
 from __future__ import annotations
