@@ -10,8 +10,9 @@ coverage of the observed optima, Step Law's errors on the same points, and the s
 
 - per study, from its own points when they are enough (19 at 95 %), its coverage by leave-one-out;
 - pooled over every study: the multiplier `analysis.forecast.POOLED_MULTIPLIERS` ships, and its coverage measured
-  on studies left out of its calibration (each study against the multiplier of the others' points; a study whose
-  others hold too few points for a 95 % quantile says so).
+  on studies left out of its calibration: each study's points against the multiplier of the others' points (where
+  the others hold too few for the level's quantile, their largest score, whose guaranteed level is n / (n + 1) for
+  n points: the column says "max of n").
 
     python benchmarks/forecast_coverage.py
     python benchmarks/forecast_coverage.py --level 0.9
@@ -39,7 +40,6 @@ STUDIES = {  # name: (catalog spec, its trial table)
     "pt_lr_alignment": ("studies/catalog/pt_lr_alignment.yaml", "docs/lr_alignment/lr_alignment_trials.csv"),
     "forecast_cpu": ("studies/catalog/forecast_cpu.yaml", "docs/forecast/forecast_cpu_trials.csv"),
     "nanogpt_axes": ("studies/catalog/nanogpt_axes.yaml", "docs/forecast/nanogpt_axes_trials.csv"),
-    "weight_decay_cpu": ("studies/catalog/weight_decay_cpu.yaml", "docs/forecast/weight_decay_cpu_trials.csv"),
 }
 
 
@@ -94,14 +94,14 @@ def main() -> None:
                else f"×{own_q:.2f}, unmeasurable" if own_q is not None else f"too few ({len(scores)})")
         others = [s for other, ss in pooled_scores.items() if other != name for s in ss]
         q = conformal_quantile(others, level)
-        if not scores:
-            loso = "—"
-        elif q is None:
-            loso = f"unmeasurable: the others hold {len(others)} points"
+        short = q is None and bool(others)  # too few for the level: their largest, a level of n / (n + 1)
+        q = max(others) if short else q
+        if not scores or q is None:
+            loso = "—" if not scores else "no other study's points"
         else:
             k = sum(s <= q for s in scores)
             held_out_covered, held_out_scored = held_out_covered + k, held_out_scored + len(scores)
-            loso = f"×{q:.2f}, {k}/{len(scores)}"
+            loso = f"×{q:.2f}{f' (max of {len(others)})' if short else ''}, {k}/{len(scores)}"
         print(f"| {name} | {len(out.points)} | " + " | ".join(_cells(out.errors)) +
               f" | {out.t_covered}/{out.t_scored} | {own} | {loso} | " + " | ".join(_cells(out.steplaw)) + " |")
     points = [h for out in results.values() for h in out.points]

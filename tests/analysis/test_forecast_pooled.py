@@ -1,0 +1,31 @@
+"""The pooled conformal multiplier the forecast ships is the one `benchmarks/forecast_coverage.py` computes from the
+trial tables stored in the repo."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from analysis.conformal import conformal_quantile
+from analysis.forecast import POOLED_MULTIPLIERS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("forecast_coverage", ROOT / "benchmarks" / "forecast_coverage.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_pooled_multiplier_is_the_stored_studies_quantile():
+    bench = _benchmark()
+    scores = [abs(h.error_log2) / h.se for spec, table in bench.STUDIES.values()
+              for h in bench.score(spec, table, 0.95).points if h.se]
+    assert all((ROOT / table).is_file() for _, table in bench.STUDIES.values())
+    q = conformal_quantile(scores, 0.95)
+    assert q is not None and POOLED_MULTIPLIERS == {0.95: pytest.approx(q, abs=5e-4)}
