@@ -1,9 +1,9 @@
 """A forecast of the target's optimal learning rate from the validate sweeps, and a published law beside it.
 
-Each seed's lr curve at each swept (width, steps, batch size, seq_len) gives one optimum: the vertex of the parabola in log2 lr
-through the best lr and its neighbours (`analysis.transfer.interpolate_optimum`, as the drift finds it), and that
-parabola's curvature k (nats per log2 unit²). Optima on the edge of the lr grid are left out of the fit (the true one
-lies outside the grid) and listed. One ordinary least-squares fit, seeds as replicates,
+Each seed's lr curve at each swept (width, steps, batch size, seq_len) gives one optimum: the vertex of the parabola
+in log2 lr through the best lr and its neighbours (`analysis.transfer.interpolate_optimum`, as the drift finds it),
+and that parabola's curvature k (nats per log2 unit²). Optima on the edge of the lr grid are left out of the fit
+(the true one lies outside the grid) and listed. One ordinary least-squares fit, seeds as replicates,
 
     log2 η* = a + b·log2 width + c·log2 steps + d·log2 batch + e·log2 seq_len,
 
@@ -40,8 +40,9 @@ the target's is log2 η* ± q·se, q the ⌈(n + 1)·0.95⌉-th smallest of the 
 leave-one-out (each point against the quantile of the others). Below 19 points (at 95 %) no finite quantile has
 the guarantee; the forecast then takes `POOLED_MULTIPLIERS`, the same quantile over the catalog's stored studies
 (`benchmarks/forecast_coverage.py`, which measures its coverage on each study left out of it), and states the
-coverage of its own points under it. Exchangeability of the target with the held-out points is assumed: the target
-usually lies further out than any of them.
+coverage of its own points under it; without one, the largest of its n scores, an interval whose guaranteed level
+is n / (n + 1) (86 % for 6 points), said as such. Exchangeability of the target with the held-out points is
+assumed: the target usually lies further out than any of them.
 """
 
 from __future__ import annotations
@@ -126,8 +127,10 @@ class LeaveOut(BaseModel):
     steplaw: ErrorSummary | None = None  # Step Law's on the same points (None: no parameter count)
     t_covered: int  # points whose nominal t-interval held the observed optimum
     t_scored: int  # points with a t-interval
-    multiplier: float | None = None  # the conformal interval's half-width in standard errors (None: too few points)
-    source: str = ""  # "leave-out": the study's own scores; "pooled": `POOLED_MULTIPLIERS`
+    multiplier: float | None = None  # the conformal interval's half-width in standard errors (None: no point)
+    source: str = ""  # "leave-out": the level's quantile of the study's own scores; "pooled": `POOLED_MULTIPLIERS`;
+    # "max": too few for the level, the largest own score
+    level: float | None = None  # the conformal interval's guaranteed coverage: the level, or n / (n + 1) for "max"
     covered: int | None = None  # points the conformal interval held: each against the others' quantile (leave-out),
     scored: int = 0  # or against the pooled one; `scored`: points with a standard error
     note: str = ""
@@ -399,22 +402,28 @@ def summarise(points: Sequence[HeldOut]) -> tuple[ErrorSummary, ErrorSummary | N
             _summary([e for e, _ in law], [n for _, n in law]) if law else None)
 
 
-def _calibrated(points: list[HeldOut], level: float, pooled: Mapping[float, float]
-                ) -> tuple[float | None, str, int | None, int, str]:
-    """(multiplier, its source, points it covered, points scored, what is missing): the `level` split-conformal
-    quantile of |error| / se over `points`, its coverage by leave-one-out; with too few points, `pooled[level]`."""
+def _calibrated(points: list[HeldOut], level: float, pooled: Mapping[float, float]) -> dict[str, Any]:
+    """The conformal fields of `LeaveOut` over `points`' scores |error| / se: the `level` split-conformal quantile,
+    its coverage by leave-one-out; with too few points, `pooled[level]`, else the largest score, whose guaranteed
+    level is n / (n + 1) (each point's coverage against the others' largest)."""
     scores = [abs(h.error_log2) / h.se for h in points if h.se]
-    q = conformal_quantile(scores, level)
+    n, q = len(scores), conformal_quantile(scores, level)
     if q is not None:
         covered = loo_coverage(scores, level)
-        return q, "leave-out", covered, len(scores), "" if covered is not None else (
-            f"{len(scores)} points: leaving one out leaves too few to measure the coverage")
-    few = (f"{len(scores)} held-out points are too few for a {level:.0%} conformal interval (it needs "
-           f"{min_scores(level)})")
+        return {"multiplier": q, "source": "leave-out", "level": level, "covered": covered, "scored": n,
+                "note": "" if covered is not None else f"{n} points: leaving one out leaves too few to measure the "
+                                                       "coverage"}
+    few = f"{n} held-out points are too few for a {level:.0%} conformal interval (it needs {min_scores(level)})"
     if level in pooled:
         q = pooled[level]
-        return q, "pooled", sum(s <= q for s in scores), len(scores), few + ": the multiplier pooled over the catalog"
-    return None, "", None, len(scores), few
+        return {"multiplier": q, "source": "pooled", "level": level, "covered": sum(s <= q for s in scores),
+                "scored": n, "note": few + ": the multiplier pooled over the catalog"}
+    if n == 0:
+        return {"scored": 0, "note": few}
+    others = [max(scores[:i] + scores[i + 1:]) if n > 1 else None for i in range(n)]
+    return {"multiplier": max(scores), "source": "max", "level": n / (n + 1),
+            "covered": sum(o is not None and s <= o for s, o in zip(scores, others, strict=True)) if n > 1 else None,
+            "scored": n, "note": few + f": the largest of them, a {n / (n + 1):.0%} interval"}
 
 
 def leave_out_score(table: pd.DataFrame, *, steps: int, batch_size: int,
@@ -446,12 +455,11 @@ def leave_out_score(table: pd.DataFrame, *, steps: int, batch_size: int,
                            f"{', '.join(h.terms) or 'none'}, not {', '.join(full)}")
             continue
         points.append(h)
-    multiplier, source, covered, scored, note = _calibrated(points, level,
-                                                            POOLED_MULTIPLIERS if pooled is None else pooled)
+    calibrated = _calibrated(points, level, POOLED_MULTIPLIERS if pooled is None else pooled)
     errors, steplaw = summarise(points)
     return LeaveOut(points=points, skipped=skipped, errors=errors, steplaw=steplaw,
                     t_covered=sum(bool(h.covered) for h in points), t_scored=sum(h.covered is not None for h in points),
-                    multiplier=multiplier, source=source, covered=covered, scored=scored, note=note)
+                    **calibrated)
 
 
 def _nearest(optima: pd.DataFrame, target: Mapping[str, float]) -> tuple[int, int, int, int] | None:
@@ -599,9 +607,10 @@ def _intervals(f: Forecast) -> str:
     if f.conformal_interval is None or lo_out.multiplier is None:
         return text + f" (no conformal interval: {lo_out.note or 'no standard error at the target'})"
     c_lo, c_hi = (2.0**x for x in f.conformal_interval)
-    how = "leave-one-out" if lo_out.source == "leave-out" else "the catalog's pooled multiplier"
-    return text + (f" [95 % conformal {c_lo:.3g}, {c_hi:.3g} (±{lo_out.multiplier:.2f} se); "
-                   f"{_covered(lo_out.covered, lo_out.scored)}, {how}]")
+    how = {"leave-out": "leave-one-out", "pooled": "the catalog's pooled multiplier",
+           "max": f"each against the others' largest; {lo_out.note}"}[lo_out.source]
+    return text + (f" [{100 * (lo_out.level or 0):.0f} % conformal {c_lo:.3g}, {c_hi:.3g} (±{lo_out.multiplier:.2f} "
+                   f"se); {_covered(lo_out.covered, lo_out.scored)}, {how}]")
 
 
 def _distribution(lo_out: LeaveOut) -> str:

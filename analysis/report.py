@@ -212,10 +212,11 @@ def forecast_section(forecast: Forecast) -> str:
 
 def _leave_out_note(out: LeaveOut) -> str:
     """What the leave-out table is, and each interval's coverage on it."""
-    conformal = (f"the conformal interval (±{out.multiplier:.2f} standard errors, the "
-                 + ("95 % split-conformal quantile of these points' |error| / se" if out.source == "leave-out"
-                    else "multiplier pooled over the catalog's studies, `analysis.forecast.POOLED_MULTIPLIERS`")
-                 + f") covered {out.covered}/{out.scored}" if out.multiplier is not None and out.covered is not None
+    source = {"leave-out": "the 95 % split-conformal quantile of these points' |error| / se",
+              "pooled": "the multiplier pooled over the catalog's studies, `analysis.forecast.POOLED_MULTIPLIERS`",
+              "max": f"the largest of these points' |error| / se, a {100 * (out.level or 0):.0f} % interval"}
+    conformal = (f"the conformal interval (±{out.multiplier:.2f} standard errors, {source[out.source]}) covered "
+                 f"{out.covered}/{out.scored}" if out.multiplier is not None and out.covered is not None
                  else f"no conformal coverage ({out.note})")
     skipped = f" Not predictable: {'; '.join(out.skipped)}." if out.skipped else ""
     return (f"Every swept point predicted by a fit without its width (and, with three or more horizons, its "

@@ -8,7 +8,8 @@ in log2 lr and in nats (the loss at the predicted lr above the curve's minimum),
 coverage of the observed optima, Step Law's errors on the same points, and the split-conformal multiplier of
 |error| / se:
 
-- per study, from its own points when they are enough (19 at 95 %), its coverage by leave-one-out;
+- per study, from its own points when they are enough (19 at 95 %), its coverage by leave-one-out; with fewer, the
+  largest of them ("max", a guaranteed level of n / (n + 1)), each point against the others' largest;
 - pooled over every study: the multiplier `analysis.forecast.POOLED_MULTIPLIERS` ships, and its coverage measured
   on studies left out of its calibration: each study's points against the multiplier of the others' points (where
   the others hold too few for the level's quantile, their largest score, whose guaranteed level is n / (n + 1) for
@@ -91,7 +92,10 @@ def main() -> None:
         own_q = conformal_quantile(scores, level)
         own_cov = loo_coverage(scores, level)
         own = (f"×{own_q:.2f}, {own_cov}/{len(scores)}" if own_q is not None and own_cov is not None
-               else f"×{own_q:.2f}, unmeasurable" if own_q is not None else f"too few ({len(scores)})")
+               else f"×{own_q:.2f}, unmeasurable" if own_q is not None
+               else f"max ×{out.multiplier:.2f} ({out.level:.0%}), {out.covered}/{len(scores)}"
+               if out.source == "max" and out.multiplier is not None and out.level is not None
+               else f"too few ({len(scores)})")
         others = [s for other, ss in pooled_scores.items() if other != name for s in ss]
         q = conformal_quantile(others, level)
         short = q is None and bool(others)  # too few for the level: their largest, a level of n / (n + 1)

@@ -85,15 +85,19 @@ def test_on_a_bending_law_the_t_interval_under_covers_and_the_conformal_one_is_w
     assert f.conformal_interval[1] - f.conformal_interval[0] > 2 * (f.interval[1] - f.interval[0])
 
 
-def test_with_too_few_points_there_is_no_conformal_interval_unless_a_pooled_multiplier_is_given():
+def test_with_too_few_points_the_interval_is_the_pooled_multiplier_else_the_largest_score_at_its_own_level():
     table = _sweep(widths=(32, 64, 128), horizons=(100, 200), seeds=2)
     out = _score(table, pooled={})
-    assert len(out.points) == 6 and out.multiplier is None and out.covered is None and out.scored == 6
-    assert out.note == "6 held-out points are too few for a 95% conformal interval (it needs 19)"
+    scores = [abs(h.error_log2) / h.se for h in out.points if h.se]
+    assert len(out.points) == 6 and out.scored == 6 and out.source == "max"
+    assert out.multiplier == max(scores) and out.level == pytest.approx(6 / 7)
+    assert out.covered == 5  # each against the largest of the other five: all but the largest
+    assert out.note == "6 held-out points are too few for a 95% conformal interval (it needs 19): the largest of " \
+                       "them, a 86% interval"
     pooled = _score(table, pooled={0.95: 3.0})
-    assert pooled.multiplier == 3.0 and pooled.source == "pooled"
-    assert pooled.covered == sum(abs(h.error_log2) / h.se <= 3.0 for h in pooled.points if h.se)
-    assert _score(table, pooled={0.9: 3.0}).multiplier is None  # a multiplier is for its own level only
+    assert pooled.multiplier == 3.0 and pooled.source == "pooled" and pooled.level == 0.95
+    assert pooled.covered == sum(s <= 3.0 for s in scores)
+    assert _score(table, pooled={0.9: 3.0}).source == "max"  # a multiplier is for its own level only
 
 
 def test_two_widths_leave_no_point_to_predict():
@@ -155,13 +159,19 @@ def test_the_line_says_each_interval_and_the_coverage_it_achieved():
     assert f"covered {out.covered}/20" in section and "| t-interval covered |" in section
 
 
-def test_without_a_conformal_multiplier_the_line_says_why(monkeypatch):
+def test_with_too_few_points_the_line_says_the_level_its_interval_has(monkeypatch):
     monkeypatch.setattr("analysis.forecast.POOLED_MULTIPLIERS", {})
     few = forecast(_sweep(widths=(32, 64, 128), horizons=(100, 200)), target_width=256, target_steps=400,
                    target_batch_size=16, steps=100, batch_size=16, seq_len=64)
-    assert few.leave_out is not None and few.conformal_interval is None and few.leave_out.t_scored == 6
-    assert "(no conformal interval: 6 held-out points are too few for a 95% conformal interval (it needs 19))" in \
-        forecast_line(few)
+    out = few.leave_out
+    assert out is not None and few.conformal_interval is not None and out.t_scored == 6
+    lo, hi = (2.0**x for x in few.conformal_interval)
+    assert f"[86 % conformal {lo:.3g}, {hi:.3g} (±{out.multiplier:.2f} se); covered 5/6 held-out points, each " \
+           "against the others' largest; 6 held-out points are too few for a 95% conformal interval (it needs " \
+           "19): the largest of them, a 86% interval]" in forecast_line(few)
+    two = forecast(_sweep(widths=(32, 64), horizons=(100, 200)), target_width=256, target_steps=400,
+                   target_batch_size=16, steps=100, batch_size=16, seq_len=64)
+    assert two.leave_out is None and "coverage not measured: fewer than three widths" in forecast_line(two)
 
 
 def test_the_conformal_quantile_follows_the_finite_sample_rule():

@@ -1,5 +1,5 @@
 """The pooled conformal multiplier the forecast ships is the one `benchmarks/forecast_coverage.py` computes from the
-trial tables stored in the repo."""
+trial tables stored in the repo (none while they hold fewer than 19 leave-out points)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def _benchmark():
 
 def test_the_pooled_multiplier_is_the_stored_studies_quantile():
     bench = _benchmark()
-    scores = [abs(h.error_log2) / h.se for spec, table in bench.STUDIES.values()
-              for h in bench.score(spec, table, 0.95).points if h.se]
-    assert all((ROOT / table).is_file() for _, table in bench.STUDIES.values())
-    q = conformal_quantile(scores, 0.95)
-    assert q is not None and POOLED_MULTIPLIERS == {0.95: pytest.approx(q, abs=5e-4)}
+    stored = [(spec, table) for spec, table in bench.STUDIES.values() if (ROOT / table).is_file()]
+    assert ("studies/catalog/forecast_cpu.yaml", "docs/forecast/forecast_cpu_trials.csv") in stored
+    scores = [abs(h.error_log2) / h.se for spec, table in stored for h in bench.score(spec, table, 0.95).points if h.se]
+    q = conformal_quantile(scores, 0.95)  # None while the stored studies hold fewer than 19 points: none shipped
+    assert ({} if q is None else {0.95: pytest.approx(q, abs=5e-4)}) == POOLED_MULTIPLIERS
