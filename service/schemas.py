@@ -148,8 +148,10 @@ class ForecastVerdict(BaseModel):
     conformal_covered: int | None = Field(None, description="how many the conformal interval held, each against "
                                                             "the others' quantile or the pooled multiplier")
     conformal_scored: int | None = Field(None, description="how many had a standard error to score")
-    conformal_source: str | None = Field(None, description="the multiplier's: 'leave-out' (the study's own "
-                                                           "points) or 'pooled' (the catalog's)")
+    conformal_source: str | None = Field(None, description="the multiplier's: 'leave-out' (the 95 % quantile of "
+                                                           "the study's own points), 'pooled' (the catalog's) or "
+                                                           "'max' (their largest: a level of n/(n+1))")
+    conformal_level: float | None = Field(None, description="the conformal interval's guaranteed coverage")
     leave_out_median_error_log2: float | None = Field(None, description="median |error| over them, log2(lr)")
     leave_out_p90_error_log2: float | None = Field(None, description="90th percentile |error|, log2(lr)")
     leave_out_median_error_nats: float | None = Field(None, description="median loss above the curve's minimum")

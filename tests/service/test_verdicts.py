@@ -177,4 +177,5 @@ def test_the_lr_forecast_reaches_the_verdicts_and_their_lines(tmp_path):
     assert f"(covered {out.t_covered}/6 held-out points)" in line
     if f.conformal_interval is not None:
         assert shown.conformal_ci95 == pytest.approx(tuple(2.0**x for x in f.conformal_interval))
+        assert shown.conformal_level == pytest.approx(out.level)
         assert f"conformal [{shown.conformal_ci95[0]:.3g}, {shown.conformal_ci95[1]:.3g}] (covered " in line
