@@ -34,7 +34,7 @@ or more horizons its horizon leaves too), where the fit without it still has eve
 (with two widths none has: leaving one leaves no width term). Per point: the error in log2 and nats, Step Law's,
 and whether the nominal 95 % t-interval held the observed seed-mean optimum. That interval is the law's mean's: it
 leaves out the held-out curve's own seed noise and any bend of the law, so it under-covers observed optima even
-when the law holds. The interval that holds what it says is split-conformal (`analysis.conformal`) on the scores
+when the law holds. The interval that holds what it says is split-conformal (`conformal_quantile`) on the scores
 |error| / se of those points, scaled by each prediction's standard error so that it widens with the extrapolation:
 the target's is log2 η* ± q·se, q the ⌈(n + 1)·0.95⌉-th smallest of the n scores, its coverage measured by
 leave-one-out (each point against the quantile of the others). Below 19 points (at 95 %) no finite quantile has
@@ -47,6 +47,7 @@ assumed: the target usually lies further out than any of them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -55,13 +56,13 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
-from analysis.conformal import conformal_quantile, loo_coverage, min_scores
 from analysis.regret import curve_loss_at, curve_minimum
 from analysis.table import phase_rows, require_columns
 from analysis.transfer import interpolate_optimum, lr_curves, parabola, without_depth_sweep
 
 __all__ = ["POOLED_MULTIPLIERS", "STEP_LAW", "ErrorSummary", "Forecast", "HeldOut", "LeaveOut", "fit_optimum_law",
-           "forecast", "forecast_line", "held_out_score", "leave_out_score", "step_law_lr", "summarise", "sweep_optima"]
+           "conformal_quantile", "forecast", "forecast_line", "held_out_score", "leave_out_score", "loo_coverage",
+           "min_scores", "step_law_lr", "summarise", "sweep_optima"]
 
 STEP_LAW = {"coefficient": 1.79, "n_exponent": -0.713, "d_exponent": 0.307}
 """Step Law's optimal lr, η*(N, D) = 1.79 · N^−0.713 · D^0.307 (N non-embedding parameters, D training tokens;
@@ -73,6 +74,42 @@ AXES = ("width", "steps", "batch_size", "seq_len")
 POOLED_MULTIPLIERS: dict[float, float] = {}
 """The conformal multiplier pooled over the catalog's studies, per level: the half-width of the interval in units of
 the prediction's standard error, used when a study's own leave-out scores are too few (`leave_out_score`)."""
+
+
+# Split-conformal quantiles: given n exchangeable scores, the ⌈(n + 1)·level⌉-th smallest bounds a new score with
+# probability ≥ `level` (Vovk et al. 2005; Lei et al. 2018, "Distribution-free predictive inference for regression").
+# Below `min_scores(level)` scores (19 at 95 %) that rank exceeds n: no finite quantile has the guarantee (None).
+
+def _conformal_rank(n: int, level: float) -> int:
+    if not 0 < level < 1:
+        raise ValueError(f"the conformal level must lie in (0, 1) (got {level})")
+    return math.ceil((n + 1) * level - 1e-9)  # the 1e-9: 20 × 0.95 is 19.000000000000004 in floats
+
+
+def min_scores(level: float) -> int:
+    """The fewest scores whose `level` quantile is finite: the smallest n with ⌈(n + 1)·level⌉ ≤ n."""
+    n = 1
+    while _conformal_rank(n, level) > n:
+        n += 1
+    return n
+
+
+def conformal_quantile(scores: Sequence[float], level: float) -> float | None:
+    """The ⌈(n + 1)·level⌉-th smallest of `scores`; None with fewer than `min_scores(level)` of them."""
+    k = _conformal_rank(len(scores), level)
+    return None if k > len(scores) else sorted(scores)[k - 1]
+
+
+def loo_coverage(scores: Sequence[float], level: float) -> int | None:
+    """How many of `scores` lie at or below the `level` quantile of the others; None when n − 1 scores are too few
+    for a finite quantile."""
+    covered = 0
+    for i, score in enumerate(scores):
+        q = conformal_quantile([s for j, s in enumerate(scores) if j != i], level)
+        if q is None:
+            return None
+        covered += score <= q
+    return covered
 
 
 def step_law_lr(n_params: float, tokens: float) -> float:

@@ -26,8 +26,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.conformal import conformal_quantile, loo_coverage, min_scores
-from analysis.forecast import ErrorSummary, LeaveOut, leave_out_score, summarise
+from analysis.forecast import (
+    ErrorSummary,
+    LeaveOut,
+    conformal_quantile,
+    leave_out_score,
+    loo_coverage,
+    min_scores,
+    summarise,
+)
 from analysis.transfer import without_depth_sweep
 from studies.phases.validate_forecast import non_embedding_params
 from studies.spec import StudySpec

@@ -9,8 +9,17 @@ import math
 import numpy as np
 import pytest
 
-from analysis.conformal import conformal_quantile, loo_coverage, min_scores
-from analysis.forecast import Forecast, HeldOut, forecast, forecast_line, held_out_score, leave_out_score
+from analysis.forecast import (
+    Forecast,
+    HeldOut,
+    conformal_quantile,
+    forecast,
+    forecast_line,
+    held_out_score,
+    leave_out_score,
+    loo_coverage,
+    min_scores,
+)
 from analysis.report import forecast_section
 from tests.analysis._tables import trials
 

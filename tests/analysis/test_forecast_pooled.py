@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.conformal import conformal_quantile
-from analysis.forecast import POOLED_MULTIPLIERS
+from analysis.forecast import POOLED_MULTIPLIERS, conformal_quantile
 
 ROOT = Path(__file__).resolve().parents[2]
 
