@@ -1,13 +1,14 @@
 """A forecast of the target's optimal learning rate from the validate sweeps, and a published law beside it.
 
-Each seed's lr curve at each swept (width, steps, batch size) gives one optimum: the vertex of the parabola in log2 lr
-through the best lr and its neighbours (`analysis.transfer.interpolate_optimum`, as the drift finds it), and that
-parabola's curvature k (nats per log2 unit²). Optima on the edge of the lr grid are left out of the fit (the true one
-lies outside the grid) and listed. One ordinary least-squares fit, seeds as replicates,
+Each seed's lr curve at each swept (width, steps, batch size, seq_len) gives one optimum: the vertex of the parabola
+in log2 lr through the best lr and its neighbours (`analysis.transfer.interpolate_optimum`, as the drift finds it),
+and that parabola's curvature k (nats per log2 unit²). Optima on the edge of the lr grid are left out of the fit
+(the true one lies outside the grid) and listed. One ordinary least-squares fit, seeds as replicates,
 
-    log2 η* = a + b·log2 width + c·log2 steps + d·log2 batch,
+    log2 η* = a + b·log2 width + c·log2 steps + d·log2 batch + e·log2 seq_len,
 
-keeps each term only where the sweeps vary its axis (and where it is not collinear with the terms before it), and
+(seq_len: a row's own where a sweep varies the context, else the `seq_len` given) keeps each term only where the
+sweeps vary its axis (and where it is not collinear with the terms before it), and
 predicts the mean log2 η* at the target with a Student-t interval (n − p degrees of freedom; with none left, the
 prediction has no interval and says so). The expected regret of an lr x at the target is
 k·((x − μ)² + s²): μ the prediction, s its standard error, k the mean curvature of the swept point nearest the target
@@ -23,13 +24,33 @@ minimum (`analysis.regret.curve_loss_at`). Step Law's closed form is scored on t
 N^−0.713 · D^0.307, N the non-embedding parameters, D the training tokens (Li et al. 2025, "Predictable Scale: Part
 I — Optimal Hyperparameter Scaling Law in Large Language Model Pretraining", arXiv:2503.04715). It was fitted on
 some 3,700 LLM pretraining runs (its test model: 1B parameters on 100B tokens), so at toy scale it is a baseline,
-not a prediction. N per width comes from the caller (analysis imports no model code).
+not a prediction. N per width comes from the caller (analysis imports no model code); D takes each point's own
+seq_len.
+
+Leave-out scoring (`leave_out_score`) measures how good the fit and its interval are: every distinct swept point in
+turn is held out as above (its whole width leaves the fit: the forecast is always for a width it has not seen, and
+a width's other horizons and batches would carry that width's own departure from the law into the fit; with three
+or more horizons its horizon leaves too), where the fit without it still has every term of the fit over all points
+(with two widths none has: leaving one leaves no width term). Per point: the error in log2 and nats, Step Law's,
+and whether the nominal 95 % t-interval held the observed seed-mean optimum. That interval is the law's mean's: it
+leaves out the held-out curve's own seed noise and any bend of the law, so it under-covers observed optima even
+when the law holds. The interval that holds what it says is split-conformal (`conformal_quantile`) on the scores
+|error| / se of those points, scaled by each prediction's standard error so that it widens with the extrapolation:
+the target's is log2 η* ± q·se, q the ⌈(n + 1)·0.95⌉-th smallest of the n scores, its coverage measured by
+leave-one-out (each point against the quantile of the others). Below 19 points (at 95 %) no finite quantile has
+the guarantee; the forecast then takes `POOLED_MULTIPLIERS`, the same quantile over the catalog's stored studies
+(`benchmarks/forecast_coverage.py`, which measures its coverage on each study left out of it), and states the
+coverage of its own points under it; without one, the largest of its n scores, an interval whose guaranteed level
+is n / (n + 1) (86 % for 6 points), said as such. Exchangeability of the target with the held-out points is
+assumed: the target usually lies further out than any of them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,15 +60,56 @@ from analysis.regret import curve_loss_at, curve_minimum
 from analysis.table import phase_rows, require_columns
 from analysis.transfer import interpolate_optimum, lr_curves, parabola
 
-__all__ = ["STEP_LAW", "Forecast", "HeldOut", "fit_optimum_law", "forecast", "forecast_line", "held_out_score",
-           "step_law_lr", "sweep_optima"]
+__all__ = ["POOLED_MULTIPLIERS", "STEP_LAW", "ErrorSummary", "Forecast", "HeldOut", "LeaveOut", "fit_optimum_law",
+           "conformal_quantile", "forecast", "forecast_line", "held_out_score", "leave_out_score", "loo_coverage",
+           "min_scores", "step_law_lr", "summarise", "sweep_optima"]
 
 STEP_LAW = {"coefficient": 1.79, "n_exponent": -0.713, "d_exponent": 0.307}
 """Step Law's optimal lr, η*(N, D) = 1.79 · N^−0.713 · D^0.307 (N non-embedding parameters, D training tokens;
 arXiv:2503.04715, its optimal batch B*(D) = 0.58 · D^0.571 tokens beside it)."""
 
-AXES = ("width", "steps", "batch_size")
+AXES = ("width", "steps", "batch_size", "seq_len")
 """The axes of the fit, in the order their terms enter it; the trial table's `horizon` is `steps` here."""
+
+POOLED_MULTIPLIERS: dict[float, float] = {}
+"""The conformal multiplier pooled over the catalog's studies, per level: the half-width of the interval in units of
+the prediction's standard error, used when a study's own leave-out scores are too few (`leave_out_score`)."""
+
+
+# Split-conformal quantiles: given n exchangeable scores, the ⌈(n + 1)·level⌉-th smallest bounds a new score with
+# probability ≥ `level` (Vovk et al. 2005; Lei et al. 2018, "Distribution-free predictive inference for regression").
+# Below `min_scores(level)` scores (19 at 95 %) that rank exceeds n: no finite quantile has the guarantee (None).
+
+def _conformal_rank(n: int, level: float) -> int:
+    if not 0 < level < 1:
+        raise ValueError(f"the conformal level must lie in (0, 1) (got {level})")
+    return math.ceil((n + 1) * level - 1e-9)  # the 1e-9: 20 × 0.95 is 19.000000000000004 in floats
+
+
+def min_scores(level: float) -> int:
+    """The fewest scores whose `level` quantile is finite: the smallest n with ⌈(n + 1)·level⌉ ≤ n."""
+    n = 1
+    while _conformal_rank(n, level) > n:
+        n += 1
+    return n
+
+
+def conformal_quantile(scores: Sequence[float], level: float) -> float | None:
+    """The ⌈(n + 1)·level⌉-th smallest of `scores`; None with fewer than `min_scores(level)` of them."""
+    k = _conformal_rank(len(scores), level)
+    return None if k > len(scores) else sorted(scores)[k - 1]
+
+
+def loo_coverage(scores: Sequence[float], level: float) -> int | None:
+    """How many of `scores` lie at or below the `level` quantile of the others; None when n − 1 scores are too few
+    for a finite quantile."""
+    covered = 0
+    for i, score in enumerate(scores):
+        q = conformal_quantile([s for j, s in enumerate(scores) if j != i], level)
+        if q is None:
+            return None
+        covered += score <= q
+    return covered
 
 
 def step_law_lr(n_params: float, tokens: float) -> float:
@@ -75,6 +137,39 @@ class HeldOut(BaseModel):
     steplaw_log2_lr: float | None = None  # Step Law's η*(N, D) there (None: no parameter count given)
     steplaw_error_log2: float | None = None
     steplaw_regret: float | None = None  # nats, as `regret` (None: outside the grid or no Step Law)
+    note: str = ""
+    seq_len: int | None = None  # the point's tokens per sequence (None: not given)
+    se: float | None = None  # the prediction's standard error (log2 lr; None: no residual dof)
+    covered: bool | None = None  # `interval` holds the observed optimum (None: no interval)
+
+
+class ErrorSummary(BaseModel):
+    """|error| over held-out points: the median and the 90th percentile (linear between order statistics)."""
+
+    n: int  # points with an error in log2 lr
+    median_log2: float | None  # None: no point
+    p90_log2: float | None
+    n_nats: int  # points whose regret is inside the swept grid
+    median_nats: float | None
+    p90_nats: float | None
+
+
+class LeaveOut(BaseModel):
+    """Every swept point the forecast could predict, each fitted without it (`leave_out_score`), and the conformal
+    multiplier its scores |error| / se give."""
+
+    points: list[HeldOut]
+    skipped: list[str] = []  # the points the fit cannot predict, with why
+    errors: ErrorSummary  # the forecast's
+    steplaw: ErrorSummary | None = None  # Step Law's on the same points (None: no parameter count)
+    t_covered: int  # points whose nominal t-interval held the observed optimum
+    t_scored: int  # points with a t-interval
+    multiplier: float | None = None  # the conformal interval's half-width in standard errors (None: no point)
+    source: str = ""  # "leave-out": the level's quantile of the study's own scores; "pooled": `POOLED_MULTIPLIERS`;
+    # "max": too few for the level, the largest own score
+    level: float | None = None  # the conformal interval's guaranteed coverage: the level, or n / (n + 1) for "max"
+    covered: int | None = None  # points the conformal interval held: each against the others' quantile (leave-out),
+    scored: int = 0  # or against the pooled one; `scored`: points with a standard error
     note: str = ""
 
 
@@ -107,12 +202,16 @@ class Forecast(BaseModel):
     held_out: HeldOut | None = None  # the hold-out rule's point (three or more widths)
     target_check: HeldOut | None = None  # the target's own sweep, predicted without its width (when swept)
     note: str = ""  # what the forecast assumes or lacks
+    target_seq_len: int | None = None  # the target's tokens per sequence (the `seq_len` given)
+    leave_out: LeaveOut | None = None  # every swept point predicted without its width (None: not scored)
+    conformal_interval: tuple[float, float] | None = None  # log2_lr ± leave_out.multiplier · se (None: none)
 
 
 def _keyed(table: pd.DataFrame, steps: int, batch_size: int, parametrization: str, phase: str,
-           batch_steps: Mapping[int, int] | None = None) -> pd.DataFrame:
-    """The lr sweep's rows of `parametrization` with `steps` and `batch_size` filled: a row's `horizon`, else its
-    batch's `batch_steps`, else `steps`; its `batch_size`, else `batch_size`."""
+           batch_steps: Mapping[int, int] | None = None, seq_len: int | None = None) -> pd.DataFrame:
+    """The lr sweep's rows of `parametrization` with `steps`, `batch_size` and `seq_len` filled: a row's `horizon`,
+    else its batch's `batch_steps`, else `steps`; its `batch_size`, else `batch_size`; its `seq_len`, else `seq_len`,
+    else 0 (not known: allowed only where no row has one)."""
     rows = phase_rows(table, phase)
     require_columns(rows, ["width", "seed", "parametrization", "lr"], "the lr forecast")
     swept = rows["swept"].fillna("lr") if "swept" in rows else pd.Series("lr", index=rows.index)
@@ -123,27 +222,32 @@ def _keyed(table: pd.DataFrame, steps: int, batch_size: int, parametrization: st
     unset = pd.Series(np.nan, index=rows.index)
     batch, horizon = rows.get("batch_size", unset), rows.get("horizon", unset)
     filled = {"steps": horizon.fillna(batch.map(dict(batch_steps or {}))).fillna(steps),
-              "batch_size": batch.fillna(batch_size)}
-    return rows.drop(columns=[c for c in ("steps", "batch_size") if c in rows]).assign(
-        **{k: v.astype(int) for k, v in filled.items()})
+              "batch_size": batch.fillna(batch_size), "seq_len": rows.get("seq_len", unset).fillna(seq_len or 0)}
+    if (filled["seq_len"] == 0).any() and filled["seq_len"].nunique() > 1:
+        raise ValueError("some lr-sweep rows have a seq_len and some none: pass the forecast's seq_len (the spec's "
+                         "data.seq_len) for the rows without one")
+    return rows.drop(columns=[c for c in filled if c in rows]).assign(**{k: v.astype(int) for k, v in filled.items()})
 
 
 def sweep_optima(table: pd.DataFrame, *, steps: int, batch_size: int, batch_steps: Mapping[int, int] | None = None,
-                 parametrization: str = "mup", phase: str = "validate", by_seed: bool = True) -> pd.DataFrame:
-    """Each lr curve's optimum per (width, steps, batch_size[, seed]) of `parametrization` (module docstring).
+                 parametrization: str = "mup", phase: str = "validate", by_seed: bool = True,
+                 seq_len: int | None = None) -> pd.DataFrame:
+    """Each lr curve's optimum per (width, steps, batch_size, seq_len[, seed]) of `parametrization` (module
+    docstring).
 
-    `steps`, `batch_size`: what rows without a `horizon` (`batch_size`) trained; `batch_steps`: the steps a batch
-    sweep's row (a `batch_size`, no `horizon`) trained at each batch size (None: `steps`). Returns columns `width,
-    steps, batch_size, [seed,] log2_lr, at_grid_edge, curvature, optimum_loss`: the interpolated optimum (log2), whether
+    `steps`, `batch_size`, `seq_len`: what rows without a `horizon` (`batch_size`, `seq_len`) trained; `batch_steps`:
+    the steps a batch sweep's row (a `batch_size`, no `horizon`) trained at each batch size (None: `steps`). Returns
+    columns `width, steps, batch_size, seq_len, [seed,] log2_lr, at_grid_edge, curvature, optimum_loss` (`seq_len` 0:
+    not known): the interpolated optimum (log2), whether
     the best lr is the grid's smallest or largest, the parabola's curvature (NaN where it has none: an edge, a
     diverged neighbour, a concave triple) and the curve's minimum. A curve whose every lr diverged is left out."""
-    return _optima(_keyed(table, steps, batch_size, parametrization, phase, batch_steps), phase, by_seed)
+    return _optima(_keyed(table, steps, batch_size, parametrization, phase, batch_steps, seq_len), phase, by_seed)
 
 
 def _optima(rows: pd.DataFrame, phase: str, by_seed: bool = True) -> pd.DataFrame:
     """`sweep_optima` of `_keyed` rows."""
     out = []
-    for (s, b), group in rows.groupby(["steps", "batch_size"]):
+    for (s, b, q), group in rows.groupby(["steps", "batch_size", "seq_len"]):
         curves = lr_curves(group, phase, by_seed=by_seed)
         for key, curve in curves.groupby(["width", *(["seed"] if by_seed else [])]):
             curve = curve.sort_values("lr")
@@ -152,12 +256,12 @@ def _optima(rows: pd.DataFrame, phase: str, by_seed: bool = True) -> pd.DataFram
                 continue
             best = int(np.argmin(y))  # ties: the smaller lr, as `lr_optima`
             coeffs = parabola(x, y, best)
-            out.append({"width": int(key[0]), "steps": int(s), "batch_size": int(b),
+            out.append({"width": int(key[0]), "steps": int(s), "batch_size": int(b), "seq_len": int(q),
                         **({"seed": int(key[1])} if by_seed else {}),
                         "log2_lr": interpolate_optimum(x, y, best), "at_grid_edge": best in (0, len(x) - 1),
                         "curvature": float(coeffs[0]) if coeffs is not None else np.nan,
                         "optimum_loss": curve_minimum(x, y, best)[1]})
-    columns = ["width", "steps", "batch_size", *(["seed"] if by_seed else []), "log2_lr", "at_grid_edge",
+    columns = [*AXES, *(["seed"] if by_seed else []), "log2_lr", "at_grid_edge",
                "curvature", "optimum_loss"]
     return pd.DataFrame(out, columns=columns)
 
@@ -195,9 +299,10 @@ def fit_optimum_law(optima: pd.DataFrame) -> _Fit:
                          "widen validate.lrs")
     columns, terms, collinear = [np.ones(len(optima))], [], []
     for axis in AXES:
-        candidate = np.log2(optima[axis].to_numpy(dtype=float))
-        if np.ptp(candidate) == 0:
+        values = optima[axis].to_numpy(dtype=float) if axis in optima else np.ones(len(optima))
+        if np.ptp(values) == 0:
             continue
+        candidate = np.log2(values)
         if np.linalg.matrix_rank(np.column_stack([*columns, candidate])) > len(columns):
             columns.append(candidate)
             terms.append(axis)
@@ -222,8 +327,9 @@ def fit_optimum_law(optima: pd.DataFrame) -> _Fit:
 def _fitted(optima: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """The optima the fit takes (off the grid's edge) and the names of those left out."""
     edge = optima["at_grid_edge"].astype(bool)
-    names = [f"w{r.width}-t{r.steps}-b{r.batch_size}" + (f"-s{r.seed}" if "seed" in optima else "")
-             for r in optima[edge].itertuples()]
+    contexts = "seq_len" in optima and optima["seq_len"].nunique() > 1
+    names = [f"w{r.width}-t{r.steps}-b{r.batch_size}" + (f"-l{r.seq_len}" if contexts else "")
+             + (f"-s{r.seed}" if "seed" in optima else "") for r in optima[edge].itertuples()]
     return optima[~edge], names
 
 
@@ -249,68 +355,169 @@ def _axis_values(rows: pd.DataFrame, axis: str) -> list[int]:
     return sorted(int(v) for v in rows[axis].unique())
 
 
-def _hold_out(rows: pd.DataFrame) -> tuple[int, int, int]:
-    """The default held-out point: the largest width, its longest steps, the largest batch swept there."""
+Point = tuple[int, int, int] | tuple[int, int, int, int]
+"""A swept point: (width, steps, batch_size[, seq_len]); without its seq_len, the forecast's `seq_len`."""
+
+
+def _hold_out(rows: pd.DataFrame) -> tuple[int, int, int, int]:
+    """The default held-out point: the largest width, its longest steps, the largest batch swept there, the longest
+    context there."""
     width = int(rows["width"].max())
     at = rows[rows["width"] == width]
-    longest = int(at["steps"].max())
-    return width, longest, int(at.loc[at["steps"] == longest, "batch_size"].max())
+    at = at[at["steps"] == at["steps"].max()]
+    at = at[at["batch_size"] == at["batch_size"].max()]
+    return width, int(at["steps"].iloc[0]), int(at["batch_size"].iloc[0]), int(at["seq_len"].max())
+
+
+def _words(point: tuple[int, ...]) -> str:
+    context = f", seq_len {point[3]}" if len(point) > 3 and point[3] else ""
+    return f"width {point[0]}, {point[1]} steps, batch {point[2]}{context}"
+
+
+def _at(rows: pd.DataFrame, point: tuple[int, ...]) -> np.ndarray:
+    """The rows at `point` (its first axes: a 3-tuple matches every seq_len)."""
+    return np.asarray(np.logical_and.reduce([rows[a] == v for a, v in zip(AXES, point, strict=False)]), dtype=bool)
 
 
 def held_out_score(table: pd.DataFrame, *, steps: int, batch_size: int, batch_steps: Mapping[int, int] | None = None,
-                   point: tuple[int, int, int] | None = None, n_params: Mapping[int, float] | None = None,
+                   point: Point | None = None, n_params: Mapping[int, float] | None = None,
                    seq_len: int | None = None, parametrization: str = "mup", phase: str = "validate",
                    level: float = 0.95) -> HeldOut:
-    """Fit without one swept point and predict it (module docstring): `point` = (width, steps, batch_size), by
-    default the largest width, at its longest swept steps, at the largest batch swept there. `steps`,
-    `batch_size`, `batch_steps`: as `sweep_optima`. `n_params` (width → non-embedding parameters) and `seq_len`
-    (tokens per sequence) add Step Law's error, D = steps × batch × seq_len."""
-    rows = _keyed(table, steps, batch_size, parametrization, phase, batch_steps)
-    width, at_steps, at_batch = point or _hold_out(rows)
-    held = rows[(rows["width"] == width) & (rows["steps"] == at_steps) & (rows["batch_size"] == at_batch)]
+    """Fit without one swept point and predict it (module docstring): `point` = (width, steps, batch_size[,
+    seq_len]), by default the largest width, at its longest swept steps, at the largest batch swept there (at the
+    longest context there). `steps`, `batch_size`, `batch_steps`, `seq_len`: as `sweep_optima`. `n_params` (width →
+    non-embedding parameters) adds Step Law's error, D = steps × batch × the point's seq_len."""
+    rows = _keyed(table, steps, batch_size, parametrization, phase, batch_steps, seq_len)
+    where = dict(zip(AXES, point if point is None or len(point) == 4 else (*point, seq_len or 0), strict=True)) \
+        if point is not None else dict(zip(AXES, _hold_out(rows), strict=True))
+    key = tuple(where.values())
+    held = rows[_at(rows, key)]
     if held.empty:
-        raise ValueError(f"the {phase} sweep has no lr curve at width {width}, {at_steps} steps, batch {at_batch}")
+        raise ValueError(f"the {phase} sweep has no lr curve at {_words(key)}")
+    width = where["width"]
     keep = rows["width"] != width
     horizons = rows["horizon"].dropna().unique() if "horizon" in rows else []
     if len(horizons) >= 3:  # a batch sweep's rows all stay: at a fixed token budget their steps move with the batch
-        keep &= rows["horizon"] != at_steps
+        keep &= rows["horizon"] != where["steps"]
     optima, _ = _fitted(_optima(rows[keep], phase))
     fit = fit_optimum_law(optima)
-    where = {"width": width, "steps": at_steps, "batch_size": at_batch}
     mean, se = fit.predict(where)
     curve = lr_curves(held, phase)
     if not np.isfinite(curve["eval_loss"]).any():
-        raise ValueError(f"every lr diverged at width {width}, {at_steps} steps, batch {at_batch}: add smaller lrs")
+        raise ValueError(f"every lr diverged at {_words(key)}: add smaller lrs")
     observed, regret = _point_loss(curve, mean)
     finite = curve.sort_values("lr")["eval_loss"].to_numpy(dtype=float)
     edge = int(np.argmin(finite)) in (0, len(finite) - 1)
-    out = HeldOut(width=width, steps=at_steps, batch_size=at_batch, observed_log2_lr=observed,
-                  observed_at_grid_edge=edge, predicted_log2_lr=mean, interval=_interval(fit, mean, se, level),
+    interval = _interval(fit, mean, se, level)
+    context = where["seq_len"] or None
+    out = HeldOut(width=width, steps=where["steps"], batch_size=where["batch_size"], observed_log2_lr=observed,
+                  observed_at_grid_edge=edge, predicted_log2_lr=mean, interval=interval,
                   error_log2=mean - observed, regret=regret, n_fit=fit.n, terms=fit.terms,
-                  note="the held-out optimum is on the lr grid's edge: the errors are lower bounds" if edge else "")
-    if n_params is not None and seq_len is not None and width in n_params:
-        law = float(np.log2(step_law_lr(n_params[width], at_steps * at_batch * seq_len)))
+                  note="the held-out optimum is on the lr grid's edge: the errors are lower bounds" if edge else "",
+                  seq_len=context, se=se, covered=interval[0] <= observed <= interval[1] if interval else None)
+    if n_params is not None and context is not None and width in n_params:
+        law = float(np.log2(step_law_lr(n_params[width], where["steps"] * where["batch_size"] * context)))
         out = out.model_copy(update={"steplaw_log2_lr": law, "steplaw_error_log2": law - observed,
                                      "steplaw_regret": _point_loss(curve, law)[1]})
     return out
 
 
-def _nearest(optima: pd.DataFrame, target: Mapping[str, float]) -> tuple[int, int, int] | None:
-    """The swept (width, steps, batch) nearest `target` in log2 distance (width first) with a curvature."""
+def _summary(errors: Sequence[float], nats: Sequence[float | None]) -> ErrorSummary:
+    def q(values: list[float], at: float) -> float | None:
+        return float(np.quantile(values, at)) if values else None
+
+    log2 = [abs(e) for e in errors]
+    known = [abs(n) for n in nats if n is not None]
+    return ErrorSummary(n=len(log2), median_log2=q(log2, 0.5), p90_log2=q(log2, 0.9), n_nats=len(known),
+                        median_nats=q(known, 0.5), p90_nats=q(known, 0.9))
+
+
+def summarise(points: Sequence[HeldOut]) -> tuple[ErrorSummary, ErrorSummary | None]:
+    """The forecast's |error| over `points`, and Step Law's over those it was scored on (None: none)."""
+    law = [(h.steplaw_error_log2, h.steplaw_regret) for h in points if h.steplaw_error_log2 is not None]
+    return (_summary([h.error_log2 for h in points], [h.regret for h in points]),
+            _summary([e for e, _ in law], [n for _, n in law]) if law else None)
+
+
+def _calibrated(points: list[HeldOut], level: float, pooled: Mapping[float, float]) -> dict[str, Any]:
+    """The conformal fields of `LeaveOut` over `points`' scores |error| / se: the `level` split-conformal quantile,
+    its coverage by leave-one-out; with too few points, `pooled[level]`, else the largest score, whose guaranteed
+    level is n / (n + 1) (each point's coverage against the others' largest)."""
+    scores = [abs(h.error_log2) / h.se for h in points if h.se]
+    n, q = len(scores), conformal_quantile(scores, level)
+    if q is not None:
+        covered = loo_coverage(scores, level)
+        return {"multiplier": q, "source": "leave-out", "level": level, "covered": covered, "scored": n,
+                "note": "" if covered is not None else f"{n} points: leaving one out leaves too few to measure the "
+                                                       "coverage"}
+    few = f"{n} held-out points are too few for a {level:.0%} conformal interval (it needs {min_scores(level)})"
+    if level in pooled:
+        q = pooled[level]
+        return {"multiplier": q, "source": "pooled", "level": level, "covered": sum(s <= q for s in scores),
+                "scored": n, "note": few + ": the multiplier pooled over the catalog"}
+    if n == 0:
+        return {"scored": 0, "note": few}
+    others = [max(scores[:i] + scores[i + 1:]) if n > 1 else None for i in range(n)]
+    return {"multiplier": max(scores), "source": "max", "level": n / (n + 1),
+            "covered": sum(o is not None and s <= o for s, o in zip(scores, others, strict=True)) if n > 1 else None,
+            "scored": n, "note": few + f": the largest of them, a {n / (n + 1):.0%} interval"}
+
+
+def leave_out_score(table: pd.DataFrame, *, steps: int, batch_size: int,
+                    batch_steps: Mapping[int, int] | None = None, n_params: Mapping[int, float] | None = None,
+                    seq_len: int | None = None, parametrization: str = "mup", phase: str = "validate",
+                    level: float = 0.95, pooled: Mapping[float, float] | None = None) -> LeaveOut:
+    """Every distinct swept point in turn scored by `held_out_score` (its whole width, and with three or more
+    horizons its horizon, left out of the fit), where the fit without it keeps every term of the full fit (else it
+    would assume no move along an axis the sweeps vary); the errors' and Step Law's summaries, the nominal
+    t-interval's coverage and the conformal multiplier (module docstring). `pooled`: the multiplier per level used
+    when the points are too few for their own (None: `POOLED_MULTIPLIERS`; {}: none)."""
+    rows = _keyed(table, steps, batch_size, parametrization, phase, batch_steps, seq_len)
+    full = fit_optimum_law(_fitted(_optima(rows, phase))[0]).terms
+    points, skipped = [], []
+    for key in sorted(set(rows[list(AXES)].itertuples(index=False, name=None))):
+        point = tuple(int(v) for v in key)
+        try:
+            h = held_out_score(table, steps=steps, batch_size=batch_size, batch_steps=batch_steps, n_params=n_params,
+                               seq_len=seq_len, parametrization=parametrization, phase=phase, level=level,
+                               point=point)  # type: ignore[arg-type]
+        except ValueError as e:
+            skipped.append(f"{_words(point)}: {e}")
+            continue
+        if "width" not in full:
+            skipped.append(f"{_words(point)}: the fit over every point has no width term: nothing to forecast")
+            continue
+        if h.terms != full:
+            skipped.append(f"{_words(point)}: without width {point[0]} the fit's terms are "
+                           f"{', '.join(h.terms) or 'none'}, not {', '.join(full)}")
+            continue
+        points.append(h)
+    calibrated = _calibrated(points, level, POOLED_MULTIPLIERS if pooled is None else pooled)
+    errors, steplaw = summarise(points)
+    return LeaveOut(points=points, skipped=skipped, errors=errors, steplaw=steplaw,
+                    t_covered=sum(bool(h.covered) for h in points), t_scored=sum(h.covered is not None for h in points),
+                    **calibrated)
+
+
+def _nearest(optima: pd.DataFrame, target: Mapping[str, float]) -> tuple[int, int, int, int] | None:
+    """The swept (width, steps, batch, seq_len) nearest `target` in log2 distance (width first) with a curvature; an
+    axis the target has no value for (0) is not a distance."""
     curved = optima[np.isfinite(optima["curvature"])]
     if curved.empty:
         return None
-    distance = [tuple(abs(np.log2(getattr(r, a) / target[a])) for a in AXES) for r in curved.itertuples()]
+    axes = [a for a in AXES if target[a]]
+    distance = [tuple(abs(np.log2(getattr(r, a) / target[a])) if getattr(r, a) else 0.0 for a in axes)
+                for r in curved.itertuples()]
     r = curved.iloc[min(range(len(distance)), key=lambda i: distance[i])]
-    return int(r["width"]), int(r["steps"]), int(r["batch_size"])
+    return int(r["width"]), int(r["steps"]), int(r["batch_size"]), int(r["seq_len"])
 
 
 def _absent(terms: Sequence[str], target: Mapping[str, int], swept: Mapping[str, list[int]]) -> str:
     """What the fit assumes for the axes it has no term for, where the target lies off the one swept value."""
-    words = {"width": "width", "steps": "training steps", "batch_size": "batch size"}
+    words = {"width": "width", "steps": "training steps", "batch_size": "batch size", "seq_len": "context (seq_len)"}
     return "; ".join(f"the sweeps fix the {words[a]} at {swept[a][0]}: the optimum is taken not to move from there "
                      f"to the target's {target[a]}" for a in AXES
-                     if a not in terms and len(swept[a]) == 1 and swept[a][0] != target[a])
+                     if a not in terms and len(swept[a]) == 1 and target[a] and swept[a][0] != target[a])
 
 
 def _coefficient_ci(fit: _Fit, level: float) -> dict[str, tuple[float, float] | None]:
@@ -323,7 +530,7 @@ def _coefficient_ci(fit: _Fit, level: float) -> dict[str, tuple[float, float] | 
             for i, name in enumerate(names)}
 
 
-def _scores(score: Callable[..., HeldOut], rows: pd.DataFrame, target: tuple[int, int, int], notes: list[str]
+def _scores(score: Callable[..., HeldOut], rows: pd.DataFrame, target: tuple[int, int, int, int], notes: list[str]
             ) -> tuple[HeldOut | None, HeldOut | None]:
     """(the hold-out rule's score with three or more widths, the target's own sweep's score where it is swept and
     is not that point); a score the sweeps cannot give is None, its reason added to `notes`."""
@@ -334,8 +541,9 @@ def _scores(score: Callable[..., HeldOut], rows: pd.DataFrame, target: tuple[int
             held = score()
         except ValueError as e:
             notes.append(f"no held-out score: {e}")
-    swept = ((rows["width"] == target[0]) & (rows["steps"] == target[1]) & (rows["batch_size"] == target[2])).any()
-    if swept and widths >= 2 and (held is None or (held.width, held.steps, held.batch_size) != target):
+    swept = _at(rows, target).any()
+    if swept and widths >= 2 and (held is None or (held.width, held.steps, held.batch_size, held.seq_len or 0)
+                                  != target):
         try:
             check = score(point=target)
         except ValueError as e:
@@ -352,19 +560,22 @@ def forecast(table: pd.DataFrame, *, target_width: int, target_steps: int, targe
     `table`'s `phase` rows are the lr sweeps (rows whose `swept` is another hparam, and a depth sweep's, are left
     out); `steps`, `batch_size`, `batch_steps`: what rows without a `horizon` (`batch_size`) trained (the validate
     horizon, the base batch, a batch sweep's steps per batch size: `sweep_optima`). `transferred_lr`: the tune
-    winner's lr, whose expected regret at the target is stated. `n_params` (width → non-embedding parameters, the
-    target's and the swept widths') and `seq_len` add Step Law's η*(N, D). The held-out score needs three or more
-    widths; the target check, the target's own sweep."""
-    rows = _keyed(table, steps, batch_size, parametrization, phase, batch_steps)
+    winner's lr, whose expected regret at the target is stated. `seq_len`: the target's tokens per sequence, and
+    that of the rows without a `seq_len` (a context sweep's rows carry theirs); with `n_params` (width →
+    non-embedding parameters, the target's and the swept widths') it adds Step Law's η*(N, D). The held-out score
+    needs three or more widths; the target check, the target's own sweep; the leave-out scoring and its conformal
+    interval, three or more widths (`leave_out_score`)."""
+    rows = _keyed(table, steps, batch_size, parametrization, phase, batch_steps, seq_len)
     optima = _optima(rows, phase)
     fitted, edges = _fitted(optima)
     fit = fit_optimum_law(fitted)
-    target = {"width": target_width, "steps": target_steps, "batch_size": target_batch_size}
+    target = {"width": target_width, "steps": target_steps, "batch_size": target_batch_size, "seq_len": seq_len or 0}
+    if "seq_len" in fit.terms and not seq_len:
+        raise ValueError("the sweeps vary seq_len: the forecast needs the target's seq_len (the spec's data.seq_len)")
     mean, se = fit.predict(target)
     interval = _interval(fit, mean, se, level)
     near = _nearest(fitted, target)
-    at = fitted[(fitted["width"] == near[0]) & (fitted["steps"] == near[1]) & (fitted["batch_size"] == near[2])] \
-        if near else fitted.iloc[0:0]
+    at = fitted[_at(fitted, near)] if near else fitted.iloc[0:0]
     k = float(at["curvature"].mean()) if near else None
     reference = float(at["optimum_loss"].mean()) if near else None
     variance = se**2 if se is not None else 0.0
@@ -379,20 +590,26 @@ def forecast(table: pd.DataFrame, *, target_width: int, target_steps: int, targe
     law = None
     if n_params is not None and seq_len is not None and target_width in n_params:
         law = step_law_lr(n_params[target_width], target_steps * target_batch_size * seq_len)
-    score = partial(held_out_score, table, steps=steps, batch_size=batch_size, batch_steps=batch_steps,
-                    n_params=n_params, seq_len=seq_len, parametrization=parametrization, phase=phase, level=level)
-    held, check = _scores(score, rows, (target_width, target_steps, target_batch_size), notes)
+    common: dict[str, Any] = {"steps": steps, "batch_size": batch_size, "batch_steps": batch_steps,
+                              "n_params": n_params, "seq_len": seq_len, "parametrization": parametrization,
+                              "phase": phase, "level": level}
+    held, check = _scores(partial(held_out_score, table, **common), rows,
+                          (target_width, target_steps, target_batch_size, seq_len or 0), notes)
+    leave_out = leave_out_score(table, **common) if rows["width"].nunique() >= 3 else None
+    q = leave_out.multiplier if leave_out else None
     return Forecast(
         parametrization=parametrization, target_width=target_width, target_steps=target_steps,
         target_batch_size=target_batch_size, terms=fit.terms,
         coefficients=dict(zip(["intercept", *fit.terms], fit.beta, strict=True)),
         coefficient_ci=_coefficient_ci(fit, level),
         n_points=fit.n, dof=fit.dof, residual_sd=fit.residual_sd, log2_lr=mean, lr=float(2.0**mean),
-        interval=interval, se=se, curvature=k, curvature_at=near, reference_loss=reference,
+        interval=interval, se=se, curvature=k, curvature_at=near[:3] if near else None, reference_loss=reference,
         transferred_lr=transferred_lr, regret=regret,
         regret_pct=100 * regret / reference if regret is not None and reference else None,
         forecast_regret=k * variance if k is not None and se is not None else None,
-        steplaw_lr=law, edges=edges, held_out=held, target_check=check, note="; ".join(notes))
+        steplaw_lr=law, edges=edges, held_out=held, target_check=check, note="; ".join(notes),
+        target_seq_len=seq_len, leave_out=leave_out,
+        conformal_interval=(mean - q * se, mean + q * se) if q is not None and se is not None else None)
 
 
 def _signed(x: float) -> str:
@@ -411,20 +628,57 @@ def _said(h: HeldOut, what: str) -> str:
             f"error {_signed(h.error_log2)} log2{nats}{law}")
 
 
+def _covered(k: int | None, n: int) -> str:
+    return f"covered {k}/{n} held-out points" if k is not None else f"coverage not measurable on {n} points"
+
+
+def _intervals(f: Forecast) -> str:
+    """The t-interval with its coverage, and the conformal interval with its multiplier and coverage."""
+    if f.interval is None:
+        return " (no interval: no residual dof)"
+    lo, hi = (2.0**x for x in f.interval)
+    lo_out = f.leave_out
+    if lo_out is None:
+        return f" [95 % t {lo:.3g}, {hi:.3g}; coverage not measured: fewer than three widths]"
+    text = f" [95 % t {lo:.3g}, {hi:.3g}; {_covered(lo_out.t_covered, lo_out.t_scored)}]"
+    if f.conformal_interval is None or lo_out.multiplier is None:
+        return text + f" (no conformal interval: {lo_out.note or 'no standard error at the target'})"
+    c_lo, c_hi = (2.0**x for x in f.conformal_interval)
+    how = {"leave-out": "leave-one-out", "pooled": "the catalog's pooled multiplier",
+           "max": f"each against the others' largest; {lo_out.note}"}[lo_out.source]
+    return text + (f" [{100 * (lo_out.level or 0):.0f} % conformal {c_lo:.3g}, {c_hi:.3g} (±{lo_out.multiplier:.2f} "
+                   f"se); {_covered(lo_out.covered, lo_out.scored)}, {how}]")
+
+
+def _distribution(lo_out: LeaveOut) -> str:
+    e, law = lo_out.errors, lo_out.steplaw
+
+    def said(s: ErrorSummary) -> str:
+        nats = (f", {s.median_nats:.3g} nats (p90 {s.p90_nats:.3g})" if s.median_nats is not None and
+                s.p90_nats is not None else "")
+        return f"{s.median_log2:.2f} log2 (p90 {s.p90_log2:.2f}){nats}"
+
+    if e.median_log2 is None:
+        return "leave-out: no swept point could be predicted without its width"
+    steplaw = f"; Step Law {said(law)}" if law is not None and law.median_log2 is not None else ""
+    return f"leave-out over {e.n} points: median |error| {said(e)}{steplaw}"
+
+
 def forecast_line(f: Forecast) -> str:
-    """The forecast in one line: the target's predicted η* with its interval, the transferred lr's expected regret,
-    Step Law beside it, and the held-out errors when scored."""
-    interval = (f" [95 % {2.0 ** f.interval[0]:.3g}, {2.0 ** f.interval[1]:.3g}]" if f.interval
-                else " (no interval: no residual dof)")
+    """The forecast in one line: the target's predicted η* with its t-interval and conformal interval, each with the
+    coverage it achieved on the held-out points, the transferred lr's expected regret, Step Law beside it, the
+    leave-out errors' distribution and the held-out errors when scored."""
     terms = "".join(f" {_signed(f.coefficients[t])}·log2 {t}" for t in f.terms)
     parts = [f"Forecast of {f.parametrization}'s optimal lr at width {f.target_width}, {f.target_steps} steps, batch "
-             f"{f.target_batch_size}: {f.lr:.3g} (log2 {_signed(f.log2_lr)}){interval}, from {f.n_points} optima "
-             f"(log2 η* = {_signed(f.coefficients['intercept'])}{terms})"]
+             f"{f.target_batch_size}: {f.lr:.3g} (log2 {_signed(f.log2_lr)}){_intervals(f)}, from {f.n_points} "
+             f"optima (log2 η* = {_signed(f.coefficients['intercept'])}{terms})"]
     if f.regret is not None and f.transferred_lr is not None:
         pct = f" ({f.regret_pct:+.2g} %)" if f.regret_pct is not None else ""
         parts.append(f"transferred lr {f.transferred_lr:.3g}: expected regret {f.regret:+.3g} nats{pct}")
     parts.append(f"Step Law η*(N, D) {f.steplaw_lr:.3g}" if f.steplaw_lr is not None else
                  "no Step Law baseline (no non-embedding parameter count N for this family)")
+    if f.leave_out is not None:
+        parts.append(_distribution(f.leave_out))
     for h, what in ((f.held_out, "held out"), (f.target_check, "the target's own sweep")):
         if h is not None:
             parts.append(_said(h, what))

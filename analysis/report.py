@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.certificate import Certificate
-from analysis.forecast import Forecast, HeldOut, forecast_line
+from analysis.forecast import Forecast, HeldOut, LeaveOut, forecast_line
 from analysis.regret import Regret, regret_line
 from analysis.table import STATUSES, judged_loss, loss_spread, phase_rows
 from analysis.transfer import LRDrift
@@ -197,8 +197,31 @@ def forecast_section(forecast: Forecast) -> str:
     note = (f"One OLS fit of log2 η* over {forecast.n_points} per-seed optima of the {forecast.parametrization} lr "
             "sweeps (`analysis.forecast`); Step Law: η*(N, D) = 1.79 · N^−0.713 · D^0.307 (arXiv:2503.04715), fitted "
             "on far larger LLMs." + (f" {forecast.note}." if forecast.note else ""))
-    return "\n\n".join([f"**{forecast_line(forecast)}**", note, markdown_table(fit),
-                         *([markdown_table(points)] if scored else [])])
+    out = forecast.leave_out
+    tables = [markdown_table(fit), *([markdown_table(points)] if scored else [])]
+    if out is not None and out.points:
+        tables += [_leave_out_note(out), markdown_table(pd.DataFrame([
+            {"width": h.width, "steps": h.steps, "batch": h.batch_size, "seq_len": h.seq_len,
+             "observed log2 lr": r(h.observed_log2_lr), "forecast log2 lr": r(h.predicted_log2_lr),
+             "error (log2)": r(h.error_log2), "regret (nats)": h.regret,
+             "t-interval covered": "—" if h.covered is None else ("yes" if h.covered else "no"),
+             "|error| / se": r(abs(h.error_log2) / h.se) if h.se else None,
+             "Step Law error (log2)": r(h.steplaw_error_log2), "fitted optima": h.n_fit} for h in out.points]))]
+    return "\n\n".join([f"**{forecast_line(forecast)}**", note, *tables])
+
+
+def _leave_out_note(out: LeaveOut) -> str:
+    """What the leave-out table is, and each interval's coverage on it."""
+    source = {"leave-out": "the 95 % split-conformal quantile of these points' |error| / se",
+              "pooled": "the multiplier pooled over the catalog's studies, `analysis.forecast.POOLED_MULTIPLIERS`",
+              "max": f"the largest of these points' |error| / se, a {100 * (out.level or 0):.0f} % interval"}
+    conformal = (f"the conformal interval (±{out.multiplier:.2f} standard errors, {source[out.source]}) covered "
+                 f"{out.covered}/{out.scored}" if out.multiplier is not None and out.covered is not None
+                 else f"no conformal coverage ({out.note})")
+    skipped = f" Not predictable: {'; '.join(out.skipped)}." if out.skipped else ""
+    return (f"Every swept point predicted by a fit without its width (and, with three or more horizons, its "
+            f"horizon): the nominal 95 % t-interval (of the law's mean) covered {out.t_covered}/{out.t_scored} "
+            f"observed optima; {conformal}.{skipped}")
 
 
 def regret_section(regret: Sequence[Regret]) -> str:

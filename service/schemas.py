@@ -139,6 +139,24 @@ class ForecastVerdict(BaseModel):
     steplaw_lr: float | None = Field(description="Step Law's η*(N, D) there (None: no parameter count)")
     held_out_error_log2: float | None = Field(description="the forecast's error at the held-out width, log2(lr)")
     steplaw_held_out_error_log2: float | None = Field(description="Step Law's error there, log2(lr)")
+    conformal_ci95: Interval | None = Field(None, description="the conformal 95 % interval in lr: ± the leave-out "
+                                                              "multiplier of the prediction's standard error")
+    leave_out_points: int | None = Field(None, description="swept points predicted by a fit without their width "
+                                                           "(None: fewer than three widths)")
+    ci95_covered: int | None = Field(None, description="of those, how many the 95 % t-interval held")
+    ci95_scored: int | None = Field(None, description="of those, how many had a t-interval")
+    conformal_covered: int | None = Field(None, description="how many the conformal interval held, each against "
+                                                            "the others' quantile or the pooled multiplier")
+    conformal_scored: int | None = Field(None, description="how many had a standard error to score")
+    conformal_source: str | None = Field(None, description="the multiplier's: 'leave-out' (the 95 % quantile of "
+                                                           "the study's own points), 'pooled' (the catalog's) or "
+                                                           "'max' (their largest: a level of n/(n+1))")
+    conformal_level: float | None = Field(None, description="the conformal interval's guaranteed coverage")
+    leave_out_median_error_log2: float | None = Field(None, description="median |error| over them, log2(lr)")
+    leave_out_p90_error_log2: float | None = Field(None, description="90th percentile |error|, log2(lr)")
+    leave_out_median_error_nats: float | None = Field(None, description="median loss above the curve's minimum")
+    steplaw_leave_out_median_error_log2: float | None = Field(None, description="Step Law's median |error| over "
+                                                                                "the same points, log2(lr)")
 
 
 class ValidateVerdict(BaseModel):

@@ -96,9 +96,28 @@ def forecast_plan_line(spec: StudySpec) -> str | None:
             f"steps, batch {spec.train.batch_size}{held}")
 
 
+def _leave_out_metrics(f: Forecast) -> dict[str, float | None]:
+    """The leave-out scoring's: points, |error| median and p90 (log2, nats) of the forecast and Step Law, each
+    interval's coverage (a fraction of the points it was measured on) and the conformal interval."""
+    out = f.leave_out
+    if out is None:
+        return {}
+    summaries = {"forecast": out.errors, "steplaw": out.steplaw}
+    conformal = f.conformal_interval
+    return {"forecast_leave_out_points": len(out.points),
+            **{f"{who}_leave_out_{stat}": getattr(s, stat) if s else None for who, s in summaries.items()
+               for stat in ("median_log2", "p90_log2", "median_nats", "p90_nats")},
+            "forecast_t_coverage": out.t_covered / out.t_scored if out.t_scored else None,
+            "forecast_conformal_coverage": out.covered / out.scored if out.covered is not None and out.scored
+            else None,
+            "forecast_conformal_multiplier": out.multiplier,
+            "forecast_conformal_log2_lr_lo": conformal[0] if conformal else None,
+            "forecast_conformal_log2_lr_hi": conformal[1] if conformal else None}
+
+
 def forecast_metrics(f: Forecast | None) -> dict[str, float]:
     """The verdict's metrics: the forecast (log2 lr, its interval, the transferred lr's expected regret, each slope),
-    Step Law's at the target, and the held-out errors of both."""
+    Step Law's at the target, the held-out errors of both, and the leave-out scoring's errors and coverages."""
     if f is None:
         return {}
     held = f.held_out
@@ -112,7 +131,8 @@ def forecast_metrics(f: Forecast | None) -> dict[str, float]:
               "forecast_error_nats": held.regret if held else None,
               "steplaw_error_log2": held.steplaw_error_log2 if held else None,
               "steplaw_error_nats": held.steplaw_regret if held else None,
-              "forecast_target_error_log2": f.target_check.error_log2 if f.target_check else None}
+              "forecast_target_error_log2": f.target_check.error_log2 if f.target_check else None,
+              **_leave_out_metrics(f)}
     return {k: float(v) for k, v in values.items() if v is not None}
 
 

@@ -169,3 +169,13 @@ def test_the_lr_forecast_reaches_the_verdicts_and_their_lines(tmp_path):
     assert shown.steplaw_held_out_error_log2 == pytest.approx(held.steplaw_error_log2)
     [line] = [x for x in verdict_lines(study_verdicts(state)) if "forecast" in x]
     assert line.strip().startswith(f"optimal lr forecast at width 128, 300 steps, batch 16: {f.lr:.3g} [")
+    out = f.leave_out  # forecast_cpu's grid: 3 widths × 2 horizons, each predicted without its width
+    assert shown.leave_out_points == len(out.points) == 6 and shown.ci95_scored == 6
+    assert (shown.ci95_covered, shown.conformal_covered) == (out.t_covered, out.covered)
+    assert shown.leave_out_median_error_log2 == pytest.approx(out.errors.median_log2)
+    assert shown.steplaw_leave_out_median_error_log2 == pytest.approx(out.steplaw.median_log2)
+    assert f"(covered {out.t_covered}/6 held-out points)" in line
+    if f.conformal_interval is not None:
+        assert shown.conformal_ci95 == pytest.approx(tuple(2.0**x for x in f.conformal_interval))
+        assert shown.conformal_level == pytest.approx(out.level)
+        assert f"conformal [{shown.conformal_ci95[0]:.3g}, {shown.conformal_ci95[1]:.3g}] (covered " in line

@@ -60,6 +60,11 @@ def test_the_forecast_is_judged_scored_and_told(tmp_path):
     metrics = verdict.metrics[0]
     assert metrics["forecast_log2_lr"] == f.log2_lr and metrics["forecast_error_log2"] == held.error_log2
     assert metrics["steplaw_error_log2"] == held.steplaw_error_log2 and "forecast_slope.steps" in metrics
+    out = f.leave_out
+    assert out is not None and metrics["forecast_leave_out_points"] == len(out.points) == 6
+    assert metrics["forecast_leave_out_median_log2"] == out.errors.median_log2 < 0.25
+    assert metrics["steplaw_leave_out_p90_log2"] == out.steplaw.p90_log2
+    assert metrics["forecast_t_coverage"] == out.t_covered / 6
     report = phase_report(SPEC, {"tune": {"best_hparams": CENTRE}, "validate": result.model_dump()},
                           {"name": SPEC.name})
     validate = report.split("## validate")[1]
