@@ -105,15 +105,17 @@ def test_every_reader_says_the_context_drift(tmp_path):
     assert "lr context drift: mup's optimal lr at width 16 drifts -0.6" in verdict.sentence
     assert "Context regret in lr at width 16: context 16: mup +0.018 nats" in verdict.sentence
     state = StudyState(study_id="c", spec_hash="x", phases={"tune": TuneResult(status="done", best_hparams=CENTRE),
-                                                            "validate": result})
+                                                            "validate": result.model_copy(update={"status": "done"})})
     api = study_verdicts(state).validate_
     assert api is not None and [d.axis for d in api.drifts] == ["width", "seq_len", "seq_len"]
     assert not api.passed
     section = PHASE.section(Context(spec=SPEC, state=state, tables=lambda name: None), result, {})
     assert any("drift (log2 lr per doubling of context)" in part for part in section)
-    # the forecast's fit takes a context term: the sweeps vary it
-    assert result.forecast is not None and "seq_len" in result.forecast.terms
-    assert result.forecast.coefficients["seq_len"] == pytest.approx(-0.6, abs=0.05)
+    # at fixed tokens per step the context moves with the batch: the fit's batch term carries it (+0.6 per doubling of
+    # the batch is −0.6 per doubling of context), and the target's optimum comes out right
+    f = result.forecast
+    assert f is not None and f.coefficients["batch_size"] == pytest.approx(0.6, abs=0.05)
+    assert "seq_len moves with a term before it" in f.note and f.log2_lr == pytest.approx(-7.0, abs=0.05)
 
 
 def test_a_tiny_context_sweep_trains_each_length(tmp_path, monkeypatch):
