@@ -28,6 +28,7 @@ import re
 import shlex
 import sys
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
@@ -319,8 +320,13 @@ def test_relative_links_point_at_existing_files_and_headings(page: Path, number:
 def production_files() -> set[str]:
     files = {p.relative_to(ROOT).as_posix() for package in PACKAGES for p in (ROOT / package).rglob("*")
              if p.is_file() and "__pycache__" not in p.parts and p.suffix not in {".pyc", ".pyo"}}
-    catalog = {f for f in files if f.startswith("studies/catalog/") and f.endswith(".yaml")}
-    return (files - catalog) | ({"studies/catalog/*.yaml"} if catalog else set())
+    for folder in GLOBBED:  # a folder of like files, one line for all
+        like = {f for f in files if fnmatch(f, folder)}
+        files = (files - like) | ({folder} if like else set())
+    return files
+
+
+GLOBBED = ("studies/catalog/*.yaml", "studies/sweeps/*.py")  # the catalog; the validate sweeps, one file per axis
 
 
 def readme_file_map() -> dict[str, str]:
