@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 # Each public name and the module it lives in: loaded on first use (PEP 562), so `from analysis import
 # min_samples` pulls neither pandas nor scipy nor matplotlib, and a plot's caller alone pays for matplotlib.
 _HOME = {
-    **dict.fromkeys(("STATUSES", "TrialStatus", "min_samples"), "constants"),
+    **dict.fromkeys(("STATUSES", "WIDTH", "Axis", "TrialStatus", "min_samples"), "constants"),
     **dict.fromkeys(("Certificate", "certify", "confidence", "upper_bound", "verify_losses"), "certificate"),
     **dict.fromkeys(("compare_table", "plot_compare"), "family_ranking"),
     **dict.fromkeys(("Forecast", "HeldOut", "forecast", "forecast_line", "held_out_score", "step_law_lr"),
@@ -78,13 +78,13 @@ _HOME = {
                     "plots"),
     **dict.fromkeys(("markdown_table", "render_report", "report_html"), "report"),
     **dict.fromkeys(("Regret", "carried_line", "carried_regrets", "regret_line", "transfer_regret"), "regret"),
-    **dict.fromkeys(("WIDTH", "Axis", "LRDrift", "LROptimum", "WidthTrend", "lr_curves", "lr_drift", "lr_optima",
+    **dict.fromkeys(("LRDrift", "LROptimum", "WidthTrend", "lr_curves", "lr_drift", "lr_optima",
                      "transfer_table", "tuned_base", "width_trends"), "transfer"),
 }
 
 if TYPE_CHECKING:
     from analysis.certificate import Certificate, certify, confidence, upper_bound, verify_losses
-    from analysis.constants import STATUSES, TrialStatus, min_samples
+    from analysis.constants import STATUSES, WIDTH, Axis, TrialStatus, min_samples
     from analysis.coord import CoordOffence, CoordVerdict, coord_slopes, coord_verdict, plot_coord
     from analysis.distance import relative_distance
     from analysis.family_ranking import compare_table, plot_compare
@@ -94,8 +94,6 @@ if TYPE_CHECKING:
     from analysis.regret import Regret, carried_line, carried_regrets, regret_line, transfer_regret
     from analysis.report import markdown_table, render_report, report_html
     from analysis.transfer import (
-        WIDTH,
-        Axis,
         LRDrift,
         LROptimum,
         WidthTrend,

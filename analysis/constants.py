@@ -1,5 +1,5 @@
-"""The parts of `analysis` that need no numpy, pandas or scipy: the trial table's vocabulary and the
-certificate's sample-size rule (eq. 9). `studies` imports these at import time; keeping them here keeps
+"""The parts of `analysis` that need no numpy, pandas or scipy: the trial table's vocabulary, a sweep's `Axis` and
+the certificate's sample-size rule (eq. 9). `studies` imports these at import time; keeping them here keeps
 `import studies` (and so `ptctl --help`) free of the numerical stack.
 """
 
@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
 
 ATTENTION = "attn_logits."
 """The trace names' prefix of attention logits (`workers.attention`, the built-ins' own traces): the coordinate
@@ -48,3 +50,20 @@ def min_samples(p: float = 0.05, alpha: float = 0.05) -> int:
 def check_probabilities(p: float, alpha: float) -> None:
     if not (0 < p < 1 and 0 < alpha < 1):
         raise ValueError(f"p and alpha must lie strictly between 0 and 1, got p={p}, alpha={alpha}")
+
+
+class Axis(BaseModel):
+    """What a drift is measured along (a validate sweep's, `studies.sweeps`): its name (`LRDrift.axis`), the trial
+    table's column of its value, its words ("per doubling of <words>"), and the parametrization judged with the one
+    shown beside it (along depth the `parametrization` column holds the depth parametrization)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    column: str
+    words: str
+    judged: tuple[str, str] = ("mup", "standard")
+
+
+WIDTH = Axis(name="width", column="width", words="width")
+"""The width: the μTransfer axis, and every other axis's drift is measured at one width."""

@@ -21,9 +21,10 @@ from matplotlib.ticker import MaxNLocator
 
 from analysis._figures import clip_loss_axis, figure, loss_limits, mark_diverged
 from analysis.certificate import verify_losses
+from analysis.constants import WIDTH, Axis
 from analysis.distance import relative_distance
 from analysis.table import TrialStatus, judged_loss, phase_rows
-from analysis.transfer import WIDTH, Axis, LROptimum, lr_curves, lr_optima, transfer_table, tuned_base
+from analysis.transfer import LROptimum, lr_curves, lr_optima, transfer_table, tuned_base
 
 Limits = list[tuple[float, float] | None]
 

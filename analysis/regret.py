@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, model_validator
 
-from analysis.transfer import Axis, lr_curves, parabola
+from analysis.constants import Axis
+from analysis.transfer import lr_curves, parabola
 
 __all__ = ["Regret", "base_of", "carried_line", "carried_regret", "carried_regrets", "curve_loss_at", "curve_minimum",
            "regret_line", "transfer_regret"]

@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, model_validator
 
+from analysis.constants import WIDTH, Axis
 from analysis.table import TrialStatus, judged_loss, phase_rows, require_columns
 
 
@@ -53,21 +54,6 @@ def sweep_rows(table: pd.DataFrame, phase: str = "validate", hparam: str = "lr")
     return rows
 
 
-class Axis(BaseModel):
-    """What a drift is measured along (a validate sweep's, `studies.sweeps`): its name (`LRDrift.axis`), the trial
-    table's column of its value, its words ("per doubling of <words>"), and the parametrization judged with the one
-    shown beside it (along depth the `parametrization` column holds the depth parametrization)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    column: str
-    words: str
-    judged: tuple[str, str] = ("mup", "standard")
-
-
-WIDTH = Axis(name="width", column="width", words="width")
-"""The width: the μTransfer axis, and every other axis's drift is measured at one width."""
 LEGACY_JUDGED = {"depth": ("completep", "none")}
 """The judged pair of a drift recorded before `LRDrift.judged` (state.json of older studies): by its axis."""
 

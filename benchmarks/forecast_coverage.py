@@ -35,9 +35,10 @@ from analysis.forecast import (
     min_scores,
     summarise,
 )
-from analysis.transfer import without_depth_sweep
 from studies.phases.validate_forecast import non_embedding_params
 from studies.spec import StudySpec
+from studies.sweeps import SWEEPS, with_sweep
+from studies.sweeps.batch import batch_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = {  # name: (catalog spec, its trial table)
@@ -57,9 +58,11 @@ def score(spec_path: str, table_path: str, level: float) -> LeaveOut:
     v = spec.validate_
     if v is None:
         raise ValueError(f"{spec_path} has no validate phase: it sweeps nothing")
-    table = without_depth_sweep(pd.read_csv(ROOT / table_path))
+    table = pd.read_csv(ROOT / table_path)
+    table = with_sweep(spec, table)
+    table = table[table["sweep"].isin([s.name for s in SWEEPS.values() if s.forecast]) | (table["phase"] != "validate")]
     return leave_out_score(table, steps=spec.validate_horizon(), batch_size=spec.batch_for("validate"),
-                           batch_steps={b: spec.batch_steps(b) for b in v.batch_sizes or []},
+                           batch_steps={b: batch_steps(spec, b) for b in v.batch_sizes or []},
                            n_params=non_embedding_params(spec, list(v.widths)), seq_len=spec.data.seq_len,
                            level=level, pooled={})
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from analysis import LRDrift, Regret
-    from analysis.transfer import Axis
+    from analysis.constants import Axis
     from studies.phases.base import Artifacts, Verdict
     from studies.plan import PlannedTrial
     from studies.spec import StudySpec

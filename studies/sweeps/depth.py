@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, Field, field_validator
 
 import analysis
-from analysis.transfer import Axis
+from analysis.constants import Axis
 from studies.arch import DEPTH_SWEEP, DepthArch, PosInt
 from studies.family import FAMILIES
 from studies.sweeps.base import Judged, Sweep, increasing

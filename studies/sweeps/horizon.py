@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel
 
 import analysis
-from analysis.transfer import Axis
+from analysis.constants import Axis
 from studies.sweeps.base import Judged, Sweep
 
 if TYPE_CHECKING:

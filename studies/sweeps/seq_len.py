@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from analysis.transfer import Axis
+from analysis.constants import Axis
 from studies.arch import PosInt, context_length
 from studies.sweeps.base import Sweep, increasing
 

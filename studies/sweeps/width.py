@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel
 
 import analysis
-from analysis.transfer import WIDTH
+from analysis.constants import WIDTH
 from studies.space import WEIGHT_DECAY
 from studies.sweeps.base import Judged, Sweep
 

@@ -48,7 +48,7 @@ def finished_state(study_id: str = "s") -> StudyState:
 
 def test_the_phase_results_become_the_verdicts():
     state = finished_state()
-    cert, drift = state.phases["verify"].certificate, state.phases["validate"].lr_drift
+    cert, drift = state.phases["verify"].certificate, state.phases["validate"].drift()
     verdicts = study_verdicts(state)
     verify, validate = verdicts.verify, verdicts.validate_
     assert verify is not None and validate is not None
