@@ -15,9 +15,8 @@ This module and the sweeps import no pandas at load time (the spec imports them)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
-
-from pydantic import BaseModel
 
 import analysis
 
@@ -40,11 +39,12 @@ def increasing(values: list[int] | None, error: str) -> list[int] | None:
     return values
 
 
-class Judged(BaseModel):
+@dataclass
+class Judged:
     """What a sweep's judgement adds to the validate result."""
 
-    drifts: list[Any] = []  # `analysis.LRDrift`s along its axis
-    regrets: list[Any] = []  # `analysis.Regret`s
+    drifts: list[LRDrift] = field(default_factory=list)  # along its axis
+    regrets: list[Regret] = field(default_factory=list)
 
 
 class Sweep:
@@ -77,10 +77,6 @@ class Sweep:
     def problems(self, spec: StudySpec) -> list[str]:
         """The spec's cross-field problems with this sweep (each naming the field and the fix)."""
         return []
-
-    def plan_line(self, spec: StudySpec) -> str | None:
-        """What `ptctl study plan` says of the sweep beyond its trials (None: nothing)."""
-        return None
 
     # ----------------------------------------------------------------------------- the judgement
     def rows(self, table: pd.DataFrame) -> pd.DataFrame:
