@@ -124,6 +124,8 @@ class RegretVerdict(BaseModel):
                                                     "(None: fewer than 2 seeds)")
     batch_size: int | None = Field(None, description="a batch sweep's: the batch size the base batch's lr was "
                                                      "carried to")
+    seq_len: int | None = Field(None, description="a context sweep's: the sequence length the base context's lr "
+                                                  "was carried to")
     note: str = Field("", description="why a value is missing, if one is")
 
 

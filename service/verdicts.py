@@ -77,7 +77,8 @@ def regret_verdict(regret: Regret) -> RegretVerdict:
     ci = regret.ci
     return RegretVerdict(hparam=regret.hparam, parametrization=regret.parametrization, width=regret.width,
                          regret=_num(regret.regret), regret_pct=_num(regret.regret_pct),
-                         ci95=_ci(ci), batch_size=regret.at if regret.axis == "batch" else None, note=regret.note)
+                         ci95=_ci(ci), batch_size=regret.at if regret.axis == "batch" else None,
+                         seq_len=regret.at if regret.axis == "seq_len" else None, note=regret.note)
 
 
 def forecast_verdict(f: Forecast) -> ForecastVerdict:
@@ -191,7 +192,8 @@ def drift_line(d: DriftVerdict) -> str:
 
 def regret_text(r: RegretVerdict) -> str:
     """"regret of lr at width 128 (mup): 0.0125 nats (0.3 %) [0.010, 0.015]"."""
-    batch = f", batch {r.batch_size}" if r.batch_size is not None else ""
+    batch = f", batch {r.batch_size}" if r.batch_size is not None else \
+        f", context {r.seq_len}" if r.seq_len is not None else ""
     head = f"regret of {r.hparam} at width {r.width}{batch} ({r.parametrization}): "
     if r.regret is None:
         return head + (r.note or "unknown")

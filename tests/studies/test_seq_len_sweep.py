@@ -108,7 +108,7 @@ def test_every_reader_says_the_context_drift(tmp_path):
                                                             "validate": result.model_copy(update={"status": "done"})})
     api = study_verdicts(state).validate_
     assert api is not None and [d.axis for d in api.drifts] == ["width", "seq_len", "seq_len"]
-    assert not api.passed
+    assert not api.passed and [r.seq_len for r in api.regret if r.seq_len] == [16, 64, 16, 64]
     section = PHASE.section(Context(spec=SPEC, state=state, tables=lambda name: None), result, {})
     assert any("drift (log2 lr per doubling of context)" in part for part in section)
     # at fixed tokens per step the context moves with the batch: the fit's batch term carries it (+0.6 per doubling of

@@ -185,6 +185,6 @@ def _sweeps_only(value):
         return "\n".join(line for line in value.splitlines() if "orecast" not in line)
     if isinstance(value, list):
         return [_sweeps_only(v) for v in value if not (isinstance(v, str) and "orecast" in v)]
-    if isinstance(value, dict):
-        return {k: _sweeps_only(v) for k, v in value.items() if "forecast" not in k}
+    if isinstance(value, dict):  # and without the context sweep's field, null before it existed
+        return {k: _sweeps_only(v) for k, v in value.items() if "forecast" not in k and (k, v) != ("seq_len", None)}
     return value
