@@ -138,6 +138,18 @@ class TrainSpec(BaseModel):
         "coupled", description="'coupled': torch's AdamW, a group's decay per step is its own lr × λ (μP's hidden "
         "groups, at lr/width_mult, decay less as width grows); 'independent': each group's λ is scaled so that its "
         "lr × λ is the base lr × λ, the same decay per step in every group at every width")
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw", description="'adamw': AdamW in every parameter group; 'muon': Muon (orthogonalised momentum) on the "
+        "hidden matrices (each family's hidden and block groups, `LanguageModel.matrices`), AdamW (betas, adam_eps) "
+        "on the embeddings, readout and vectors beside them; μP for each: docs/mup.md")
+    muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon's momentum μ (torch.optim.Muon's default)")
+    muon_nesterov: bool = Field(True, description="Muon: Nesterov momentum (g + μB) instead of B")
+    muon_ns_steps: int = Field(5, ge=1, le=99, description="Muon: Newton–Schulz iterations (torch's limit: < 100)")
+    muon_adjust_lr: Literal["match_rms_adamw", "original"] = Field(
+        "match_rms_adamw", description="Muon's per-matrix lr factor (torch.optim.Muon's adjust_lr_fn) at the base "
+        "width: 'match_rms_adamw', 0.2·√max(fan_out, fan_in), the update's RMS matched to AdamW's, so one lr serves "
+        "both optimisers; 'original', √max(1, fan_out/fan_in) (Keller Jordan's). Under mup the factor is then "
+        "scaled by the spectral condition, √(fan_out/fan_in) relative to the base width's (docs/mup.md)")
     warmup_steps: NonNegInt = Field(10, description="linear warmup steps")
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="the lr after warmup")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr / peak lr (cosine, linear)")
@@ -168,6 +180,14 @@ class TrainSpec(BaseModel):
             raise ValueError(f"each beta must lie in [0, 1), e.g. [0.9, 0.999]; got {list(betas)}")
         return betas
 
+    @model_validator(mode="after")
+    def _muon_knobs_need_muon(self) -> TrainSpec:
+        given = [n for n in MUON_KNOBS if getattr(self, n) != TrainSpec.model_fields[n].default]
+        if given and self.optimizer != "muon":
+            raise ValueError(f"train.{given[0]} is a knob of Muon, but train.optimizer is {self.optimizer!r}: set "
+                             f"train.optimizer: muon, or drop train.{given[0]}")
+        return self
+
     @model_serializer(mode="wrap")
     def _dump_optimizer_knobs_when_set(self, handler: Any) -> Any:
         out = handler(self)
@@ -178,8 +198,9 @@ class TrainSpec(BaseModel):
         return out
 
 
-OPTIMIZER_KNOBS = ("adam_eps", "adam_eps_scaling", "weight_decay_groups",
-                   "weight_decay_form")  # left out of a dump at their defaults
+MUON_KNOBS = ("muon_momentum", "muon_nesterov", "muon_ns_steps", "muon_adjust_lr")  # train.optimizer: muon only
+OPTIMIZER_KNOBS = ("adam_eps", "adam_eps_scaling", "weight_decay_groups", "weight_decay_form", "optimizer",
+                   *MUON_KNOBS)  # left out of a dump at their defaults
 
 
 class TrialConfig(TrainSpec):
