@@ -688,6 +688,9 @@ class StudySpec(BaseModel):
             problems.append(f"train.weight_decay_form={self.train.weight_decay_form!r}: model.family "
                             f"{self.model.family!r} trains with mup's MuAdamW, which already decays every group by "
                             "lr × λ per step (the independent form): leave weight_decay_form out")
+        if self.train.optimizer == "muon" and get_family(self.model.family).mup is not None:
+            problems.append(f"train.optimizer='muon': model.family {self.model.family!r} trains with mup's own "
+                            "optimiser (MuAdamW or MuSGD), which Muon cannot replace: leave train.optimizer out")
         objective = get_family(self.model.family).objective
         if self.data.objective != objective:
             problems.append(f"data.objective={self.data.objective!r} does not fit model.family "

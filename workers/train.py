@@ -77,6 +77,9 @@ def make_optimizer(model: LanguageModel, cfg: TrialConfig) -> torch.optim.Optimi
     own = model.make_optimizer(cfg.lr, cfg.weight_decay, cfg.betas, eps=eps, width_eps=width_eps,
                                weight_decay_groups=cfg.weight_decay_groups)
     if own is not None:
+        if cfg.optimizer != "adamw":
+            raise ConfigError(f"model family {cfg.model!r} brings its own optimiser ({type(own).__name__}), which "
+                              f"train.optimizer: {cfg.optimizer} cannot replace: leave train.optimizer at adamw")
         if cfg.weight_decay_form != "coupled":
             raise ConfigError(f"model family {cfg.model!r} brings its own optimiser ({type(own).__name__}), which "
                               "sets each group's decay itself (mup's MuAdamW multiplies a matrix group's decay by "

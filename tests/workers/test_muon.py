@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from studies.family import get_family
 from studies.spec import CATALOG_DIR, MUON_KNOBS, StudySpec, TrainSpec
 from tests.studies.test_weight_decay import HASHES
 from tests.workers.test_batched import (
@@ -27,6 +28,8 @@ from tests.workers.test_batched import (
     _saved,
 )
 from tests.workers.test_batched import _configs as batch_configs
+from tests.workers.test_mup_family import _model as mup_model
+from workers.errors import ConfigError
 from workers.models import build_model
 from workers.muon import MuonAdamW, adjust, orthogonalize
 from workers.train import TrialConfig, make_optimizer, train, train_trial
@@ -165,3 +168,17 @@ def test_muon_changes_the_hash_round_trips_and_its_knobs_need_it():
         TrainSpec(muon_momentum=0.9)
     with pytest.raises(ValueError, match="muon_ns_steps"):
         TrainSpec(optimizer="muon", muon_ns_steps=100)
+
+
+def test_hf_trains_its_hidden_matrices_with_muon():
+    hp = {"width": 64, "base_width": 32, "parametrization": "mup", **get_family("hf").coord_hp}
+    net = build_model("hf", vocab_size=100, **hp)
+    opt = make_optimizer(net, TrialConfig(model="hf", model_hp=hp, lr=1e-2, optimizer="muon"))
+    groups = {g["name"]: g for g in opt.param_groups}
+    assert groups["hidden"]["muon"] and len(groups["hidden"]["params"]) == len(net.groups["hidden"])
+    assert not any(g.get("muon") for name, g in groups.items() if name != "hidden")
+
+
+def test_a_mup_family_refuses_muon_naming_the_field():
+    with pytest.raises(ConfigError, match="train.optimizer: muon cannot replace: leave train.optimizer at adamw"):
+        make_optimizer(mup_model(64), TrialConfig(model="nanogpt", lr=1e-2, optimizer="muon"))
