@@ -9,6 +9,7 @@ Muon's momentum; specs without the fields keep their content hash, and a Muon kn
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -182,3 +183,22 @@ def test_hf_trains_its_hidden_matrices_with_muon():
 def test_a_mup_family_refuses_muon_naming_the_field():
     with pytest.raises(ConfigError, match="train.optimizer: muon cannot replace: leave train.optimizer at adamw"):
         make_optimizer(mup_model(64), TrialConfig(model="nanogpt", lr=1e-2, optimizer="muon"))
+
+
+@pytest.mark.slow
+def test_a_muon_study_runs_tune_transfer_verify_and_validate(study_data_dir):
+    """The tiny catalog study under Muon, every phase, validate sweeping lr under mup and standard."""
+    from workers.driver import run_study
+    from workers.folder import StudyFolder
+
+    data = StudySpec.from_yaml(CATALOG_DIR / "tiny.yaml").as_dict()
+    data["train"]["optimizer"] = "muon"
+    data["resources"]["runner"] = "local"
+    data["validate"] = {"widths": [16, 32], "lrs": [0.003, 0.01, 0.03], "parametrizations": ["mup", "standard"]}
+    state = run_study(StudySpec.model_validate(data), "muon-e2e")
+    assert state.status == "succeeded"
+    assert [p for p, s in state.phases.items() if s.done] == ["tune", "transfer", "verify", "validate"]
+    validate = pd.read_csv(StudyFolder("muon-e2e").trials("validate"))
+    assert set(validate.parametrization) == {"mup", "standard"} and (validate.status == "completed").all()
+    report = (study_data_dir / "studies" / "muon-e2e" / "artifacts" / "report.md").read_text()
+    assert "drifts" in report
