@@ -202,3 +202,17 @@ def test_a_muon_study_runs_tune_transfer_verify_and_validate(study_data_dir):
     assert set(validate.parametrization) == {"mup", "standard"} and (validate.status == "completed").all()
     report = (study_data_dir / "studies" / "muon-e2e" / "artifacts" / "report.md").read_text()
     assert "drifts" in report
+
+
+def test_the_coordinate_check_takes_the_optimizer_from_set():
+    from workers.coord_check import coord_check
+
+    hp = {"n_layers": 1, "head_dim": 16, "max_len": 32}
+    runs = {opt: coord_check(model="bert", widths=(16, 32), steps=2, seeds=2, max_seeds=2,
+                             model_hp={**hp, "optimizer": opt})[0] for opt in ("adamw", "muon")}
+    at = {opt: df[df.step == 1].set_index(["width", "seed", "name"]).rms for opt, df in runs.items()}
+    assert (runs["adamw"][runs["adamw"].step == 0].rms.to_numpy() == runs["muon"][runs["muon"].step == 0].rms
+            .to_numpy()).all()  # the same init
+    assert not (at["adamw"] == at["muon"]).all()  # a different first step
+    with pytest.raises(ValueError, match="muon_momentum is a knob of Muon"):
+        coord_check(model="bert", widths=(16, 32), steps=2, seeds=2, max_seeds=2, model_hp={**hp, "muon_momentum": 0.9})
