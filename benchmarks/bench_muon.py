@@ -19,6 +19,7 @@ analysis the validate phase's, so a study with `train.optimizer: muon` reports t
 
     python benchmarks/bench_muon.py                                   # PT and BERT, widths 32 64 128, 2 seeds
     python benchmarks/bench_muon.py --families pt --widths 32 128 --steps 100 --out /tmp/muon   # smaller
+    python benchmarks/bench_muon.py --families pt --widths 128 256 512 1024 --device cuda --jobs 1  # a GPU
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def _train(job: dict[str, Any]) -> list[dict[str, Any]]:
           "parametrization": job["parametrization"]}
     cfgs = [TrialConfig(model=job["family"], model_hp=hp, data=DATA, lr=lr, seed=job["seed"],
                         optimizer=job["optimizer"], steps=job["steps"], batch_size=16, warmup_steps=10,
-                        eval_every=job["eval_every"], eval_batches=4, log_every=job["eval_every"], device="cpu")
+                        eval_every=job["eval_every"], eval_batches=4, log_every=job["eval_every"], device=job["device"])
             for lr in job["lrs"]]
     start = time.perf_counter()
     reports = train(cfgs)
@@ -147,11 +148,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--jobs", type=int, default=2, help="processes training batches at once")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the trials train")
     parser.add_argument("--out", type=Path, default=None, help="write rows.json and summary.json there")
     args = parser.parse_args()
     os.environ["PTCTL_DATA_DIR"] = str(link_corpora(Path(tempfile.mkdtemp(prefix="ptctl-bench-"))))
     families, widths = args.families.split(","), sorted(args.widths)
-    common = {"base": widths[0], "steps": args.steps, "eval_every": args.eval_every}
+    common = {"base": widths[0], "steps": args.steps, "eval_every": args.eval_every, "device": args.device}
     jobs = [{"family": f, "optimizer": "muon", "parametrization": p, "width": w, "seed": s, "stage": "sweep",
              "lrs": args.lrs, **common}
             for f, p, w, s in itertools.product(families, ("mup", "standard"), widths, range(args.seeds))]
