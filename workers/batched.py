@@ -6,7 +6,8 @@ one `vmap(functional_call)` runs the K forward and backward passes, so a step's 
 once. Every value that differs between members (parameters, buffers, numeric module attributes, a config's
 fields) is stacked and reaches that member's own forward; a difference that cannot be is a `BatchingError`,
 never a member trained with another's value. `_AdamW` steps the stacked tensors with a (K,) lr per group and a
-per-member gradient clip. At dropout 0 a member equals its solo trial (`tests/workers/test_batched.py`). The K
+per-member gradient clip (under `train.optimizer: muon`, Muon on the family's matrices: each member's orthogonalised
+on its own, `workers.muon`). At dropout 0 a member equals its solo trial (`tests/workers/test_batched.py`). The K
 models stay: their parameters are views into the stacked tensors, so the family's hooks run on each member's own
 module. The contract: docs/studies.md ("Batched trials"), docs/plugins.md §4.
 """
@@ -257,7 +258,9 @@ def _same(a: Any, b: Any, refs_a: set[int], refs_b: set[int]) -> bool:
 
 class _AdamW:
     """torch.optim.AdamW's single-tensor arithmetic over stacked (K, ...) parameters, with a (K,) lr per group and
-    a per-member gradient-norm clip; members not `live` keep their parameters and moments."""
+    a per-member gradient-norm clip; members not `live` keep their parameters and moments. Under
+    `train.optimizer: muon` the Muon matrices (`Stacked.rules`) take `workers.muon.muon_update` instead, with their
+    momentum."""
 
     def __init__(self, members: Stacked, cfg: TrialConfig) -> None:
         self.m, self.betas = members, cfg.betas
