@@ -146,10 +146,9 @@ class TrainSpec(BaseModel):
     muon_nesterov: bool = Field(True, description="Muon: Nesterov momentum (g + μB) instead of B")
     muon_ns_steps: int = Field(5, ge=1, le=99, description="Muon: Newton–Schulz iterations (torch's limit: < 100)")
     muon_adjust_lr: Literal["match_rms_adamw", "original"] = Field(
-        "match_rms_adamw", description="Muon's per-matrix lr factor (torch.optim.Muon's adjust_lr_fn) at the base "
-        "width: 'match_rms_adamw', 0.2·√max(fan_out, fan_in), the update's RMS matched to AdamW's, so one lr serves "
-        "both optimisers; 'original', √max(1, fan_out/fan_in) (Keller Jordan's). Under mup the factor is then "
-        "scaled by the spectral condition, √(fan_out/fan_in) relative to the base width's (docs/mup.md)")
+        "match_rms_adamw", description="Muon's per-matrix lr factor at the base width (torch's adjust_lr_fn): "
+        "'match_rms_adamw', 0.2·√max(fan_out, fan_in), AdamW's update RMS, so one lr serves both optimisers; "
+        "'original', √max(1, fan_out/fan_in); mup scales it by the spectral condition (docs/mup.md)")
     warmup_steps: NonNegInt = Field(10, description="linear warmup steps")
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="the lr after warmup")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr / peak lr (cosine, linear)")
