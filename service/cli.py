@@ -171,6 +171,8 @@ def cmd_coord_check(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else data_dir() / "coord_check"
     out.mkdir(parents=True, exist_ok=True)
     variant = f"{args.parametrization}_{paradigm}" if paradigm else args.parametrization
+    if hp.get("optimizer", "adamw") != "adamw":
+        variant += f"_{hp['optimizer']}"
     axis = "depth" if depths else "width"
     if depths:
         variant += f"_{hp['depth_parametrization']}_depth"
@@ -525,7 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0, help="first seed (seeds are seed, seed+1, …)")
     c.add_argument("--out", default=None, help="folder for the CSV and PNG (default: $PTCTL_DATA_DIR/coord_check, "
                    "i.e. ~/.ptctl/coord_check)")
-    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model hyperparameter")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="model hyperparameter, or the optimiser's: optimizer=muon, muon_adjust_lr=original, …")
     c.set_defaults(func=cmd_coord_check)
 
     lp = sub.add_parser("laplacian", help="build TauGPT's feature Laplacian (chain, or feature-kNN of embeddings)")

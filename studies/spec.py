@@ -117,11 +117,15 @@ class DataSpec(BaseModel):
         return self
 
 
+MUON_KNOBS = ("muon_momentum", "muon_nesterov", "muon_ns_steps", "muon_adjust_lr")  # train.optimizer: muon only
+
+
 class TrainSpec(LaterFields):
     """The training budget of one trial (`TrialConfig` adds the model, data, lr and seed)."""
 
     model_config = _STRICT
-    later: ClassVar[Later] = (("adam_eps",), ("adam_eps_scaling",), ("weight_decay_groups",), ("weight_decay_form",))
+    later: ClassVar[Later] = (("adam_eps",), ("adam_eps_scaling",), ("weight_decay_groups",), ("weight_decay_form",),
+                              ("optimizer",), *((knob,) for knob in MUON_KNOBS))
 
     steps: PosInt = Field(200, description="optimizer steps (tune/verify/validate may override)")
     batch_size: PosInt = Field(32, description="sequences per step")
@@ -144,6 +148,17 @@ class TrainSpec(LaterFields):
         "coupled", description="'coupled': torch's AdamW, a group's decay per step is its own lr × λ (μP's hidden "
         "groups, at lr/width_mult, decay less as width grows); 'independent': each group's λ is scaled so that its "
         "lr × λ is the base lr × λ, the same decay per step in every group at every width")
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw", description="'adamw': AdamW in every parameter group; 'muon': Muon (orthogonalised momentum) on the "
+        "hidden matrices (each family's hidden and block groups, `LanguageModel.matrices`), AdamW (betas, adam_eps) "
+        "on the embeddings, readout and vectors beside them; μP for each: docs/mup.md")
+    muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon's momentum μ (torch.optim.Muon's default)")
+    muon_nesterov: bool = Field(True, description="Muon: Nesterov momentum (g + μB) instead of B")
+    muon_ns_steps: int = Field(5, ge=1, le=99, description="Muon: Newton–Schulz iterations (torch's limit: < 100)")
+    muon_adjust_lr: Literal["match_rms_adamw", "original"] = Field(
+        "match_rms_adamw", description="Muon's per-matrix lr factor at the base width (torch's adjust_lr_fn): "
+        "'match_rms_adamw', 0.2·√max(fan_out, fan_in), AdamW's update RMS, so one lr serves both optimisers; "
+        "'original', √max(1, fan_out/fan_in); mup scales it by the spectral condition (docs/mup.md)")
     warmup_steps: NonNegInt = Field(10, description="linear warmup steps")
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="the lr after warmup")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr / peak lr (cosine, linear)")
@@ -174,6 +189,13 @@ class TrainSpec(LaterFields):
             raise ValueError(f"each beta must lie in [0, 1), e.g. [0.9, 0.999]; got {list(betas)}")
         return betas
 
+    @model_validator(mode="after")
+    def _muon_knobs_need_muon(self) -> TrainSpec:
+        given = [n for n in MUON_KNOBS if getattr(self, n) != TrainSpec.model_fields[n].default]
+        if given and self.optimizer != "muon":
+            raise ValueError(f"train.{given[0]} is a knob of Muon, but train.optimizer is {self.optimizer!r}: set "
+                             f"train.optimizer: muon, or drop train.{given[0]}")
+        return self
 
 
 class TrialConfig(TrainSpec):
@@ -459,6 +481,9 @@ class StudySpec(BaseModel):
             problems.append(f"train.weight_decay_form={self.train.weight_decay_form!r}: model.family "
                             f"{self.model.family!r} trains with mup's MuAdamW, which already decays every group by "
                             "lr × λ per step (the independent form): leave weight_decay_form out")
+        if self.train.optimizer == "muon" and get_family(self.model.family).mup is not None:
+            problems.append(f"train.optimizer='muon': model.family {self.model.family!r} trains with mup's own "
+                            "optimiser (MuAdamW or MuSGD), which Muon cannot replace: leave train.optimizer out")
         objective = get_family(self.model.family).objective
         if self.data.objective != objective:
             problems.append(f"data.objective={self.data.objective!r} does not fit model.family "

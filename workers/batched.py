@@ -6,7 +6,8 @@ one `vmap(functional_call)` runs the K forward and backward passes, so a step's 
 once. Every value that differs between members (parameters, buffers, numeric module attributes, a config's
 fields) is stacked and reaches that member's own forward; a difference that cannot be is a `BatchingError`,
 never a member trained with another's value. `_AdamW` steps the stacked tensors with a (K,) lr per group and a
-per-member gradient clip. At dropout 0 a member equals its solo trial (`tests/workers/test_batched.py`). The K
+per-member gradient clip (under `train.optimizer: muon`, Muon on the family's matrices: each member's orthogonalised
+on its own, `workers.muon`). At dropout 0 a member equals its solo trial (`tests/workers/test_batched.py`). The K
 models stay: their parameters are views into the stacked tensors, so the family's hooks run on each member's own
 module. The contract: docs/studies.md ("Batched trials"), docs/plugins.md §4.
 """
@@ -27,6 +28,7 @@ from studies.spec import TrialConfig
 from workers.batches import Batch
 from workers.models import build_model
 from workers.models.contract import LanguageModel, adam_eps, adam_settings
+from workers.muon import matrix_rules, muon_update, split_groups
 
 MODULE_FIELDS = frozenset(vars(nn.Module()))  # nn.Module's own bookkeeping, not the model's state
 Swap = tuple[str, str, str | None]  # (module path, attribute, a config's field or None): one stacked value
@@ -72,9 +74,16 @@ class Stacked:
                                 "declare no batchable hparams (Family.batchable=None)")
         base = self.models[0]
         group_of = {id(p): g for g, ps in base.groups.items() for p in ps}
-        self.group = {name: group_of[id(p)] for name, p in base.named_parameters()}
+        self.group = self.family_group = {name: group_of[id(p)] for name, p in base.named_parameters()}
+        self.mults = self.mults_adam = base.lr_multipliers()
+        self.rules = matrix_rules(base, first) if first.optimizer == "muon" else {}
+        if self.rules:  # Muon's matrices in a group of their own at the base lr, as `workers.train._muon` groups them
+            split = split_groups(base, self.rules)
+            muon = {g for g, members in split.items() if any(on for _, on in members)}
+            self.mults = {**{f"{g}_adamw": self.mults[g] for g in muon}, **self.mults, **dict.fromkeys(muon, 1.0)}
+            self.group = {n: g if on or g not in muon else f"{g}_adamw" for g, members in split.items()
+                          for n, on in members}
         self.groups = list(dict.fromkeys(self.group.values()))  # the groups that hold parameters, in order
-        self.mults = base.lr_multipliers()
         self._point_models_at_stack()
         self.train_loss = self._member(_Loss(base))
         self.eval_loss = self._member(_Loss(base, eval_only=True))
@@ -249,25 +258,36 @@ def _same(a: Any, b: Any, refs_a: set[int], refs_b: set[int]) -> bool:
 
 class _AdamW:
     """torch.optim.AdamW's single-tensor arithmetic over stacked (K, ...) parameters, with a (K,) lr per group and
-    a per-member gradient-norm clip; members not `live` keep their parameters and moments."""
+    a per-member gradient-norm clip; members not `live` keep their parameters and moments. Under
+    `train.optimizer: muon` the Muon matrices (`Stacked.rules`) take `workers.muon.muon_update` instead, with their
+    momentum."""
 
     def __init__(self, members: Stacked, cfg: TrialConfig) -> None:
         self.m, self.betas = members, cfg.betas
         base = members.models[0]  # every member shares the train spec: the same ε and decay per group as solo's
         settings = adam_settings(base, cfg.model, *adam_eps(base, cfg), cfg.weight_decay, cfg.weight_decay_groups,
                                  cfg.weight_decay_form)
-        self.decay = {name: settings[g][1] for name, g in members.group.items()}
-        self.eps = {name: settings[g][0] for name, g in members.group.items()}
-        self.exp_avg = {n: torch.zeros_like(p) for n, p in members.params.items()}
-        self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in members.params.items()}
+        group = members.family_group
+        self.decay = {name: settings[g][1] for name, g in group.items()}
+        self.eps = {name: settings[g][0] for name, g in group.items()}
+        self.cfg, self.rules = cfg, members.rules
+        for name, rule in self.rules.items():  # Muon: the decay `workers.train._muon` gives the matrix
+            g = group[name]
+            independent = cfg.weight_decay_form == "independent"
+            self.decay[name] = settings[g][1] * (members.mults_adam[g] if independent else 1.0) * rule.decay
+        adam = [n for n in members.params if n not in self.rules]
+        self.exp_avg = {n: torch.zeros_like(members.params[n]) for n in adam}
+        self.exp_avg_sq = {n: torch.zeros_like(members.params[n]) for n in adam}
+        self.momentum = {n: torch.zeros_like(members.params[n]) for n in self.rules}
         self.steps = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "steps": self.steps}
+        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "momentum": self.momentum,
+                "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("exp_avg", "exp_avg_sq"):
-            for name, t in state[key].items():
+        for key in ("exp_avg", "exp_avg_sq", "momentum"):
+            for name, t in state.get(key, {}).items():
                 getattr(self, key)[name].copy_(t)
         self.steps = state["steps"]
 
@@ -295,6 +315,14 @@ class _AdamW:
                 continue
             shape = (-1, *([1] * (p.dim() - 1)))
             lr, grad = lrs[self.m.group[name]].view(shape), p.grad
+            if name in self.rules:
+                rule, buf = self.rules[name], self.momentum[name]
+                kept = [t[dead].clone() for t in (p, buf)] if len(dead) else []
+                muon_update(p, grad, buf, lr, self.decay[name], rule.scale, self.cfg, rule.fan_in_dim)
+                for t, old in zip((p, buf), kept, strict=False):
+                    t[dead] = old
+                p.grad = None
+                continue
             exp_avg, exp_avg_sq = self.exp_avg[name], self.exp_avg_sq[name]
             kept = [t[dead].clone() for t in (p, exp_avg, exp_avg_sq)] if len(dead) else []
             if self.decay[name]:

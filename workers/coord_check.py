@@ -21,7 +21,7 @@ import torch
 
 from analysis.coord import CoordVerdict, coord_slopes, coord_verdict
 from studies.family import family_names
-from studies.spec import DataSpec, TrialConfig
+from studies.spec import MUON_KNOBS, DataSpec, TrialConfig
 from workers.attention import traced_attention
 from workers.errors import ConfigError
 from workers.model_check import check_model
@@ -33,6 +33,7 @@ from workers.train import load_data, make_optimizer
 # The small model per family is registered with it (`studies.family.Family.coord_hp`, with the reasons).
 CHECK_LR_TIMES_BASE = 0.32  # the check's lr·d0: 1e-2 at base width 32, 2.5e-3 at 128
 DEFAULT_DATA = DataSpec(max_tokens=200_000, seq_len=32)
+TRAIN_KEYS = ("optimizer", *MUON_KNOBS)  # `--set` keys of the trial's optimiser (train.*), not of the model
 
 
 # The residual stream over depth must not grow, but may shrink: under CompleteP the blocks' random initial
@@ -88,16 +89,19 @@ def coord_data(
     base_seed: int = 0,
     per_seed: bool = False,
     depths: tuple[int, ...] | None = None,
+    train: dict[str, Any] | None = None,
 ) -> pd.DataFrame:
     """Rows (parametrization, width, step, name, rms) averaged over the seeds, or with `per_seed` one
     row per seed (a `seed` column: what the seed intervals of `coord_slopes` need). With `depths` (one width)
-    the rows have a `depth` column and the per-layer names by position (module docstring).
+    the rows have a `depth` column and the per-layer names by position (module docstring). `train`: the trial's
+    optimiser fields (TRAIN_KEYS, e.g. {"optimizer": "muon"}).
 
     Seeds are `base_seed … base_seed + seeds − 1`; seed s draws the model and the batches, so
     every width sees the same data for one seed and the seeds are independent replicates.
     """
     hp, data = _setup(model, widths, model_hp, data)
-    cfg = TrialConfig(model=model, data=data, lr=lr, batch_size=batch_size, weight_decay=0.0, grad_clip=0.0)
+    cfg = TrialConfig(model=model, data=data, lr=lr, batch_size=batch_size, weight_decay=0.0, grad_clip=0.0,
+                      **(train or {}))
     mlm = load_data(data)
     rows = []
     field = depth_field(model) if depths is not None else None
@@ -192,6 +196,7 @@ def coord_check(
 
     Returns the per-seed rms table, the slopes with their seed intervals, the verdict on steps
     1 … steps−1, and the learning rate used (`check_lr` of the base width unless `lr` is given).
+    `model_hp` may hold the optimiser's fields (TRAIN_KEYS: `--set optimizer=muon`), which go to the trial config.
     The model is first checked at the door (`workers.model_check.check_model`): a broken contract, and under μP
     a parameter without an infshape or a hidden weight whose init does not scale with width, is a
     `ContractError` naming it and the fix, before any step.
@@ -201,6 +206,7 @@ def coord_check(
     if steps < 2:
         raise ConfigError(f"steps={steps}: need at least 2 (step 0 is init, steps 1… are judged)")
     hp, entry = dict(model_hp or {}), family(model)
+    train = {k: hp.pop(k) for k in TRAIN_KEYS if k in hp}  # `--set optimizer=muon`: the optimiser's, not the model's
     if depths is not None:
         _sizes(model, widths, depths, hp)  # one width, a family with a depth field: its errors before any step
         if len(set(depths)) < 2:
@@ -218,7 +224,8 @@ def coord_check(
     while True:
         batch = min(seeds, max_seeds - ran)
         frames.append(coord_data(model=model, parametrization=parametrization, widths=widths, steps=steps, lr=lr,
-                                 seeds=batch, model_hp=hp, base_seed=base_seed + ran, per_seed=True, depths=depths))
+                                 seeds=batch, model_hp=hp, base_seed=base_seed + ran, per_seed=True, depths=depths,
+                                 train=train))
         ran += batch
         df = pd.concat(frames, ignore_index=True)
         slopes = coord_slopes(df, axis="width" if depths is None else "depth")

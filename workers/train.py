@@ -77,6 +77,9 @@ def make_optimizer(model: LanguageModel, cfg: TrialConfig) -> torch.optim.Optimi
     own = model.make_optimizer(cfg.lr, cfg.weight_decay, cfg.betas, eps=eps, width_eps=width_eps,
                                weight_decay_groups=cfg.weight_decay_groups)
     if own is not None:
+        if cfg.optimizer != "adamw":
+            raise ConfigError(f"model family {cfg.model!r} brings its own optimiser ({type(own).__name__}), which "
+                              f"train.optimizer: {cfg.optimizer} cannot replace: leave train.optimizer at adamw")
         if cfg.weight_decay_form != "coupled":
             raise ConfigError(f"model family {cfg.model!r} brings its own optimiser ({type(own).__name__}), which "
                               "sets each group's decay itself (mup's MuAdamW multiplies a matrix group's decay by "
@@ -86,6 +89,8 @@ def make_optimizer(model: LanguageModel, cfg: TrialConfig) -> torch.optim.Optimi
     mult = model.lr_multipliers()
     settings = adam_settings(model, cfg.model, eps, width_eps, cfg.weight_decay, cfg.weight_decay_groups,
                              cfg.weight_decay_form)
+    if cfg.optimizer == "muon":
+        return _muon(model, cfg, eps, mult, settings)
     groups = [
         {
             "params": params,
@@ -98,6 +103,31 @@ def make_optimizer(model: LanguageModel, cfg: TrialConfig) -> torch.optim.Optimi
         if params
     ]
     return EagerAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=eps)
+
+
+def _muon(model: LanguageModel, cfg: TrialConfig, eps: float, mult: dict[str, float],
+          settings: dict[str, tuple[float, float]]) -> torch.optim.Optimizer:
+    """`train.optimizer: muon` (`workers.muon`): each group's Muon matrices in a Muon group of its name at the base
+    lr (μP lives in each matrix's scale), its other parameters in an AdamW group as `make_optimizer` builds it,
+    named `<group>_adamw` beside a Muon group."""
+    from workers.muon import MuonAdamW, matrix_rules, split_groups
+
+    rules = matrix_rules(model, cfg)
+    params = dict(model.named_parameters())
+    groups: list[dict[str, Any]] = []
+    for name, members in split_groups(model, rules).items():
+        muon = [n for n, on in members if on]
+        rest = [params[n] for n, on in members if not on]
+        _, decay = settings[name]
+        if muon:
+            groups.append({"params": [params[n] for n in muon], "lr": cfg.lr, "name": name, "muon": True,
+                           "weight_decay": decay * mult[name] if cfg.weight_decay_form == "independent" else decay,
+                           "scales": [rules[n].scale for n in muon], "decays": [rules[n].decay for n in muon],
+                           "fan_in_dims": [rules[n].fan_in_dim for n in muon]})
+        if rest:
+            groups.append({"params": rest, "lr": cfg.lr * mult[name], "weight_decay": decay,
+                           "eps": settings[name][0], "name": f"{name}_adamw" if muon else name})
+    return MuonAdamW(groups, cfg, eps)
 
 
 def lr_factor(step: int, cfg: TrialConfig) -> float:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 from torch import nn
 
 from studies.family import get_family
@@ -27,6 +28,7 @@ ADAM_EPS = 1e-8  # Adam's ε (torch's default; `Family.adam_eps`), times a group
 UNDECAYED = ("bias", "block_bias")  # biases and norm gains (`no_decay`): no weight decay unless
 # `train.weight_decay_groups` names them (the built-ins' groups; a from_mup family's `bias`)
 WIDTH_GROUPS = ("hidden", "block")  # the groups whose lr μP divides by width_mult (`width_groups()`; PT adds output)
+MATRIX_GROUPS = ("hidden", "block")  # the groups whose 2-D parameters Muon trains (`matrices()`; the hidden weights)
 
 class LanguageModel(nn.Module):
     """Base class of every family's model (module docstring)."""
@@ -44,6 +46,29 @@ class LanguageModel(nn.Module):
         """The groups whose learning rate μP divides by width_mult (`lr_multipliers`): under
         `train.adam_eps_scaling: width` their ε is multiplied by base_width/width too."""
         return WIDTH_GROUPS
+
+    def matrices(self) -> dict[str, int]:
+        """The parameters `train.optimizer: muon` trains with Muon, by name → the dimension that is their fan-in (-1:
+        nn.Linear's (out, in) layout; -2: an (in, out) weight applied as x @ W). Each is a matrix in its last two
+        dimensions; leading ones stack independent matrices, each orthogonalised alone. Default: every 2-D
+        parameter of the MATRIX_GROUPS (the hidden weights); embeddings, readout and vectors stay on AdamW."""
+        names = {id(p): n for n, p in self.named_parameters()}
+        return {names[id(p)]: -1 for g in MATRIX_GROUPS for p in self.groups.get(g, []) if p.dim() == 2}
+
+    def base_shapes(self) -> dict[str, torch.Size]:
+        """Each parameter's shape at the base width, which the μP rule for Muon compares with its shape here
+        (docs/mup.md): the same model built at `self.cfg.base_width` on the meta device (shapes only, no draw)."""
+        cfg: Any = getattr(self, "cfg", None)
+        base_width = getattr(cfg, "base_width", None)
+        if not (isinstance(cfg, BaseModel) and isinstance(base_width, int)):
+            raise ConfigError(f"{type(self).__name__} keeps no config with base_width as `self.cfg`, which "
+                              "train.optimizer: muon under mup reads to size its matrices at the base width: store "
+                              "it there, or override base_shapes()")
+        if base_width == getattr(cfg, "width", None):
+            return {n: p.shape for n, p in self.named_parameters()}
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            base = type(self)(type(cfg).model_validate({**cfg.model_dump(), "width": base_width}))
+        return {n: p.shape for n, p in base.named_parameters()}
 
     def width_ratio(self) -> float:
         """base_width / width of the built model, from its config (`self.cfg`, a `studies.arch.ModelSize`)."""

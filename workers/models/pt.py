@@ -299,6 +299,12 @@ class ProbabilisticTransformer(LanguageModel):
         """The groups whose lr μP divides by width_mult (`lr_multipliers`): hidden and output."""
         return ("hidden", "output")
 
+    def matrices(self) -> dict[str, int]:
+        """Muon's matrices (`LanguageModel.matrices`): U, V and T, each a stack over buckets and channels of (d, r)
+        (T: (d, d)) factors applied as x @ U (fan-in d, dim -2), and the topic factor B, (m, d) as nn.Linear's
+        (fan-in d, dim -1). W, a per-channel diagonal, is a vector: AdamW."""
+        return {name: -2 if name in ("U", "V", "T") else -1 for name in ("U", "V", "T", "B") if hasattr(self, name)}
+
     def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Effective per-bucket, per-channel factors (U, V), each (K, h, d, r'), with T^(c)[k] = U Vᵀ.
 
