@@ -222,9 +222,9 @@ def test_diverging_trial_is_recorded_and_study_completes(data_dir):
     spec = StudySpec.model_validate(data)
     state = run_study(spec, "diverge")
     assert state.status == "succeeded"
-    drift = state.phases["validate"].lr_drift  # the μTransfer sweep ran under both parametrizations
+    drift = state.phases["validate"].drift()  # the μTransfer sweep ran under both parametrizations
     assert {o.parametrization for o in drift.optima} == {"mup", "standard"}
-    w_h = state.phases["validate"].hparam_drift["w_H"]  # and w_H's, alone around the centre
+    w_h = state.phases["validate"].drift(hparam="w_H")  # and w_H's, alone around the centre
     assert w_h.hparam == "w_H" and {o.lr for o in w_h.optima} <= {0.5, 1.0, 2.0}
     art = data_dir / "studies" / "diverge" / "artifacts"
     assert (art / "mutransfer.png").stat().st_size > 0 and (art / "mutransfer_w_H.png").stat().st_size > 0
