@@ -63,8 +63,9 @@ def _pins() -> dict[str, tuple[str, str]]:
 
 
 PINS = {  # made by `_pins()` on the code before the hash had one rule and before the sweeps' `sweep` and `at`
-    "muon_cpu": ("86af9543d2e4f127a7cf95c8281162f28334913f497629d73304445124c2f5c5", "bea5ca843d4df23d"),  # new in the catalog since
-    "seq_len_cpu": ("c5ab58515e58742624acbefeec211ef2d809f3a81666eb77dd822a189ebadb9b", "3ae623b5225a52d7"),  # new in the catalog since
+    # (muon_cpu and seq_len_cpu, new in the catalog since: by the code that added them)
+    "muon_cpu": ("86af9543d2e4f127a7cf95c8281162f28334913f497629d73304445124c2f5c5", "bea5ca843d4df23d"),
+    "seq_len_cpu": ("c5ab58515e58742624acbefeec211ef2d809f3a81666eb77dd822a189ebadb9b", "3ae623b5225a52d7"),
     "batch_cpu": ("69e970b6ecf56dcc5841c3d023e3eaeda5766d4040dcf4074a0d17b9026be415", "df6b2f8e36c768aa"),
     "compare_cpu": ("b990cf626d01870cfea44f102c3e2f6e986b052a421fc251b4aada5a279e45ed", "5484367a5c69ad4a"),
     "compare_cpu_bpe": ("47927ee3fb73421a7597a5953fbc07549a4b9e6ec4a46b267286ab4628d34494", "42ea0c4032f923a4"),
