@@ -54,7 +54,7 @@ class Sweep:
     name: ClassVar[str]  # the registry key, the trial table's `sweep`, its drifts' and regrets' `axis`
     key: ClassVar[str]  # the `validate` field that asks for it
     forecast: ClassVar[bool] = True  # its lr sweeps enter the forecast (`analysis.forecast`)
-    axis: ClassVar[Axis]  # its column, words and judged pair (`analysis.transfer.Axis`)
+    axis: ClassVar[Axis]  # its column, words and judged pair (`analysis.constants.Axis`)
     header: ClassVar[str]  # the summary table's column of its value
     legend: ClassVar[str]  # a figure curve's label, "{}" its value
     figure: ClassVar[str | None] = None  # its figure's file name (None: none)
