@@ -143,8 +143,8 @@ class Sweep:
 
     def section(self, spec: StudySpec, drifts: Sequence[LRDrift], regrets: Sequence[Regret],
                 table: pd.DataFrame | None) -> tuple[list[str], list[str]]:
-        """Its report paragraphs: (before every sweep's drift sections, after them)."""
-        return [], []
+        """Its report paragraphs: (before every sweep's drift sections, after them: its lines in bold)."""
+        return [], [f"**{line}**" for line in self.lines(spec, drifts, regrets)]
 
     def summary(self, spec: StudySpec, drifts: Sequence[LRDrift], regrets: Sequence[Regret],
                 table: pd.DataFrame | None) -> tuple[list[str], Any]:

@@ -111,6 +111,7 @@ def test_every_reader_says_the_context_drift(tmp_path):
     assert not api.passed and [r.seq_len for r in api.regret if r.seq_len] == [16, 64, 16, 64]
     section = PHASE.section(Context(spec=SPEC, state=state, tables=lambda name: None), result, {})
     assert any("drift (log2 lr per doubling of context)" in part for part in section)
+    assert any(part.startswith("**Context regret in lr at width 32: context 16: mup") for part in section)
     # at fixed tokens per step the context moves with the batch: the fit's batch term carries it (+0.6 per doubling of
     # the batch is −0.6 per doubling of context), and the target's optimum comes out right
     f = result.forecast
