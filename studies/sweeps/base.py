@@ -14,6 +14,7 @@ This module and the sweeps import no pandas at load time (the spec imports them)
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -47,7 +48,7 @@ class Judged:
     regrets: list[Regret] = field(default_factory=list)
 
 
-class Sweep:
+class Sweep(ABC):
     """One axis of the validate phase (module docstring). Subclasses set the class variables and override what
     their axis does differently; the defaults suit an lr sweep along the axis at every validate width."""
 
@@ -63,16 +64,17 @@ class Sweep:
     drift_key: ClassVar[str] = ""  # its drift metrics' and pass tag's prefix: "lr_<drift_key>_drift"
 
     # ----------------------------------------------------------------------------- the plan
+    @abstractmethod
     def present(self, v: ValidateSpec) -> bool:
         """Whether the study sweeps this axis."""
-        raise NotImplementedError
 
+    @abstractmethod
     def trials(self, spec: StudySpec, centre: dict[str, float]) -> list[PlannedTrial]:
         """Its planned trials, the other hparams at `centre`."""
-        raise NotImplementedError
 
-    def apply(self, spec: StudySpec, at: Mapping[str, Any], config: dict[str, Any]) -> None:
-        """Set a trial's config (`StudySpec.trial_config`'s dict) at its values `at` along this axis."""
+    def apply(self, spec: StudySpec, at: Mapping[str, Any], config: dict[str, Any]) -> None:  # noqa: B027
+        """Set a trial's config (`StudySpec.trial_config`'s dict) at its values `at` along this axis; by default
+        nothing: a width sweep's trial is the phase's own at its width."""
 
     def problems(self, spec: StudySpec) -> list[str]:
         """The spec's cross-field problems with this sweep (each naming the field and the fix)."""
@@ -84,18 +86,20 @@ class Sweep:
         return table[table["sweep"] == self.name]
 
     def judge(self, spec: StudySpec, rows: pd.DataFrame, centre: Mapping[str, float], out: Artifacts) -> Judged:
-        """Its figure, lr's drift along the axis at each width, and the regret of carrying the base value's lr."""
+        """Its figure, lr's drift along the axis at each width with rows, and the regret of carrying the base value's
+        lr (none without a `base`)."""
         v = spec.validate_
         assert v is not None
         if self.figure:
             analysis.plot_sweep(rows, out.figure(self.figure), self.axis, self.legend, note=self.figure_note())
         drifts = [analysis.lr_drift(rows[rows["width"] == w], threshold=v.drift_threshold, axis=self.axis)
                   for w in v.widths if (rows["width"] == w).any()]
-        return Judged(drifts=drifts, regrets=analysis.carried_regrets(rows, self.base(spec), self.axis))
+        base = self.base(spec)
+        return Judged(drifts=drifts, regrets=[] if base is None else analysis.carried_regrets(rows, base, self.axis))
 
-    def base(self, spec: StudySpec) -> int:
-        """The value whose optimum is carried along the axis (the tune phase's)."""
-        raise NotImplementedError
+    def base(self, spec: StudySpec) -> int | None:
+        """The value whose optimum is carried along the axis (the tune phase's); None: no regret is judged."""
+        return None
 
     def figure_note(self) -> str:
         return ""

@@ -10,17 +10,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, Field, field_validator
 
-import analysis
 from analysis.constants import Axis
 from studies.arch import DEPTH_SWEEP, DepthArch, PosInt
 from studies.family import FAMILIES
-from studies.sweeps.base import Judged, Sweep, increasing
+from studies.sweeps.base import Sweep, increasing
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from analysis import LRDrift, Regret
-    from studies.phases.base import Artifacts, Verdict
+    from studies.phases.base import Verdict
     from studies.plan import PlannedTrial
     from studies.spec import StudySpec
     from studies.sweeps import ValidateSpec
@@ -90,13 +89,6 @@ class Depth(Sweep):
         """Its rows, `parametrization` holding their depth parametrization (as `analysis.lr_drift` judges it)."""
         rows = table[table["sweep"] == self.name]
         return rows.assign(parametrization=rows["depth_parametrization"], depth=rows["depth"].astype(int))
-
-    def judge(self, spec: StudySpec, rows: pd.DataFrame, centre: Mapping[str, float], out: Artifacts) -> Judged:
-        """Its figure and one drift per doubling of depth (completep judged, none beside it)."""
-        v = spec.validate_
-        assert v is not None
-        analysis.plot_sweep(rows, out.figure("depth"), self.axis, self.legend)
-        return Judged(drifts=[analysis.lr_drift(rows, threshold=v.drift_threshold, axis=self.axis)])
 
     def metrics(self, drifts: Sequence[LRDrift], regrets: Sequence[Regret]) -> dict[str, float]:
         return {f"lr_depth_drift.{p}": x for d in drifts for p, x in d.drift.items()}

@@ -11,15 +11,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel
 
-import analysis
 from analysis.constants import Axis
-from studies.sweeps.base import Judged, Sweep
+from studies.sweeps.base import Sweep
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from analysis import LRDrift
-    from studies.phases.base import Artifacts
     from studies.plan import PlannedTrial
     from studies.spec import StudySpec
     from studies.sweeps import ValidateSpec
@@ -69,14 +67,6 @@ class Horizon(Sweep):
         """lr's rows at every horizon: its own and the width sweep's at the main horizon."""
         swept = table["swept"].fillna("lr") if "swept" in table else "lr"
         return table[table["sweep"].isin(["width", self.name]) & (swept == "lr") & table["horizon"].notna()]
-
-    def judge(self, spec: StudySpec, rows: pd.DataFrame, centre: Mapping[str, float], out: Artifacts) -> Judged:
-        """Its figure and lr's drift per doubling of the steps at each width (no regret)."""
-        v = spec.validate_
-        assert v is not None
-        analysis.plot_sweep(rows, out.figure("horizon"), self.axis, self.legend)
-        return Judged(drifts=[analysis.lr_drift(rows[rows["width"] == w], threshold=v.drift_threshold, axis=self.axis)
-                              for w in v.widths])
 
     def flag(self, spec: StudySpec, drifts: Sequence[LRDrift] = ()) -> str | None:
         """A warning when the lr tuned at the proxy may not be the target's because of training length: tune trains
