@@ -23,6 +23,7 @@ steps, tokens       int      optimizer steps and training tokens seen
 wall_time_s         float    the run's wall-clock time (a batched trial: its share of the batch's)
 tokens_per_s        float    tokens / wall_time_s
 params              int      the model's parameter count
+eval_curve          str      JSON ``[[tokens, eval_loss], ...]`` at every evaluation (empty in older tables)
 is_centre           bool     verify phase only: True for the runs of the unperturbed centre
                              (run with several seeds), False for the perturbed samples
 parametrization     str      ``mup`` | ``standard`` (validate phase)
@@ -35,6 +36,7 @@ swept               str      validate phase: the hparam the trial's sweep varies
 horizon             int      validate phase, a horizon sweep: the steps the trial trains
 depth               int      validate phase, a depth sweep: the depth the trial builds
 batch_size          int      validate phase, a batch sweep: the sequences per step the trial trains at
+optimizer           str      validate phase, an optimizer sweep: the trial's ``train.optimizer``
 ==================  =======  ================================================================
 
 A run is judged *diverged* when its status is ``diverged`` or its ``eval_loss`` is not finite;
@@ -46,16 +48,16 @@ The coordinate-check table: ``[parametrization,] width, step, name, rms``, where
 activation such as ``z_logits.iter2``, ``head_logits.iter0``, ``msg_dep.iter1`` or ``mlm_logits``
 and ``rms`` its root-mean-square at that step (rows repeated over seeds are averaged).
 
-Modules: ``certificate`` (the verify phase's local-optimality certificate), ``distance``
-(relative distance from the centre), ``neighbours`` (where an uncertified centre's better neighbours
-lie), ``transfer`` (per-width summary, width trend, lr drift), ``regret`` (what transfer
-cost against the validate sweep's optimum), ``batch`` (the batch sweep: its rows, the drift beside the √B and linear
-rules, the regret of carrying the base batch's lr), ``forecast`` (the target's optimal lr fitted over the sweeps'
-widths, horizons and batch sizes, scored on a held-out point beside Step Law), ``coord``
-(coordinate-check slopes, verdict, plot), ``plots`` (the study's figures), ``family_ranking``
-(the compare study's families at equal parameter budgets: table and figure), ``report`` (Markdown, and
-HTML with the figures inline), ``constants`` (the vocabulary and the sample-size rule, importable without
-numpy). Names are loaded from their module on first use.
+Modules: ``certificate`` (the verify phase's local-optimality certificate), ``distance`` (relative distance from
+the centre), ``neighbours`` (where an uncertified centre's better neighbours lie), ``optimizers`` (one optimizer
+against another, each at its own transferred lr), ``transfer`` (per-width summary, width trend, lr drift),
+``regret`` (what transfer cost against the validate sweep's optimum), ``batch`` (the batch sweep: its rows, the
+drift beside the √B and linear rules, the regret of carrying the base batch's lr), ``forecast`` (the target's
+optimal lr fitted over the sweeps' widths, horizons and batch sizes, scored on a held-out point beside Step Law),
+``coord`` (coordinate-check slopes, verdict, plot), ``plots`` (the study's figures), ``family_ranking`` (the
+compare study's families at equal parameter budgets: table and figure), ``report`` (Markdown, and HTML with the
+figures inline), ``constants`` (the vocabulary and the sample-size rule, importable without numpy). Names are
+loaded from their module on first use.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ _HOME = {
     **dict.fromkeys(("CoordOffence", "CoordVerdict", "coord_slopes", "coord_verdict", "plot_coord"), "coord"),
     "relative_distance": "distance",
     **dict.fromkeys(("NeighbourAdvice", "neighbour_advice"), "neighbours"),
+    **dict.fromkeys(("OptimizerGain", "gain_line", "optimizer_gain"), "optimizers"),
     **dict.fromkeys(("plot_mutransfer", "plot_sweep", "plot_transfer", "plot_tune_history", "plot_verify"),
                     "plots"),
     **dict.fromkeys(("markdown_table", "render_report", "report_html"), "report"),
@@ -90,6 +93,7 @@ if TYPE_CHECKING:
     from analysis.family_ranking import compare_table, plot_compare
     from analysis.forecast import Forecast, HeldOut, forecast, forecast_line, held_out_score, step_law_lr
     from analysis.neighbours import NeighbourAdvice, neighbour_advice
+    from analysis.optimizers import OptimizerGain, gain_line, optimizer_gain
     from analysis.plots import plot_mutransfer, plot_sweep, plot_transfer, plot_tune_history, plot_verify
     from analysis.regret import Regret, carried_line, carried_regrets, regret_line, transfer_regret
     from analysis.report import markdown_table, render_report, report_html
@@ -128,6 +132,7 @@ __all__ = [
     "LRDrift",
     "LROptimum",
     "NeighbourAdvice",
+    "OptimizerGain",
     "Regret",
     "STATUSES",
     "TrialStatus",
@@ -142,6 +147,7 @@ __all__ = [
     "coord_verdict",
     "forecast",
     "forecast_line",
+    "gain_line",
     "held_out_score",
     "lr_curves",
     "lr_drift",
@@ -149,6 +155,7 @@ __all__ = [
     "markdown_table",
     "min_samples",
     "neighbour_advice",
+    "optimizer_gain",
     "plot_compare",
     "plot_coord",
     "plot_mutransfer",

@@ -22,7 +22,7 @@ from analysis.constants import Axis
 from analysis.transfer import lr_curves, parabola
 
 __all__ = ["Regret", "base_of", "carried_line", "carried_regret", "carried_regrets", "curve_loss_at", "curve_minimum",
-           "regret_line", "transfer_regret"]
+           "regret_line", "t_interval", "transfer_regret"]
 
 
 class Regret(BaseModel):
@@ -98,7 +98,8 @@ def _regret(curve: pd.DataFrame, hparam: str, at: float) -> tuple[float, float, 
     return vertex, minimum, curve_loss_at(x, y, best, at)
 
 
-def _interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """The `level` t-interval of the mean of `values` (None: fewer than 2)."""
     if len(values) < 2:
         return None
     from scipy import stats  # here: SciPy's import is a second of every trial actor's start
@@ -136,7 +137,7 @@ def carried_regret(curve: pd.DataFrame, seed_curves: pd.DataFrame, hparam: str, 
     return Regret(hparam=hparam, parametrization=parametrization, width=width, transferred=transferred,
                   source=source, optimum=float(2.0**vertex), optimum_loss=minimum,
                   loss=None if regret is None else loss, regret=regret,
-                  regret_pct=None if regret is None else 100 * regret / minimum, ci=_interval(regrets),
+                  regret_pct=None if regret is None else 100 * regret / minimum, ci=t_interval(regrets),
                   n_seeds=len(regrets), note=note, axis=axis, at=at)
 
 

@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 Parametrization = Literal["mup", "standard"]
+Optimizer = Literal["adamw", "muon"]  # train.optimizer's values
 DepthParametrization = Literal["none", "completep"]
 DEPTH_SWEEP: tuple[DepthParametrization, ...] = ("completep", "none")
 """The depth parametrizations a validate depth sweep (`validate.depths`) compares: CompleteP, and none beside it."""

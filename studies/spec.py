@@ -38,6 +38,7 @@ from studies.arch import (
     DepthParametrization,
     Later,
     LaterFields,
+    Optimizer,
     Parametrization,
     PosInt,
     Widths,
@@ -148,7 +149,7 @@ class TrainSpec(LaterFields):
         "coupled", description="'coupled': torch's AdamW, a group's decay per step is its own lr × λ (μP's hidden "
         "groups, at lr/width_mult, decay less as width grows); 'independent': each group's λ is scaled so that its "
         "lr × λ is the base lr × λ, the same decay per step in every group at every width")
-    optimizer: Literal["adamw", "muon"] = Field(
+    optimizer: Optimizer = Field(
         "adamw", description="'adamw': AdamW in every parameter group; 'muon': Muon (orthogonalised momentum) on the "
         "hidden matrices (each family's hidden and block groups, `LanguageModel.matrices`), AdamW (betas, adam_eps) "
         "on the embeddings, readout and vectors beside them; μP for each: docs/mup.md")

@@ -29,6 +29,7 @@ class TrialReport(BaseModel):
     wall_time_s: float | None = None
     tokens_per_s: float = 0.0
     params: int | None = None
+    eval_curve: list[tuple[int, float]] = []  # (tokens, eval loss) at every evaluation
     rows: list[Row] = []
     message: str = ""
     lr_multipliers: dict[str, float] = {}  # per parameter group: its lr / the base lr

@@ -157,6 +157,7 @@ def trial_row(spec: StudySpec, trial: PlannedTrial, report: TrialReport) -> dict
     planned = trial.columns(spec)
     ident = {k: planned.pop(k) for k in ("trial_id", "phase", "width", "seed")}
     finals = report.model_dump(exclude=PER_TRIAL)
+    finals["eval_curve"] = json.dumps(report.eval_curve)  # one CSV cell (`analysis.optimizers`)
     if report.status not in LOSS_STATUSES:
         finals["eval_loss"] = math.nan
     return {**ident, "status": str(report.status), **finals, "is_centre": planned.pop("is_centre"),

@@ -264,12 +264,17 @@ class Member:
             self.plateau_scale, self.stale = self.plateau_scale * self.cfg.plateau_factor, 0
         return ""
 
+    def curve(self) -> list[tuple[int, float]]:
+        """(tokens, eval loss) at each evaluation so far."""
+        return [(int(r["tokens"]), float(r["eval_loss"])) for r in self.rows if "eval_loss" in r]
+
     def report(self, status: TrialStatus, steps: int, tokens: int, wall: float,
                info: tuple[int, dict[str, float], dict[str, str]], message: str = "") -> TrialReport:
         params, multipliers, run_params = info
         return TrialReport(status=status, eval_loss=self.eval_loss if status == TrialStatus.COMPLETED else math.nan,
                            best_eval_loss=self.best, train_loss=self.train_loss, steps=steps, tokens=tokens,
                            wall_time_s=wall, tokens_per_s=tokens / max(wall, 1e-9), params=params, rows=self.rows,
+                           eval_curve=self.curve(),
                            message=message, lr_multipliers=multipliers, run_params=run_params)
 
 

@@ -3,8 +3,8 @@ spec they share (`ValidateSpec`).
 
 The registry is `ValidateSpec`'s bases: each sweep's `Fields` (the spec fields it adds to `validate`, and its
 `Sweep` as `Fields.sweep`), the last planned first (pydantic lays a model's fields out from its last base, so
-`validate`'s YAML reads width, horizon, depth, batch, context). `SWEEPS` lists them in order. Adding an axis is its
-file and its `Fields` in that line.
+`validate`'s YAML reads width, horizon, depth, batch, context, optimizer). `SWEEPS` lists them in order. Adding an
+axis is its file and its `Fields` in that line.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from studies.arch import _STRICT, LaterFields, Parametrization, PosInt, Widths
 from studies.space import MAX_WEIGHT_DECAY, WEIGHT_DECAY
-from studies.sweeps import batch, depth, horizon, seq_len, width
+from studies.sweeps import batch, depth, horizon, optimizer, seq_len, width
 from studies.sweeps.base import Judged, Sweep, increasing
 
 if TYPE_CHECKING:
@@ -74,8 +74,8 @@ class Lr(BaseModel):
 ALWAYS_DUMPED = ("hparams", "drift_threshold")  # `validate` fields dumped at their defaults since before `later`
 
 
-class ValidateSpec(seq_len.Fields, batch.Fields, depth.Fields, horizon.Fields, width.Fields,  # the registry
-                   Lr, LaterFields):
+class ValidateSpec(optimizer.Fields, seq_len.Fields, batch.Fields, depth.Fields, horizon.Fields,  # the registry
+                   width.Fields, Lr, LaterFields):
     """The optional validate phase: lr swept along each axis of `SWEEPS` the spec names (width: 2–4 widths under
     each parametrization, the lr drift)."""
 
@@ -113,7 +113,7 @@ class ValidateSpec(seq_len.Fields, batch.Fields, depth.Fields, horizon.Fields, w
 
     @model_validator(mode="after")
     def _two_widths(self) -> ValidateSpec:
-        alone = [s for s in SWEEPS.values() if s.name != "width"]
+        alone = [s for s in SWEEPS.values() if s.name != "width" and s.alone]
         if len(self.widths) < 2 and not any(s.present(self) for s in alone):
             raise ValueError(f"validate.widths={self.widths}: give 2–4 widths (the optimum's drift per doubling of "
                              f"width), or one width with {either(f'validate.{s.key}' for s in alone)} (a "
