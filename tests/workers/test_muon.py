@@ -187,21 +187,25 @@ def test_a_mup_family_refuses_muon_naming_the_field():
 
 @pytest.mark.slow
 def test_a_muon_study_runs_tune_transfer_verify_and_validate(study_data_dir):
-    """The tiny catalog study under Muon, every phase, validate sweeping lr under mup and standard."""
+    """The tiny catalog study under Muon, every phase, validate sweeping lr under mup and standard and AdamW's beside
+    it: the report says whether Muon's optimum transferred and what Muon bought over AdamW."""
     from workers.driver import run_study
     from workers.folder import StudyFolder
 
     data = StudySpec.from_yaml(CATALOG_DIR / "tiny.yaml").as_dict()
     data["train"]["optimizer"] = "muon"
     data["resources"]["runner"] = "local"
-    data["validate"] = {"widths": [16, 32], "lrs": [0.003, 0.01, 0.03], "parametrizations": ["mup", "standard"]}
+    data["validate"] = {"widths": [16, 32], "lrs": [0.003, 0.01, 0.03], "parametrizations": ["mup", "standard"],
+                        "optimizers": ["adamw"]}
     state = run_study(StudySpec.model_validate(data), "muon-e2e")
     assert state.status == "succeeded"
     assert [p for p, s in state.phases.items() if s.done] == ["tune", "transfer", "verify", "validate"]
     validate = pd.read_csv(StudyFolder("muon-e2e").trials("validate"))
     assert set(validate.parametrization) == {"mup", "standard"} and (validate.status == "completed").all()
+    assert set(validate.optimizer.fillna("muon")) == {"muon", "adamw"}
     report = (study_data_dir / "studies" / "muon-e2e" / "artifacts" / "report.md").read_text()
     assert "drifts" in report
+    assert "Muon against adamw at width 32 (mup), each at its own lr carried from width 16" in report
 
 
 def test_the_coordinate_check_takes_the_optimizer_from_set():
