@@ -106,11 +106,8 @@ class OptimizerSweep(Sweep):
         return [analysis.optimizer_gain(rows[rows["optimizer"].isin([own, o])], own, o) for o in v.optimizers]
 
     def judge(self, spec: StudySpec, rows: pd.DataFrame, centre: Mapping[str, float], out: Artifacts) -> Judged:
-        """The comparison's table as an artifact (`optimizers.csv`); it is told from the trial table."""
-        import pandas as pd
-
-        gains = self.gains(spec, rows)
-        pd.DataFrame([g.model_dump(mode="json") for g in gains]).to_csv(out.artifact("optimizers.csv"), index=False)
+        """The comparisons as an artifact (`optimizers.json`); they are told from the trial table."""
+        out.write_artifact("optimizers.json", [g.model_dump(mode="json") for g in self.gains(spec, rows)])
         return Judged()
 
     # ----------------------------------------------------------------------------- what it says

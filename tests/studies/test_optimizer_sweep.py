@@ -82,14 +82,21 @@ def _rows() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+class Written(Folder):
+    def write_artifact(self, name: str, data: object):
+        (self.root / name).write_text(json.dumps(data))
+        return self.root / name
+
+
 def test_the_report_and_the_summary_say_what_muon_bought_after_both_were_transferred(tmp_path):
     state = StudyState(study_id="o", spec_hash="x", phases={"tune": TuneResult(status="done", best_hparams=CENTRE)})
     table = _rows()
     ctx = Context(spec=SPEC, state=state, tables=lambda name: table if name == "validate" else None)
-    result = PHASE.judge(ctx, table, Folder(tmp_path))
-    assert result.forecast is None or all(p.sweep != "optimizer" for p in getattr(result.forecast, "points", []))
-    written = pd.read_csv(tmp_path / "optimizers.csv")
-    assert list(written["against"]) == ["adamw"] and written.loc[0, "target"] == 64
+    result = PHASE.judge(ctx, table, Written(tmp_path))
+    assert result.forecast is not None and result.forecast.n_points == 3 * 2  # Muon's optima alone: 3 widths × 2 seeds
+    assert result.forecast.log2_lr == pytest.approx(-6, abs=0.05)  # AdamW's (-8) left out
+    written = json.loads((tmp_path / "optimizers.json").read_text())
+    assert [(g["against"], g["target"], g["lr"]) for g in written] == [("adamw", 64, {"muon": 2**-6, "adamw": 2**-8})]
     line = ("Muon against adamw at width 64 (mup), each at its own lr carried from width 16 (muon 0.0156, adamw "
             "0.00391): eval loss 4.0050")
     section = PHASE.section(ctx, result, {"validate": table})

@@ -63,8 +63,10 @@ def _pins() -> dict[str, tuple[str, str]]:
 
 
 PINS = {  # made by `_pins()` on the code before the hash had one rule and before the sweeps' `sweep` and `at`
-    # (muon_cpu and seq_len_cpu, new in the catalog since: by the code that added them)
-    "muon_cpu": ("86af9543d2e4f127a7cf95c8281162f28334913f497629d73304445124c2f5c5", "bea5ca843d4df23d"),
+    # (muon_cpu, muon_tau_cpu and seq_len_cpu, new in the catalog since: by the code that added them; muon_cpu's
+    # again when it took the optimizer comparison and a wider lr grid)
+    "muon_cpu": ("5e7864ae2a2eb6b79ae53121a2fd57d0c0e1010e6850dd2c06660c31f60e8f13", "72c071d4786013bd"),
+    "muon_tau_cpu": ("bd1814e966e0d24505d11250f45fb05ae9c0f3dd99cb736906f287819f2fb763", "1fa726794f4d1139"),
     "seq_len_cpu": ("c5ab58515e58742624acbefeec211ef2d809f3a81666eb77dd822a189ebadb9b", "3ae623b5225a52d7"),
     "batch_cpu": ("69e970b6ecf56dcc5841c3d023e3eaeda5766d4040dcf4074a0d17b9026be415", "df6b2f8e36c768aa"),
     "compare_cpu": ("b990cf626d01870cfea44f102c3e2f6e986b052a421fc251b4aada5a279e45ed", "5484367a5c69ad4a"),
