@@ -81,19 +81,6 @@ def _interval(values: list[float]) -> tuple[float, float, float] | None:
     return mean, mean - half, mean + half
 
 
-def _tokens_to(curve: list[tuple[int, float]], loss: float) -> float | None:
-    """The tokens at which `curve` first reaches `loss` (linear between evaluations); None: never."""
-    previous = None
-    for tokens, value in curve:
-        if value <= loss:
-            if previous is None:
-                return float(tokens)
-            (t0, v0) = previous
-            return t0 + (tokens - t0) * (v0 - loss) / (v0 - value)
-        previous = (tokens, value)
-    return None
-
-
 def _said(stat: tuple[float, float, float] | None, fmt: str = "{:.4f}") -> str:
     return "—" if stat is None else f"{fmt.format(stat[0])} [{fmt.format(stat[1])}, {fmt.format(stat[2])}]"
 
@@ -111,6 +98,7 @@ def _optimum(rows: list[dict[str, Any]]) -> float:
 def family_report(family: str, rows: list[dict[str, Any]], widths: list[int]) -> dict[str, Any]:
     import pandas as pd
 
+    from analysis.optimizers import tokens_to
     from analysis.regret import regret_line, transfer_regret
     from analysis.transfer import lr_drift
 
@@ -126,7 +114,7 @@ def family_report(family: str, rows: list[dict[str, Any]], widths: list[int]) ->
     paired = [m - a for m, a in zip(final["muon"], final["adamw"], strict=True)]
     goal = statistics.fmean(final["adamw"])
     total = runs["adamw"][0]["curve"][-1][0]
-    reached = [_tokens_to(r["curve"], goal) for r in runs["muon"]]
+    reached = [tokens_to(r["curve"], goal) for r in runs["muon"]]
     speedups = [total / t for t in reached if t is not None]
     return {
         "family": family, "proxy": proxy, "target": target, "lr": lr,
