@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import os
 import statistics
 import sys
@@ -71,14 +70,11 @@ def _train(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _interval(values: list[float]) -> tuple[float, float, float] | None:
-    """Mean and 95 % t-interval (None: fewer than 2 values)."""
-    if len(values) < 2:
-        return None
-    from scipy import stats
+    """Mean and 95 % t-interval (`analysis.regret.t_interval`; None: fewer than 2 values)."""
+    from analysis.regret import t_interval
 
-    mean, sem = statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
-    half = float(stats.t.ppf(0.975, len(values) - 1)) * sem
-    return mean, mean - half, mean + half
+    ci = t_interval(values)
+    return None if ci is None else (statistics.fmean(values), *ci)
 
 
 def _said(stat: tuple[float, float, float] | None, fmt: str = "{:.4f}") -> str:

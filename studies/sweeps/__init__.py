@@ -118,6 +118,9 @@ class ValidateSpec(optimizer.Fields, seq_len.Fields, batch.Fields, depth.Fields,
             raise ValueError(f"validate.widths={self.widths}: give 2–4 widths (the optimum's drift per doubling of "
                              f"width), or one width with {either(f'validate.{s.key}' for s in alone)} (a "
                              f"{either(s.caption for s in alone)} sweep alone)")
+        if len(self.widths) < 2 and (leaning := [s for s in SWEEPS.values() if not s.alone and s.present(self)]):
+            raise ValueError(f"validate.{leaning[0].key} need 2–4 validate.widths (the sweep reads the width sweep's "
+                             f"rows): add a width or drop validate.{leaning[0].key}")
         if len(self.widths) < 2 and self.hparams:
             raise ValueError("validate.hparams need 2–4 validate.widths (their drift is per doubling of width): "
                              "add a width or drop validate.hparams")

@@ -55,7 +55,7 @@ class Sweep(ABC):
     name: ClassVar[str]  # the registry key, the trial table's `sweep`, its drifts' and regrets' `axis`
     key: ClassVar[str]  # the `validate` field that asks for it
     forecast: ClassVar[bool] = True  # its lr sweeps enter the forecast (`analysis.forecast`)
-    alone: ClassVar[bool] = True  # it can run at one validate width, without the width sweep
+    alone: ClassVar[bool] = True  # it can run at one validate width, without the width sweep (else: 2–4 widths)
     axis: ClassVar[Axis]  # its column, words and judged pair (`analysis.constants.Axis`)
     header: ClassVar[str]  # the summary table's column of its value
     legend: ClassVar[str]  # a figure curve's label, "{}" its value

@@ -80,9 +80,6 @@ class OptimizerSweep(Sweep):
         other = "muon" if spec.train.optimizer == "adamw" else "adamw"
         problems = [f"validate.optimizers[{i}]={o!r} is train.optimizer already: list the optimizers to compare it "
                     f"with, e.g. [{other}]" for i, o in enumerate(v.optimizers or []) if o == spec.train.optimizer]
-        if v.optimizers and len(v.widths) < 2:
-            problems.append("validate.optimizers need 2–4 validate.widths (each optimizer's lr is carried from the "
-                            "narrowest to the widest): add a width or drop validate.optimizers")
         if "muon" in (v.optimizers or []) and get_family(spec.model.family).mup is not None:
             problems.append(f"validate.optimizers: model.family {spec.model.family!r} trains with mup's own "
                             "optimiser, which Muon cannot replace: drop muon from validate.optimizers")
